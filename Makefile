@@ -1,0 +1,27 @@
+# Two commands set everything up on a fresh machine (Python 3.10+ and Java 17+):
+#   make run    builds .venv, installs the package, runs jobs/demo.py on local Spark
+#   make test   builds .venv, installs the package, runs the test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[spark,dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) jobs/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis spark-warehouse

@@ -1,0 +1,309 @@
+"""NetworkConfig: the network stack's settings, with Flink's meanings and defaults.
+
+Settings come from three places, strongest first: keyword arguments, a Spark conf
+(``spark.creditShuffle.<name>``), then the defaults below, which are Flink's
+(Flink 1.x option names, as 2.0 hard-codes several of them). Every value is checked once,
+here, so that a bad one fails before any Spark job starts, with a :class:`ConfigError`
+naming the setting, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .errors import ConfigError, UnknownSettingError
+
+__all__ = [
+    "CONF_PREFIX",
+    "MAX_PARALLELISM_UPPER_BOUND",
+    "MIN_SEGMENT_SIZE",
+    "NetworkConfig",
+    "default_max_parallelism",
+    "parse_duration_ms",
+    "parse_size",
+]
+
+CONF_PREFIX = "spark.creditShuffle."
+#: Flink's smallest memory segment (``MemoryManager.MIN_PAGE_SIZE``).
+MIN_SEGMENT_SIZE = 4096
+#: Flink's ``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``.
+MAX_PARALLELISM_UPPER_BOUND = 1 << 15
+#: Flink's ``DEFAULT_LOWER_BOUND_MAX_PARALLELISM``.
+_MAX_PARALLELISM_LOWER_BOUND = 1 << 7
+
+_SIZE_UNITS = {
+    "": 1, "b": 1, "byte": 1, "bytes": 1,
+    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "kibibytes": 1 << 10,
+    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20, "mebibytes": 1 << 20,
+    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "gibibytes": 1 << 30,
+    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40, "tebibytes": 1 << 40,
+}  # fmt: skip
+_DURATION_UNITS_MS = {
+    "": 1, "ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 1,
+    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
+    "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
+    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
+}  # fmt: skip
+_QUANTITY = re.compile(r"^\s*(-?\d+)\s*([a-zA-Zµ]*)\s*$")
+
+
+def parse_size(value: int | str, setting: str = "size") -> int:
+    """Bytes in ``value``: an int, or a string such as ``"32kb"``, ``"64 KiB"`` or ``"1m"`` (powers of 1024)."""
+    if isinstance(value, bool):
+        raise ConfigError(setting, value, "a size such as 32768, '32kb' or '64 KiB'")
+    if isinstance(value, int):
+        return value
+    match = _QUANTITY.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise ConfigError(setting, value, "a size such as 32768, '32kb' or '64 KiB' (units b, kb, mb, gb, tb)")
+    return int(match.group(1)) * _SIZE_UNITS[unit]
+
+
+def parse_duration_ms(value: int | str, setting: str = "duration") -> int:
+    """Milliseconds in ``value``: an int (ms), or a string such as ``"10ms"``, ``"1 s"`` or ``"-1"``."""
+    if isinstance(value, bool):
+        raise ConfigError(setting, value, "a duration such as 100, '10ms' or '1 s'")
+    if isinstance(value, int):
+        return value
+    match = _QUANTITY.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _DURATION_UNITS_MS:
+        raise ConfigError(setting, value, "a duration such as 100, '10ms' or '1 s' (units ms, s, min, h)")
+    return int(match.group(1)) * _DURATION_UNITS_MS[unit]
+
+
+def _parse_int(value: int | str, setting: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(setting, value, "an integer")
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(setting, value, "an integer") from None
+
+
+def _parse_optional_int(value: int | str | None, setting: str) -> int | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "default")):
+        return None
+    return _parse_int(value, setting)
+
+
+def _parse_bool(value: bool | str, setting: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(setting, value, "true or false")
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def default_max_parallelism(parallelism: int) -> int:
+    """Flink's default max parallelism (number of key groups) for an operator of ``parallelism``.
+
+    ``min(max(roundUpToPowerOfTwo(p + p / 2), 128), 32768)``, as ``computeDefaultMaxParallelism``.
+    """
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism <= 0:
+        raise ConfigError("parallelism", parallelism, "an integer >= 1")
+    wanted = parallelism + parallelism // 2
+    rounded = 1 << (wanted - 1).bit_length()
+    return min(max(rounded, _MAX_PARALLELISM_LOWER_BOUND), MAX_PARALLELISM_UPPER_BOUND)
+
+
+def _setting(default: Any, flink: str, parse: Callable[[Any, str], Any], doc: str) -> Any:
+    return field(default=default, metadata={"flink": flink, "parse": parse, "doc": doc})
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """The settings of one exchange's network stack.
+
+    Immutable; build a changed copy with :meth:`replace`. Sizes are bytes and durations
+    milliseconds; the constructor, :meth:`from_conf` and :meth:`from_spark` also take human
+    strings ("32kb", "64 KiB", "10ms", "1 s").
+    """
+
+    segment_size: int = _setting(
+        32 * 1024, "taskmanager.memory.segment-size", parse_size,
+        "bytes in one network buffer; a power of two, at least 4 KiB",
+    )  # fmt: skip
+    buffers_per_channel: int = _setting(
+        2, "taskmanager.network.memory.buffers-per-channel", _parse_int,
+        "exclusive buffers of each remote input channel, which are also its initial credit",
+    )  # fmt: skip
+    floating_buffers_per_gate: int = _setting(
+        8, "taskmanager.network.memory.floating-buffers-per-gate", _parse_int,
+        "floating buffers an input gate shares among its channels, handed out by announced backlog",
+    )  # fmt: skip
+    max_buffers_per_channel: int = _setting(
+        10, "taskmanager.network.memory.max-buffers-per-channel", _parse_int,
+        "buffers one subpartition may hold before its producer counts as back-pressured",
+    )  # fmt: skip
+    max_overdraft_buffers_per_gate: int = _setting(
+        5, "taskmanager.network.memory.max-overdraft-buffers-per-gate", _parse_int,
+        "extra buffers a producer may take beyond its pool size to finish the record it is writing",
+    )  # fmt: skip
+    buffer_timeout_ms: int = _setting(
+        100, "execution.buffer-timeout.interval", parse_duration_ms,
+        "how long a partly filled buffer may wait before it is flushed: 0 flushes after every input batch, "
+        "-1 flushes only full buffers and events",
+    )  # fmt: skip
+    max_parallelism: int | None = _setting(
+        None, "pipeline.max-parallelism", _parse_optional_int,
+        "number of key groups; unset means Flink's default from the consumer parallelism",
+    )  # fmt: skip
+    credit_based: bool = _setting(
+        True, "taskmanager.network.credit-model", _parse_bool,
+        "credit-based flow control; false is the pre-1.5 model in which a full receiver stops its connection",
+    )  # fmt: skip
+    network_memory: int = _setting(
+        64 * 1024 * 1024, "taskmanager.memory.network.min", parse_size,
+        "network memory of one executor, from which all its buffers are taken",
+    )  # fmt: skip
+    buffers_request_timeout_ms: int = _setting(
+        30_000, "taskmanager.network.memory.buffers-request-timeout", parse_duration_ms,
+        "how long a task waits for network buffers before it fails",
+    )  # fmt: skip
+    partition_request_timeout_ms: int = _setting(
+        10_000, "taskmanager.network.partition-request-timeout", parse_duration_ms,
+        "how long a consumer waits for its producers to connect, answer or send",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            raw = getattr(self, f.name)
+            object.__setattr__(self, f.name, f.metadata["parse"](raw, f.name))
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.segment_size < MIN_SEGMENT_SIZE or not _is_power_of_two(self.segment_size):
+            raise ConfigError(
+                "segment_size", self.segment_size, f"a power of two of at least {MIN_SEGMENT_SIZE} bytes (4 KiB)"
+            )
+        for name in ("buffers_per_channel", "floating_buffers_per_gate", "max_overdraft_buffers_per_gate"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, getattr(self, name), "an integer >= 0")
+        if self.buffers_per_channel == 0 and self.floating_buffers_per_gate == 0:
+            raise ConfigError(
+                "buffers_per_channel",
+                0,
+                "at least 1 when floating_buffers_per_gate is 0",
+                "an input gate with neither exclusive nor floating buffers can never receive data",
+            )
+        if self.max_buffers_per_channel < 1:
+            raise ConfigError("max_buffers_per_channel", self.max_buffers_per_channel, "an integer >= 1")
+        if self.buffer_timeout_ms < -1:
+            raise ConfigError(
+                "buffer_timeout_ms", self.buffer_timeout_ms, "-1 (flush only when full), 0 (always) or > 0 ms"
+            )
+        if self.max_parallelism is not None and not 1 <= self.max_parallelism <= MAX_PARALLELISM_UPPER_BOUND:
+            raise ConfigError(
+                "max_parallelism", self.max_parallelism, f"an integer in [1, {MAX_PARALLELISM_UPPER_BOUND}]"
+            )
+        if self.network_memory < self.segment_size:
+            raise ConfigError(
+                "network_memory", self.network_memory, f"at least one segment ({self.segment_size} bytes)"
+            )
+        for name in ("buffers_request_timeout_ms", "partition_request_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, getattr(self, name), "a duration > 0 ms")
+
+    # -- construction -------------------------------------------------------------------------------
+
+    @classmethod
+    def settings(cls) -> dict[str, dataclasses.Field[Any]]:
+        """Every setting by its Python name, with ``flink`` (option name) and ``doc`` in its metadata."""
+        return {f.name: f for f in fields(cls)}
+
+    @staticmethod
+    def conf_key(name: str) -> str:
+        """The Spark conf key of setting ``name``: ``segment_size`` -> ``spark.creditShuffle.segmentSize``."""
+        head, *rest = name.split("_")
+        return CONF_PREFIX + head + "".join(part.capitalize() for part in rest)
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, str], **overrides: Any) -> NetworkConfig:
+        """Settings from the ``spark.creditShuffle.*`` entries of ``conf``; keyword arguments win.
+
+        Entries without the prefix are ignored; an unknown key with the prefix is an error.
+        """
+        by_key = {cls.conf_key(name): name for name in cls.settings()}
+        values: dict[str, Any] = {}
+        for key, value in conf.items():
+            if not key.startswith(CONF_PREFIX):
+                continue
+            if key not in by_key:
+                raise UnknownSettingError(key, by_key)
+            values[by_key[key]] = value
+        unknown = set(overrides) - set(by_key.values())
+        if unknown:
+            raise UnknownSettingError(sorted(unknown)[0], by_key.values())
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def from_spark(cls, spark: Any, **overrides: Any) -> NetworkConfig:
+        """Settings from a SparkSession's conf (``spark.creditShuffle.*``), then keyword arguments.
+
+        Reads the conf on the driver only, through ``spark.conf``, so it works on Spark Connect too.
+        """
+        conf = {}
+        for name in cls.settings():
+            key = cls.conf_key(name)
+            value = spark.conf.get(key, None)
+            if value is not None:
+                conf[key] = value
+        try:  # keys the user set that name no setting: only the classic session can list them
+            all_conf = spark.sparkContext.getConf().getAll()
+        except Exception:  # Spark Connect has no SparkContext
+            all_conf = []
+        for key, value in all_conf:
+            if key.startswith(CONF_PREFIX):
+                conf.setdefault(key, value)
+        return cls.from_conf(conf, **overrides)
+
+    def replace(self, **changes: Any) -> NetworkConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        unknown = set(changes) - set(self.settings())
+        if unknown:
+            raise UnknownSettingError(sorted(unknown)[0], self.settings())
+        return dataclasses.replace(self, **changes)
+
+    # -- derived values -----------------------------------------------------------------------------
+
+    @property
+    def total_network_buffers(self) -> int:
+        """Buffers one executor's network memory holds: ``floor(network_memory / segment_size)``."""
+        return self.network_memory // self.segment_size
+
+    def resolve_max_parallelism(self, parallelism: int) -> int:
+        """The max parallelism an exchange with ``parallelism`` consumers uses, checked against it."""
+        if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+            raise ConfigError("parallelism", parallelism, "an integer >= 1")
+        max_parallelism = self.max_parallelism or default_max_parallelism(parallelism)
+        if parallelism > max_parallelism:
+            raise ConfigError(
+                "parallelism",
+                parallelism,
+                f"at most max_parallelism ({max_parallelism})",
+                "raise max_parallelism (spark.creditShuffle.maxParallelism) or lower the parallelism",
+            )
+        return max_parallelism
+
+    def describe(self) -> str:
+        """One line per setting: conf key, value, Flink option."""
+        lines = []
+        for name, f in self.settings().items():
+            lines.append(f"{self.conf_key(name)} = {getattr(self, name)!r}  ({f.metadata['flink']})")
+        return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""Typed errors. Every error names what was wrong and what would be accepted instead."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class CreditShuffleError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(CreditShuffleError, ValueError):
+    """An invalid setting, raised before any Spark job starts.
+
+    ``setting`` is the option name (as a keyword argument or ``spark.creditShuffle.*`` key), ``value``
+    the rejected value and ``allowed`` a human description of what is accepted.
+    """
+
+    def __init__(self, setting: str, value: object, allowed: str, detail: str = "") -> None:
+        self.setting = setting
+        self.value = value
+        self.allowed = allowed
+        message = f"invalid value {value!r} for setting '{setting}': allowed is {allowed}"
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+
+
+class UnknownSettingError(ConfigError):
+    """A ``spark.creditShuffle.*`` key or keyword argument that names no setting."""
+
+    def __init__(self, setting: str, known: Iterable[str]) -> None:
+        known_list = ", ".join(sorted(known))
+        super().__init__(setting, "<unknown setting>", f"one of: {known_list}")
+        self.args = (f"unknown setting '{setting}'; the settings are: {known_list}",)
+
+
+class PartitionerError(CreditShuffleError, ValueError):
+    """A partitioner that cannot serve the requested exchange (Flink's UnsupportedOperationException)."""
+
+
+class NullKeyError(PartitionerError):
+    """A null key reached ``key_by``; Flink refuses these ("Assigned key must not be null!")."""
+
+
+class UnsupportedKeyTypeError(PartitionerError, TypeError):
+    """A key column whose type has no stable Java ``hashCode`` to reproduce."""
+
+
+class InsufficientNetworkBuffersError(CreditShuffleError):
+    """The buffer pools asked for more network buffers than the executor's network memory holds."""
+
+    def __init__(self, required: int, available: int, total: int, segment_size: int, setting: str) -> None:
+        self.required = required
+        self.available = available
+        self.total = total
+        self.segment_size = segment_size
+        self.setting = setting
+        super().__init__(
+            f"Insufficient number of network buffers: required {required}, but only {available} available. "
+            f"The total number of network buffers is currently set to {total} of {segment_size} bytes each. "
+            f"You can increase this number by raising '{setting}'."
+        )
+
+
+class BufferDecodeError(CreditShuffleError):
+    """A network buffer that does not decode: bad header, truncated payload, fragments out of order,
+    or a schema other than the channel's."""
+
+    def __init__(self, message: str, channel: int | None = None, sequence_number: int | None = None) -> None:
+        self.channel = channel
+        self.sequence_number = sequence_number
+        where = f"channel {channel}, sequence number {sequence_number}: "
+        super().__init__(where + message)
+
+
+class ProtocolError(CreditShuffleError):
+    """A violation of the network protocol: bad frame from the wire, or a message out of turn."""
+
+
+class ExchangeTimeoutError(CreditShuffleError, TimeoutError):
+    """A wait that ran out of time; the message names what was waited for."""
+
+
+class InsufficientSlotsError(CreditShuffleError):
+    """A pipelined exchange needs all its tasks running at once and the cluster has fewer free slots."""

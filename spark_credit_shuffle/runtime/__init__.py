@@ -1,0 +1,1 @@
+"""Spark glue: the blocking and pipelined exchanges as Spark stages."""

@@ -1,0 +1,1 @@
+"""Transports that move protocol messages: in memory (tests, simulation) and TCP."""
