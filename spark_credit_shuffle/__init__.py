@@ -6,6 +6,7 @@ Public API only; see README.md for a tour.
 from __future__ import annotations
 
 from .config import NetworkConfig, default_max_parallelism
+from .dataframe import rdd_with_channel, with_channel
 from .errors import (
     BufferDecodeError,
     ConfigError,
@@ -19,11 +20,27 @@ from .errors import (
     UnknownSettingError,
     UnsupportedKeyTypeError,
 )
+from .partitioners import (
+    ChannelSelector,
+    Partitioner,
+    broadcast,
+    custom,
+    forward,
+    global_,
+    key_by,
+    key_group_channels,
+    key_group_range,
+    key_groups,
+    rebalance,
+    rescale,
+    shuffle,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BufferDecodeError",
+    "ChannelSelector",
     "ConfigError",
     "CreditShuffleError",
     "ExchangeTimeoutError",
@@ -31,10 +48,24 @@ __all__ = [
     "InsufficientSlotsError",
     "NetworkConfig",
     "NullKeyError",
+    "Partitioner",
     "PartitionerError",
     "ProtocolError",
     "UnknownSettingError",
     "UnsupportedKeyTypeError",
     "__version__",
+    "broadcast",
+    "custom",
     "default_max_parallelism",
+    "forward",
+    "global_",
+    "key_by",
+    "key_group_channels",
+    "key_group_range",
+    "key_groups",
+    "rdd_with_channel",
+    "rebalance",
+    "rescale",
+    "shuffle",
+    "with_channel",
 ]

@@ -1,0 +1,214 @@
+"""Channel selectors: the per-producer, stateful half of a partitioner (Flink's ``ChannelSelector``).
+
+Flink clones the partitioner for every output of every producer subtask, so each producer has its own
+round-robin counter and its own random generator. A :class:`ChannelSelector` is that clone. It picks the
+subpartition (channel) of every row of a whole Arrow batch at once and carries its state over to the next
+batch, so splitting the input into batches never changes the sequence of channels.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import PartitionerError
+from .keygroups import _channels_of_hashes, _hash_codes_u32, check_parallelism
+
+__all__ = [
+    "BroadcastSelector",
+    "ChannelSelector",
+    "ConstantSelector",
+    "CustomSelector",
+    "KeyGroupSelector",
+    "RoundRobinSelector",
+    "ShuffleSelector",
+    "key_columns",
+]
+
+Batch = pa.RecordBatch | pa.Table
+Column = str | int
+
+
+def key_columns(batch: Batch, columns: Sequence[Column]) -> list[pa.Array | pa.ChunkedArray]:
+    """The key columns of ``batch``, by name (or by position for an int), with a clear error if one is missing."""
+    arrays = []
+    names = batch.schema.names
+    for column in columns:
+        if isinstance(column, int) and not isinstance(column, bool):
+            if not -len(names) <= column < len(names):
+                raise PartitionerError(f"key position {column} is out of range: the batch has {len(names)} columns")
+            arrays.append(batch.column(column))
+        elif column in names:
+            arrays.append(batch.column(names.index(column)))
+        else:
+            raise PartitionerError(f"key column {column!r} is not in the batch; its columns are: {', '.join(names)}")
+    return arrays
+
+
+class ChannelSelector(abc.ABC):
+    """Picks the subpartition of every row of a batch for one producer subtask; state carries over batches.
+
+    ``num_channels`` is the number of subpartitions of this producer (Flink's ``numberOfChannels``).
+    """
+
+    num_channels: int
+    is_broadcast: bool = False
+
+    def __init__(self, num_channels: int) -> None:
+        if isinstance(num_channels, bool) or not isinstance(num_channels, int) or num_channels < 1:
+            raise PartitionerError(f"a channel selector needs num_channels >= 1, got {num_channels!r}")
+        self.num_channels = num_channels
+
+    @abc.abstractmethod
+    def select_channels(self, batch: Batch) -> np.ndarray:
+        """The subpartition index (int32, in ``[0, num_channels)``) of every row of ``batch``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_channels={self.num_channels})"
+
+
+class KeyGroupSelector(ChannelSelector):
+    """Flink's ``KeyGroupStreamPartitioner``: the operator index of each key's key group."""
+
+    def __init__(self, columns: Sequence[Column], num_channels: int, max_parallelism: int, null_keys: str) -> None:
+        super().__init__(num_channels)
+        self.num_channels, self.max_parallelism = check_parallelism(num_channels, max_parallelism)
+        self.columns = tuple(columns)
+        self.null_keys = null_keys
+
+    def select_channels(self, batch: Batch) -> np.ndarray:
+        arrays = key_columns(batch, self.columns)
+        hashes = _hash_codes_u32(arrays, columns=[str(c) for c in self.columns], null_keys=self.null_keys)
+        return _channels_of_hashes(hashes, self.num_channels, self.max_parallelism)
+
+
+class RoundRobinSelector(ChannelSelector):
+    """``next = (next + 1) % n; return next``, from a given start.
+
+    Flink's ``RebalancePartitioner`` starts at a random value in ``[0, n)`` (so the first row goes to
+    ``(r + 1) % n``); ``RescalePartitioner`` and ``RoundRobinChannelSelector`` start at -1 (first row to 0).
+    """
+
+    def __init__(self, num_channels: int, start: int = -1) -> None:
+        super().__init__(num_channels)
+        self.next_channel = start
+
+    def select_channels(self, batch: Batch) -> np.ndarray:
+        rows = batch.num_rows
+        first = self.next_channel + 1
+        channels = np.arange(first, first + rows, dtype=np.int64)
+        np.remainder(channels, self.num_channels, out=channels)
+        if rows:
+            self.next_channel = int(channels[-1])
+        return channels.astype(np.int32)
+
+
+class ShuffleSelector(ChannelSelector):
+    """Flink's ``ShufflePartitioner``: a uniformly random channel per row, from this producer's generator."""
+
+    def __init__(self, num_channels: int, rng: np.random.Generator) -> None:
+        super().__init__(num_channels)
+        self.rng = rng
+
+    def select_channels(self, batch: Batch) -> np.ndarray:
+        return self.rng.integers(0, self.num_channels, size=batch.num_rows, dtype=np.int32)
+
+
+class BroadcastSelector(ChannelSelector):
+    """Flink's ``BroadcastPartitioner``: every row goes to every channel, so there is nothing to select."""
+
+    is_broadcast = True
+
+    def select_channels(self, batch: Batch) -> np.ndarray:
+        raise PartitionerError(
+            "Broadcast partitioner does not support select channels: every row goes to all "
+            f"{self.num_channels} channels (check is_broadcast and write the batch once for all of them)"
+        )
+
+
+class ConstantSelector(ChannelSelector):
+    """Always one channel: Flink's ``ForwardPartitioner`` (one subpartition) and ``GlobalPartitioner``."""
+
+    def __init__(self, num_channels: int, channel: int = 0) -> None:
+        super().__init__(num_channels)
+        self.channel = channel
+
+    def select_channels(self, batch: Batch) -> np.ndarray:
+        return np.full(batch.num_rows, self.channel, dtype=np.int32)
+
+
+class CustomSelector(ChannelSelector):
+    """Flink's ``CustomPartitionerWrapper``: a user function picks the channel from the key.
+
+    Vectorised (the default): ``fn(keys, num_partitions)`` gets the key column of the whole batch (a tuple of
+    columns for several key columns), as pyarrow arrays or, with ``as_numpy``, numpy arrays, and returns one
+    channel per row. Scalar (``vectorized=False``): ``fn(key, num_partitions)`` per row with Python values
+    (a tuple for several columns), exactly Flink's ``Partitioner.partition`` — a slower path, one Python call
+    per row. Either way every channel must be in ``[0, num_partitions)``.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        columns: Sequence[Column],
+        num_channels: int,
+        vectorized: bool = True,
+        as_numpy: bool = False,
+    ) -> None:
+        super().__init__(num_channels)
+        self.fn = fn
+        self.columns = tuple(columns)
+        self.vectorized = vectorized
+        self.as_numpy = as_numpy
+
+    def _describe_fn(self) -> str:
+        return getattr(self.fn, "__qualname__", None) or repr(self.fn)
+
+    def select_channels(self, batch: Batch) -> np.ndarray:
+        arrays = key_columns(batch, self.columns)
+        rows = batch.num_rows
+        n = self.num_channels
+        if self.vectorized:
+            if self.as_numpy:
+                arrays = [a.to_numpy(zero_copy_only=False) for a in arrays]
+            keys = arrays[0] if len(arrays) == 1 else tuple(arrays)
+            result = self.fn(keys, n)
+            if isinstance(result, (pa.Array, pa.ChunkedArray)):
+                if result.null_count:
+                    raise PartitionerError(f"custom partitioner {self._describe_fn()} returned null channels")
+                result = result.to_numpy(zero_copy_only=False)
+            channels = np.asarray(result)
+        else:
+            values = [a.to_pylist() for a in arrays]
+            keys_per_row = values[0] if len(values) == 1 else list(zip(*values, strict=True))
+            try:
+                channels = np.fromiter((self.fn(key, n) for key in keys_per_row), dtype=np.int64, count=rows)
+            except (TypeError, ValueError) as exc:
+                raise PartitionerError(
+                    f"custom partitioner {self._describe_fn()} must return an int channel per key: {exc}"
+                ) from exc
+        return self._checked(channels, rows)
+
+    def _checked(self, channels: np.ndarray, rows: int) -> np.ndarray:
+        name = self._describe_fn()
+        if channels.ndim != 1 or len(channels) != rows:
+            raise PartitionerError(
+                f"custom partitioner {name} returned {channels.shape} channels for a batch of {rows} rows; "
+                "it must return one channel per row"
+            )
+        if rows == 0:
+            return np.zeros(0, dtype=np.int32)
+        if channels.dtype.kind not in "iu":
+            raise PartitionerError(f"custom partitioner {name} returned {channels.dtype} values; channels are integers")
+        bad = (channels < 0) | (channels >= self.num_channels)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise PartitionerError(
+                f"custom partitioner {name} returned channel {int(channels[row])} for row {row}; "
+                f"channels must be in [0, {self.num_channels})"
+            )
+        return channels.astype(np.int32, copy=False)
