@@ -84,3 +84,48 @@ class ExchangeTimeoutError(CreditShuffleError, TimeoutError):
 
 class InsufficientSlotsError(CreditShuffleError):
     """A pipelined exchange needs all its tasks running at once and the cluster has fewer free slots."""
+
+
+class NetworkBuffersNotFreeError(CreditShuffleError):
+    """Exclusive buffers that fit the network memory but are still held by other pools: retry once they
+    are recycled (a runtime waits up to ``buffers_request_timeout_ms`` for this)."""
+
+    def __init__(self, requested: int, free: int) -> None:
+        self.requested = requested
+        self.free = free
+        super().__init__(
+            f"{requested} exclusive network buffers requested, only {free} are free right now; the rest are "
+            f"still held by other buffer pools and return as they are recycled"
+        )
+
+
+class PartitionNotFoundError(CreditShuffleError):
+    """A partition request named a result partition the producer has not registered."""
+
+    def __init__(self, partition_id: int, subpartition: int | None = None) -> None:
+        self.partition_id = partition_id
+        self.subpartition = subpartition
+        where = f" (subpartition {subpartition})" if subpartition is not None else ""
+        super().__init__(f"PartitionNotFound: result partition {partition_id}{where} is not registered")
+
+
+class BufferReorderingError(ProtocolError):
+    """A channel received a buffer whose sequence number is not the next one expected."""
+
+    def __init__(self, expected: int, received: int, channel: int | None = None) -> None:
+        self.expected = expected
+        self.received = received
+        self.channel = channel
+        where = f"channel {channel}: " if channel is not None else ""
+        super().__init__(
+            f"{where}Buffer re-ordering: expected buffer with sequence number {expected}, but received {received}"
+        )
+
+
+class SimulationStalledError(CreditShuffleError):
+    """A virtual-clock simulation stopped making progress (deadlock) or exceeded its step budget."""
+
+
+class PartitionStateError(CreditShuffleError, RuntimeError):
+    """An operation a result partition or subpartition does not allow in its current state (for example
+    writing after ``finish()``, or a second reader of a pipelined subpartition)."""

@@ -1,0 +1,398 @@
+"""Wire format of the protocol messages: length-prefixed frames with a magic number and a version.
+
+Every frame is ``[frame length:uint32][magic:uint32][version:uint8][message id:uint8][body]``, big-endian,
+where the frame length counts the whole frame including its 10-byte header (as Flink's ``NettyMessage``
+frames count their 9-byte header). Bodies:
+
+======================  =====================================================================================
+message                 body
+======================  =====================================================================================
+BufferResponse (0)      receiver id:u64, subpartition:u32, sequence number:u32, backlog:u32, data type:u8,
+                        compressed:u8, payload size:u32, payload
+ErrorResponse (1)       has receiver id:u8, receiver id:u64, message size:u32, message (UTF-8)
+PartitionRequest (2)    partition id:u64, subpartition:u32, receiver id:u64, credit:u32
+CancelPartition (4)     receiver id:u64
+CloseRequest (5)        (empty)
+AddCredit (6)           credit:u32 (> 0), receiver id:u64
+ResumeConsumption (7)   receiver id:u64
+AckAllUserRecords (8)   receiver id:u64
+BacklogAnnounce (9)     backlog:u32, receiver id:u64
+NewBufferSize (10)      buffer size:u32, receiver id:u64
+Hello (12)              secret size:u16 (<= 1024), secret
+======================  =====================================================================================
+
+Input from the wire is untrusted. :class:`FrameDecoder` checks the declared length against its maximum
+before it waits for (let alone allocates) the frame, checks magic, version and message id as soon as
+their bytes are there, and checks that every body is exactly as long as its declared sizes say. Any
+violation raises :class:`~spark_credit_shuffle.errors.ProtocolError`, after which the decoder refuses
+further input (the connection must be closed).
+
+Encoding a :class:`BufferResponse` returns the header and the payload as separate chunks, so the payload
+is never copied before it reaches the socket (``socket.sendmsg`` takes the list as is); decoding copies
+it exactly once, out of the receive buffer.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Final
+
+from ..buffers.buffer import DataType
+from ..errors import ProtocolError
+from .messages import (
+    AckAllUserRecordsProcessed,
+    AddCredit,
+    BacklogAnnouncement,
+    BufferResponse,
+    CancelPartitionRequest,
+    CloseRequest,
+    ErrorResponse,
+    Hello,
+    Message,
+    NewBufferSize,
+    PartitionRequest,
+    ResumeConsumption,
+)
+
+__all__ = [
+    "FRAME_HEADER_LENGTH",
+    "HEADER_ROOM",
+    "MAGIC_NUMBER",
+    "MAX_ERROR_MESSAGE_BYTES",
+    "MAX_SECRET_BYTES",
+    "NEED_DATA",
+    "PROTOCOL_VERSION",
+    "FrameDecoder",
+    "default_max_frame_length",
+    "encode",
+    "encode_to_bytes",
+    "encoded_size",
+]
+
+#: Our own magic number ("CSHF", credit shuffle frame); Flink's is 0xBADC0FFE.
+MAGIC_NUMBER: Final = 0x43534846
+PROTOCOL_VERSION: Final = 1
+FRAME_HEADER_LENGTH: Final = 10
+#: Bytes a frame may need beyond one segment of payload (headers, error messages, events).
+HEADER_ROOM: Final = 1024
+MAX_ERROR_MESSAGE_BYTES: Final = 900
+MAX_SECRET_BYTES: Final = 1024
+_U32_MAX: Final = (1 << 32) - 1
+
+_FRAME = struct.Struct(">IIBB")
+_BUFFER_RESPONSE = struct.Struct(">IIBBQIIIBBI")  # frame header + buffer response header
+_BUFFER_RESPONSE_BODY = struct.Struct(">QIIIBBI")
+_ERROR = struct.Struct(">BQI")
+_PARTITION_REQUEST = struct.Struct(">QIQI")
+_RECEIVER = struct.Struct(">Q")
+_INT_RECEIVER = struct.Struct(">IQ")
+_SECRET = struct.Struct(">H")
+
+
+class _NeedData:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+#: Returned by :meth:`FrameDecoder.next_message` while the next frame is incomplete (h11's sentinel).
+NEED_DATA: Final = _NeedData()
+
+_DATA_TYPES = {int(t): t for t in DataType}
+
+
+def default_max_frame_length(segment_size: int) -> int:
+    """The largest frame a connection accepts: one segment of payload plus :data:`HEADER_ROOM`."""
+    return segment_size + HEADER_ROOM
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+
+
+def _frame(msg_id: int, body: bytes) -> list[object]:
+    return [_FRAME.pack(FRAME_HEADER_LENGTH + len(body), MAGIC_NUMBER, PROTOCOL_VERSION, msg_id) + body]
+
+
+def _encode_buffer_response(m: BufferResponse) -> list[object]:
+    size = len(m.payload)  # type: ignore[arg-type]
+    header = _BUFFER_RESPONSE.pack(
+        FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size + size,
+        MAGIC_NUMBER,
+        PROTOCOL_VERSION,
+        0,
+        m.receiver_id,
+        m.subpartition,
+        m.sequence_number,
+        m.backlog,
+        int(m.data_type),
+        1 if m.is_compressed else 0,
+        size,
+    )
+    return [header, m.payload] if size else [header]
+
+
+def _encode_error(m: ErrorResponse) -> list[object]:
+    text = m.message.encode("utf-8", "replace")[:MAX_ERROR_MESSAGE_BYTES]
+    has_id = m.receiver_id is not None
+    return _frame(1, _ERROR.pack(1 if has_id else 0, m.receiver_id if has_id else 0, len(text)) + text)
+
+
+def _encode_hello(m: Hello) -> list[object]:
+    secret = bytes(m.secret)
+    if len(secret) > MAX_SECRET_BYTES:
+        raise ProtocolError(f"secret of {len(secret)} bytes is longer than the allowed {MAX_SECRET_BYTES}")
+    return _frame(12, _SECRET.pack(len(secret)) + secret)
+
+
+_ENCODERS: dict[type, Callable[[object], list[object]]] = {
+    BufferResponse: _encode_buffer_response,  # type: ignore[dict-item]
+    ErrorResponse: _encode_error,  # type: ignore[dict-item]
+    PartitionRequest: lambda m: _frame(
+        2, _PARTITION_REQUEST.pack(m.partition_id, m.subpartition, m.receiver_id, m.credit)
+    ),
+    CancelPartitionRequest: lambda m: _frame(4, _RECEIVER.pack(m.receiver_id)),
+    CloseRequest: lambda m: _frame(5, b""),
+    AddCredit: lambda m: _frame(6, _INT_RECEIVER.pack(m.credit, m.receiver_id)),
+    ResumeConsumption: lambda m: _frame(7, _RECEIVER.pack(m.receiver_id)),
+    AckAllUserRecordsProcessed: lambda m: _frame(8, _RECEIVER.pack(m.receiver_id)),
+    BacklogAnnouncement: lambda m: _frame(9, _INT_RECEIVER.pack(m.backlog, m.receiver_id)),
+    NewBufferSize: lambda m: _frame(10, _INT_RECEIVER.pack(m.buffer_size, m.receiver_id)),
+    Hello: _encode_hello,  # type: ignore[dict-item]
+}
+
+
+def encode(message: Message) -> list[object]:
+    """The frame of ``message`` as a list of bytes-like chunks (header, then payload for a BufferResponse).
+
+    The payload is passed through uncopied; send the chunks in order (``socket.sendmsg(chunks)``).
+    A field out of its wire range raises :class:`ProtocolError`.
+    """
+    encoder = _ENCODERS.get(type(message))
+    if encoder is None:
+        raise ProtocolError(f"cannot encode {type(message).__name__}: not a protocol message")
+    try:
+        return encoder(message)
+    except struct.error as exc:
+        raise ProtocolError(f"cannot encode {message!r}: a field is out of its wire range ({exc})") from None
+
+
+def encode_to_bytes(message: Message) -> bytes:
+    """The frame of ``message`` as one ``bytes`` object (copies the payload; for tests and small messages)."""
+    return b"".join(bytes(chunk) for chunk in encode(message))  # type: ignore[arg-type]
+
+
+def encoded_size(message: Message) -> int:
+    """Bytes the frame of ``message`` occupies on the wire."""
+    if type(message) is BufferResponse:
+        return FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size + len(message.payload)  # type: ignore[arg-type]
+    return sum(len(chunk) for chunk in encode(message))  # type: ignore[arg-type]
+
+
+# -- decoding ---------------------------------------------------------------------------------------
+
+
+def _expect(body: memoryview, size: int, name: str) -> None:
+    if len(body) != size:
+        raise ProtocolError(f"{name} body is {len(body)} bytes, expected exactly {size}")
+
+
+def _decode_buffer_response(body: memoryview) -> BufferResponse:
+    if len(body) < _BUFFER_RESPONSE_BODY.size:
+        raise ProtocolError(
+            f"BufferResponse body is {len(body)} bytes, shorter than its {_BUFFER_RESPONSE_BODY.size}-byte header"
+        )
+    receiver_id, subpartition, seq, backlog, data_type, compressed, size = _BUFFER_RESPONSE_BODY.unpack_from(body)
+    if size != len(body) - _BUFFER_RESPONSE_BODY.size:
+        raise ProtocolError(
+            f"BufferResponse declares {size} payload bytes but its frame holds {len(body) - _BUFFER_RESPONSE_BODY.size}"
+        )
+    dt = _DATA_TYPES.get(data_type)
+    if dt is None or dt is DataType.NONE:
+        raise ProtocolError(f"BufferResponse has unknown data type {data_type}")
+    if compressed > 1:
+        raise ProtocolError(f"BufferResponse has compressed flag {compressed}, allowed is 0 or 1")
+    payload = bytes(body[_BUFFER_RESPONSE_BODY.size :])
+    return BufferResponse(receiver_id, subpartition, seq, backlog, dt, compressed == 1, payload)
+
+
+def _decode_error(body: memoryview) -> ErrorResponse:
+    if len(body) < _ERROR.size:
+        raise ProtocolError(f"ErrorResponse body is {len(body)} bytes, shorter than its {_ERROR.size}-byte header")
+    has_id, receiver_id, size = _ERROR.unpack_from(body)
+    if has_id > 1:
+        raise ProtocolError(f"ErrorResponse has receiver-id flag {has_id}, allowed is 0 or 1")
+    if size != len(body) - _ERROR.size:
+        raise ProtocolError(
+            f"ErrorResponse declares {size} message bytes but its frame holds {len(body) - _ERROR.size}"
+        )
+    text = bytes(body[_ERROR.size :]).decode("utf-8", "replace")
+    return ErrorResponse(text, receiver_id if has_id else None)
+
+
+def _decode_partition_request(body: memoryview) -> PartitionRequest:
+    _expect(body, _PARTITION_REQUEST.size, "PartitionRequest")
+    partition_id, subpartition, receiver_id, credit = _PARTITION_REQUEST.unpack_from(body)
+    return PartitionRequest(receiver_id, subpartition, credit, partition_id)
+
+
+def _receiver_only(cls: type, name: str) -> Callable[[memoryview], Message]:
+    def decode(body: memoryview) -> Message:
+        _expect(body, _RECEIVER.size, name)
+        return cls(_RECEIVER.unpack_from(body)[0])
+
+    return decode
+
+
+def _decode_close(body: memoryview) -> CloseRequest:
+    _expect(body, 0, "CloseRequest")
+    return CloseRequest()
+
+
+def _decode_add_credit(body: memoryview) -> AddCredit:
+    _expect(body, _INT_RECEIVER.size, "AddCredit")
+    credit, receiver_id = _INT_RECEIVER.unpack_from(body)
+    if credit == 0:
+        raise ProtocolError("AddCredit announces 0 credit; the announced credit must be > 0")
+    return AddCredit(receiver_id, credit)
+
+
+def _decode_backlog(body: memoryview) -> BacklogAnnouncement:
+    _expect(body, _INT_RECEIVER.size, "BacklogAnnouncement")
+    backlog, receiver_id = _INT_RECEIVER.unpack_from(body)
+    return BacklogAnnouncement(receiver_id, backlog)
+
+
+def _decode_new_buffer_size(body: memoryview) -> NewBufferSize:
+    _expect(body, _INT_RECEIVER.size, "NewBufferSize")
+    size, receiver_id = _INT_RECEIVER.unpack_from(body)
+    return NewBufferSize(receiver_id, size)
+
+
+def _decode_hello(body: memoryview) -> Hello:
+    if len(body) < _SECRET.size:
+        raise ProtocolError(f"Hello body is {len(body)} bytes, shorter than its {_SECRET.size}-byte header")
+    (size,) = _SECRET.unpack_from(body)
+    if size > MAX_SECRET_BYTES:
+        raise ProtocolError(f"Hello declares a {size}-byte secret; at most {MAX_SECRET_BYTES} are allowed")
+    if size != len(body) - _SECRET.size:
+        raise ProtocolError(f"Hello declares {size} secret bytes but its frame holds {len(body) - _SECRET.size}")
+    return Hello(bytes(body[_SECRET.size :]))
+
+
+_DECODERS: dict[int, Callable[[memoryview], Message]] = {
+    0: _decode_buffer_response,
+    1: _decode_error,
+    2: _decode_partition_request,
+    4: _receiver_only(CancelPartitionRequest, "CancelPartitionRequest"),
+    5: _decode_close,
+    6: _decode_add_credit,
+    7: _receiver_only(ResumeConsumption, "ResumeConsumption"),
+    8: _receiver_only(AckAllUserRecordsProcessed, "AckAllUserRecordsProcessed"),
+    9: _decode_backlog,
+    10: _decode_new_buffer_size,
+    12: _decode_hello,
+}
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes as they arrive, get whole messages back.
+
+    Keeps at most one partial frame (never more than ``max_frame_length`` bytes of it) between calls.
+    After a :class:`ProtocolError` every further call raises it again: close the connection.
+    """
+
+    def __init__(self, max_frame_length: int = default_max_frame_length(32 * 1024)) -> None:
+        if max_frame_length < FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size:
+            raise ValueError(f"max_frame_length must be at least {FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size}")
+        self.max_frame_length = max_frame_length
+        self._buffer = bytearray()
+        self._pos = 0
+        self._error: ProtocolError | None = None
+        self._pending: list[Message] = []
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of an incomplete frame held since the last complete one."""
+        return len(self._buffer) - self._pos
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Message]:
+        """Take ``data`` and return every message it completes, in order (an empty list: need more data)."""
+        self._raise_if_failed()
+        if data:
+            self._buffer += data
+        out = self._pending
+        self._pending = []
+        try:
+            while True:
+                message = self._parse_one()
+                if message is None:
+                    break
+                out.append(message)
+        finally:
+            if self._pos:
+                del self._buffer[: self._pos]
+                self._pos = 0
+        return out
+
+    def next_message(self) -> Message | _NeedData:
+        """The next complete message from the data received so far, or :data:`NEED_DATA`."""
+        if not self._pending:
+            self._pending = self.receive_data(b"")
+        if self._pending:
+            return self._pending.pop(0)
+        return NEED_DATA
+
+    def close(self) -> None:
+        """The stream ended: raise :class:`ProtocolError` if it ended inside a frame."""
+        self._raise_if_failed()
+        if self.pending_bytes:
+            self._fail(f"connection closed inside a frame: {self.pending_bytes} bytes of an incomplete frame")
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _fail(self, message: str) -> None:
+        self._error = ProtocolError(message)
+        raise self._error
+
+    def _parse_one(self) -> Message | None:
+        buf = self._buffer
+        pos = self._pos
+        available = len(buf) - pos
+        if available < 4:
+            return None
+        (length,) = struct.unpack_from(">I", buf, pos)
+        if length < FRAME_HEADER_LENGTH:
+            self._fail(f"frame length {length} is shorter than the {FRAME_HEADER_LENGTH}-byte frame header")
+        if length > self.max_frame_length:
+            self._fail(f"frame length {length} exceeds the maximum frame length {self.max_frame_length}")
+        if available >= 8:
+            (magic,) = struct.unpack_from(">I", buf, pos + 4)
+            if magic != MAGIC_NUMBER:
+                self._fail(f"network stream corrupted: magic number {magic:#010x}, expected {MAGIC_NUMBER:#010x}")
+        if available >= FRAME_HEADER_LENGTH:
+            version = buf[pos + 8]
+            msg_id = buf[pos + 9]
+            if version != PROTOCOL_VERSION:
+                self._fail(f"unsupported protocol version {version}, this side speaks {PROTOCOL_VERSION}")
+            if msg_id not in _DECODERS:
+                self._fail(f"unknown message id {msg_id}")
+        if available < length:
+            return None
+        decoder = _DECODERS[buf[pos + 9]]
+        with memoryview(buf) as view:
+            body = view[pos + FRAME_HEADER_LENGTH : pos + length]
+            try:
+                message = decoder(body)
+            except ProtocolError as exc:
+                self._error = exc
+                raise
+            finally:
+                body.release()
+        self._pos = pos + length
+        return message

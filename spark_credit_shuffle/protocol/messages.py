@@ -1,0 +1,189 @@
+"""The messages of the network protocol (Flink's ``NettyMessage`` family), as frozen dataclasses.
+
+Server to client: :class:`BufferResponse`, :class:`ErrorResponse`, :class:`BacklogAnnouncement`.
+Client to server: :class:`PartitionRequest`, :class:`CancelPartitionRequest`, :class:`CloseRequest`,
+:class:`AddCredit`, :class:`ResumeConsumption`, :class:`AckAllUserRecordsProcessed`,
+:class:`NewBufferSize`, and :class:`Hello`, which carries the exchange's secret and must be the first
+message of every connection whose server expects one (Flink has no such message; its connections are
+authenticated by SSL if at all).
+
+A *receiver id* identifies one input channel on a connection (Flink's 16-byte ``InputChannelID``); here it
+is an unsigned 64-bit integer chosen by the consumer. The ``MSG_ID`` class attributes are the message ids
+on the wire and follow Flink's numbering; :class:`Hello` takes a free id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..buffers.buffer import DataType
+
+__all__ = [
+    "MAX_RECEIVER_ID",
+    "AckAllUserRecordsProcessed",
+    "AddCredit",
+    "BacklogAnnouncement",
+    "BufferResponse",
+    "CancelPartitionRequest",
+    "ClientMessage",
+    "CloseRequest",
+    "ErrorResponse",
+    "Hello",
+    "Message",
+    "NewBufferSize",
+    "PartitionRequest",
+    "ResumeConsumption",
+    "ServerMessage",
+]
+
+#: Receiver ids are unsigned 64-bit integers on the wire.
+MAX_RECEIVER_ID = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class BufferResponse:
+    """One buffer or event for one input channel (server to client).
+
+    ``backlog`` is the sender's backlog measured after this buffer was taken (§3.2); ``payload`` is any
+    bytes-like object and is never copied by the protocol objects. A data buffer consumed one credit of
+    its channel; events consume none.
+    """
+
+    MSG_ID: ClassVar[int] = 0
+
+    receiver_id: int
+    subpartition: int
+    sequence_number: int
+    backlog: int
+    data_type: DataType
+    is_compressed: bool
+    payload: object
+
+    @property
+    def size(self) -> int:
+        """Payload bytes."""
+        return len(self.payload)  # type: ignore[arg-type]
+
+    @property
+    def is_buffer(self) -> bool:
+        """Data (credit-backed) rather than an event."""
+        return self.data_type.is_buffer
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    """An error reported by the server: fatal for the whole connection when ``receiver_id`` is None,
+    otherwise for that one channel."""
+
+    MSG_ID: ClassVar[int] = 1
+
+    message: str
+    receiver_id: int | None = None
+
+    @property
+    def is_fatal(self) -> bool:
+        return self.receiver_id is None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRequest:
+    """Open channel ``receiver_id`` on ``subpartition`` of partition ``partition_id`` with ``credit``
+    initial credits (the channel's exclusive buffers; 0 in the model without credits)."""
+
+    MSG_ID: ClassVar[int] = 2
+
+    receiver_id: int
+    subpartition: int
+    credit: int
+    partition_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CancelPartitionRequest:
+    """The consumer no longer reads ``receiver_id``: the server drops its reader and releases the view."""
+
+    MSG_ID: ClassVar[int] = 4
+
+    receiver_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseRequest:
+    """The consumer closes the connection: the server releases every reader of it."""
+
+    MSG_ID: ClassVar[int] = 5
+
+
+@dataclass(frozen=True, slots=True)
+class AddCredit:
+    """``credit`` more receive buffers are reserved for ``receiver_id`` (always > 0)."""
+
+    MSG_ID: ClassVar[int] = 6
+
+    receiver_id: int
+    credit: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeConsumption:
+    """Unblock the subpartition after an aligned checkpoint barrier (or any upstream-blocking event)."""
+
+    MSG_ID: ClassVar[int] = 7
+
+    receiver_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AckAllUserRecordsProcessed:
+    """The consumer processed every record up to ``EndOfData`` of this channel."""
+
+    MSG_ID: ClassVar[int] = 8
+
+    receiver_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogAnnouncement:
+    """The sender's backlog for a channel without exclusive buffers (initial credit 0) that has no credit."""
+
+    MSG_ID: ClassVar[int] = 9
+
+    receiver_id: int
+    backlog: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewBufferSize:
+    """Buffer debloating: the desired size in bytes of the buffers sent to ``receiver_id``."""
+
+    MSG_ID: ClassVar[int] = 10
+
+    receiver_id: int
+    buffer_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """First message of a connection: the per-exchange ``secret`` the server checks before anything else."""
+
+    MSG_ID: ClassVar[int] = 12
+
+    secret: bytes
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"Hello(secret=<{len(self.secret)} bytes>)"
+
+
+ServerMessage = BufferResponse | ErrorResponse | BacklogAnnouncement
+ClientMessage = (
+    PartitionRequest
+    | CancelPartitionRequest
+    | CloseRequest
+    | AddCredit
+    | ResumeConsumption
+    | AckAllUserRecordsProcessed
+    | NewBufferSize
+    | Hello
+)
+Message = ServerMessage | ClientMessage

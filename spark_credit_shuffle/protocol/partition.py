@@ -1,0 +1,873 @@
+"""Result partitions and subpartitions: where a producer's buffers wait for their consumer (§3 of the reference).
+
+:class:`PipelinedSubpartition` is Flink's queue of buffer consumers and events with its exact backlog,
+flush and notification rules; :class:`PipelinedResultPartition` and :class:`BlockingResultPartition`
+implement the ``ResultPartitionWriter`` contract the RecordWriter writes to. Consumers read a subpartition
+through a *view* (``get_next_buffer``, ``get_availability_and_backlog``), which tells its
+:class:`BufferAvailabilityListener` (a network reader or a local input channel) when data appears.
+
+:class:`BoundedBlockingSubpartitionReader` replays stored buffers (a finished blocking partition, or the
+buffers a consumer task fetched from Spark's shuffle) through the same view interface, so blocking and
+pipelined exchanges share every reader, queue and input channel.
+
+Not thread-safe: callers serialise access (one lock per task in a threaded runtime).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from ..buffers.buffer import Buffer, BufferConsumer, DataType, FinishedBufferConsumer
+from ..errors import PartitionNotFoundError, PartitionStateError
+from .pools import LocalBufferPool, SegmentRecycler
+
+__all__ = [
+    "ADD_BUFFER_ERROR_CODE",
+    "DEFAULT_BUFFER_SIZE",
+    "AvailabilityWithBacklog",
+    "BlockingResultPartition",
+    "BoundedBlockingSubpartitionReader",
+    "BufferAndBacklog",
+    "BufferAvailabilityListener",
+    "PipelinedResultPartition",
+    "PipelinedSubpartition",
+    "PipelinedSubpartitionView",
+    "ResultPartitionManager",
+    "ResultPartitionWriter",
+    "ResultSubpartitionView",
+    "StoredBuffer",
+    "StoredResultPartition",
+]
+
+#: ``PipelinedSubpartition.add`` returns this when the subpartition is finished or released.
+ADD_BUFFER_ERROR_CODE = -1
+#: The desired buffer size while debloating is off (Flink's Integer.MAX_VALUE).
+DEFAULT_BUFFER_SIZE = (1 << 31) - 1
+
+_NONE = DataType.NONE
+
+
+class BufferAndBacklog(NamedTuple):
+    """A buffer polled from a subpartition view, with the backlog left behind it and the next data type."""
+
+    buffer: Buffer
+    backlog: int
+    next_data_type: DataType
+    sequence_number: int
+
+    @property
+    def is_data_available(self) -> bool:
+        """Something else can be polled right away."""
+        return self.next_data_type is not _NONE
+
+
+class AvailabilityWithBacklog(NamedTuple):
+    is_available: bool
+    backlog: int
+
+
+@runtime_checkable
+class BufferAvailabilityListener(Protocol):
+    """Told when a subpartition view has something to poll (Flink's ``BufferAvailabilityListener``)."""
+
+    def notify_data_available(self) -> None: ...
+
+    def notify_priority_event(self, sequence_number: int) -> None: ...
+
+
+class ResultSubpartitionView(Protocol):
+    """What a reader polls (Flink's ``ResultSubpartitionView``)."""
+
+    def get_next_buffer(self) -> BufferAndBacklog | None: ...
+
+    def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog: ...
+
+    def resume_consumption(self) -> None: ...
+
+    def release_all_resources(self) -> None: ...
+
+    @property
+    def is_released(self) -> bool: ...
+
+    @property
+    def failure_cause(self) -> BaseException | None: ...
+
+    def notify_new_buffer_size(self, size: int) -> None: ...
+
+    def acknowledge_all_data_processed(self) -> None: ...
+
+    def queue_length(self) -> int: ...
+
+
+class ResultPartitionWriter(Protocol):
+    """The partition as the RecordWriter sees it (the shared contract)."""
+
+    num_subpartitions: int
+
+    def request_segment(self, subpartition: int) -> Callable[[], None]: ...
+
+    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None: ...
+
+    def add_event(self, subpartition: int, buffer: Buffer) -> None: ...
+
+    def flush(self, subpartition: int) -> None: ...
+
+    def flush_all(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def is_available(self) -> bool: ...
+
+
+def _end_of_partition() -> Buffer:
+    return Buffer(DataType.END_OF_PARTITION, b"")
+
+
+# -- pipelined subpartition -----------------------------------------------------------------------------
+
+
+class PipelinedSubpartition:
+    """One subpartition of a pipelined partition (Flink's ``PipelinedSubpartition``, §3.2).
+
+    A queue of (consumer, partial record length), priority events first. ``buffers_in_backlog`` counts
+    the data buffers in it; the reported backlog excludes the last data buffer while it may still be
+    written. The reader is notified when the first *finished* element appears (adding the second element,
+    or a lone element known to be finished), on a flush of unread data, and on finish. As in Flink, a
+    consumer added before its builder finished is only known to be finished after the next ``build()``.
+    """
+
+    def __init__(self, index: int, parent: PipelinedResultPartition | None = None, receiver_exclusive_buffers: int = 2):
+        self.index = index
+        self.parent = parent
+        self.receiver_exclusive_buffers_per_channel = receiver_exclusive_buffers
+        self._buffers: deque[list] = deque()  # [consumer, partial_record_length]
+        self._num_priority = 0
+        self._tail_known_finished = False
+        self.buffers_in_backlog = 0
+        self.is_finished = False
+        self.is_released = False
+        self.flush_requested = False
+        self.is_blocked = False
+        self._sequence_number = 0
+        self._buffer_size = DEFAULT_BUFFER_SIZE
+        self._view: PipelinedSubpartitionView | None = None
+        self._view_created = False
+        # statistics
+        self.total_number_of_buffers = 0
+        self.num_buffers_polled = 0
+        self.num_bytes_polled = 0
+
+    # -- writing --
+
+    def add(self, consumer: BufferConsumer, partial_record_length: int = 0, *, finish: bool = False) -> int:
+        """Queue ``consumer``; return the desired buffer size, or -1 if finished or released (the
+        consumer is then closed)."""
+        if self.is_finished or self.is_released:
+            consumer.close()
+            return ADD_BUFFER_ERROR_CODE
+        data_type = consumer.data_type
+        priority_sequence = -1
+        if data_type.has_priority:
+            self._buffers.insert(self._num_priority, [consumer, partial_record_length])
+            self._num_priority += 1
+            if len(self._buffers) == 1:
+                self._tail_known_finished = True
+            if self._num_priority == 1 and not self.is_blocked:
+                priority_sequence = self._sequence_number
+        else:
+            self._buffers.append([consumer, partial_record_length])
+            self._tail_known_finished = type(consumer) is FinishedBufferConsumer
+        self.total_number_of_buffers += 1
+        if data_type.is_buffer:
+            self.buffers_in_backlog += 1
+        notify = finish or self._should_notify_data_available()
+        if finish:
+            self.is_finished = True
+        view = self._view
+        if view is not None:
+            if priority_sequence >= 0:
+                view.notify_priority_event(priority_sequence)
+            if notify:
+                view.notify_data_available()
+        return self._buffer_size
+
+    def _should_notify_data_available(self) -> bool:
+        return (
+            self._view is not None and not self.flush_requested and not self.is_blocked and self._finished_count() == 1
+        )
+
+    def _finished_count(self) -> int:
+        n = len(self._buffers)
+        if n == 1:
+            return 1 if self._tail_known_finished else 0
+        return n - 1 if n else 0
+
+    def finish(self) -> int:
+        """Append END_OF_PARTITION and notify the reader; nothing can be added afterwards."""
+        return self.add(FinishedBufferConsumer(_end_of_partition()), 0, finish=True)
+
+    def flush(self) -> None:
+        """Make the data queued so far consumable, including the unfinished last buffer."""
+        buffers = self._buffers
+        if not buffers or self.flush_requested:
+            return
+        data_in_last = len(buffers) == 1 and buffers[-1][0].is_data_available()
+        notify = not self.is_blocked and data_in_last
+        self.flush_requested = len(buffers) > 1 or data_in_last
+        if notify and self._view is not None:
+            self._view.notify_data_available()
+
+    def release(self) -> None:
+        """Drop every queued consumer (their segments return to the pool) and refuse further adds."""
+        if self.is_released:
+            return
+        for entry in self._buffers:
+            entry[0].close()
+        self._buffers.clear()
+        self._num_priority = 0
+        self.buffers_in_backlog = 0
+        self.is_released = True
+        view, self._view = self._view, None
+        if view is not None:
+            view.release_all_resources()
+
+    def set_buffer_size(self, size: int) -> None:
+        """Debloating: the desired size of new buffers (returned by :meth:`add`)."""
+        if size <= 0:
+            raise ValueError(f"buffer size must be > 0, got {size}")
+        self._buffer_size = size
+
+    # -- reading --
+
+    def create_read_view(self, listener: BufferAvailabilityListener) -> PipelinedSubpartitionView:
+        """The one view of this subpartition (a second one raises :class:`PartitionStateError`)."""
+        if self.is_released:
+            raise PartitionStateError(f"subpartition {self.index} is released")
+        if self._view_created:
+            raise PartitionStateError(f"subpartition {self.index} is being (or already has been) consumed")
+        self._view_created = True
+        view = PipelinedSubpartitionView(self, listener)
+        self._view = view
+        if self._buffers and (self._finished_count() > 0 or self.flush_requested or self.is_finished):
+            view.notify_data_available()
+        return view
+
+    def poll_buffer(self) -> BufferAndBacklog | None:
+        """The next buffer for the network or a local channel (Flink's ``pollBuffer``), or None."""
+        if self.is_blocked:
+            return None
+        buffers = self._buffers
+        if not buffers:
+            self.flush_requested = False
+            return None
+        buffer = None
+        while buffers:
+            entry = buffers[0]
+            consumer = entry[0]
+            buffer = consumer.build()
+            single = len(buffers) == 1
+            finished = consumer.is_finished()
+            if single:
+                self.flush_requested = False
+                self._tail_known_finished = finished
+            if finished:
+                buffers.popleft()
+                if self._num_priority:
+                    self._num_priority -= 1
+                if consumer.data_type.is_buffer:
+                    self.buffers_in_backlog -= 1
+                if self.receiver_exclusive_buffers_per_channel == 0:
+                    break
+            if buffer.size > 0 or not buffer.data_type.is_buffer:
+                break
+            buffer.recycle()
+            buffer = None
+            if not finished:
+                break
+        if buffer is None:
+            return None
+        data_type = buffer.data_type
+        if data_type.is_blocking_upstream:
+            self.is_blocked = True
+        self.num_buffers_polled += 1
+        self.num_bytes_polled += buffer.size
+        sequence = self._sequence_number
+        self._sequence_number = sequence + 1
+        return BufferAndBacklog(
+            buffer,
+            self.get_buffers_in_backlog(),
+            buffers[0][0].data_type if buffers and self.is_data_available() else _NONE,
+            sequence,
+        )
+
+    def is_data_available(self) -> bool:
+        """Something can be polled with credit (Flink's ``isDataAvailableUnsafe``)."""
+        return not self.is_blocked and (self.flush_requested or self._finished_count() > 0)
+
+    def next_data_type(self) -> DataType:
+        """Type of the head of the queue, NONE if empty."""
+        return self._buffers[0][0].data_type if self._buffers else _NONE
+
+    def get_buffers_in_backlog(self) -> int:
+        """The backlog a reader reports: data buffers that can be sent, excluding one still being written."""
+        buffers = self._buffers
+        if self.is_blocked or not buffers:
+            return 0
+        if self.flush_requested or self.is_finished or not buffers[-1][0].data_type.is_buffer:
+            return self.buffers_in_backlog
+        return max(self.buffers_in_backlog - 1, 0)
+
+    def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog:
+        """With credit: data available; without: the head is an event (events need no credit)."""
+        if credit_available:
+            available = self.is_data_available()
+        else:
+            available = not self.is_blocked and bool(self._buffers) and self._buffers[0][0].data_type.is_event
+        return AvailabilityWithBacklog(available, self.get_buffers_in_backlog())
+
+    def resume_consumption(self) -> None:
+        """Unblock after an upstream-blocking event (aligned barrier) was consumed."""
+        if not self.is_blocked:
+            raise PartitionStateError(f"subpartition {self.index} should be blocked to resume consumption")
+        self.is_blocked = False
+
+    def on_view_released(self) -> None:
+        self._view = None
+        if self.parent is not None:
+            self.parent.on_consumed_subpartition(self.index)
+
+    # -- metrics --
+
+    def queue_length(self) -> int:
+        """Elements queued: data, events and the open buffer (``outputQueueLength`` of one subpartition)."""
+        return len(self._buffers)
+
+    @property
+    def num_priority_elements(self) -> int:
+        return self._num_priority
+
+    def __repr__(self) -> str:
+        return (
+            f"PipelinedSubpartition(index={self.index}, queued={len(self._buffers)}, backlog="
+            f"{self.buffers_in_backlog}, flush_requested={self.flush_requested}, finished={self.is_finished}, "
+            f"blocked={self.is_blocked}, released={self.is_released})"
+        )
+
+
+class PipelinedSubpartitionView:
+    """The read view of one pipelined subpartition; forwards to it and to its listener."""
+
+    __slots__ = ("_listener", "_released", "failure_cause", "parent")
+
+    def __init__(self, parent: PipelinedSubpartition, listener: BufferAvailabilityListener) -> None:
+        self.parent = parent
+        self._listener = listener
+        self._released = False
+        self.failure_cause: BaseException | None = None
+
+    def get_next_buffer(self) -> BufferAndBacklog | None:
+        return self.parent.poll_buffer()
+
+    def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog:
+        return self.parent.get_availability_and_backlog(credit_available)
+
+    def notify_data_available(self) -> None:
+        self._listener.notify_data_available()
+
+    def notify_priority_event(self, sequence_number: int) -> None:
+        self._listener.notify_priority_event(sequence_number)
+
+    def resume_consumption(self) -> None:
+        self.parent.resume_consumption()
+
+    def notify_new_buffer_size(self, size: int) -> None:
+        self.parent.set_buffer_size(size)
+
+    def acknowledge_all_data_processed(self) -> None:
+        if self.parent.parent is not None:
+            self.parent.parent.on_subpartition_all_data_processed(self.parent.index)
+
+    def release_all_resources(self) -> None:
+        """The consumer is done (or gone): counts as consumption; releases the subpartition."""
+        if self._released:
+            return
+        self._released = True
+        self.parent.release()
+        self.parent.on_view_released()
+
+    @property
+    def is_released(self) -> bool:
+        return self._released or self.parent.is_released
+
+    def queue_length(self) -> int:
+        return self.parent.queue_length()
+
+    @property
+    def backlog(self) -> int:
+        return self.parent.get_buffers_in_backlog()
+
+
+# -- pipelined partition --------------------------------------------------------------------------------
+
+
+class PipelinedResultPartition:
+    """A producer subtask's pipelined output: N subpartitions sharing one LocalBufferPool.
+
+    Implements ``ResultPartitionWriter``. Released (subpartitions dropped, pool destroyed) once every
+    subpartition was consumed and the producer called :meth:`close`, as Flink's reference count N + 1.
+    """
+
+    def __init__(
+        self,
+        num_subpartitions: int,
+        buffer_pool: LocalBufferPool,
+        *,
+        partition_id: int = 0,
+        receiver_exclusive_buffers: int = 2,
+    ) -> None:
+        if num_subpartitions < 1:
+            raise ValueError(f"num_subpartitions must be >= 1, got {num_subpartitions}")
+        if len(buffer_pool.subpartition_buffers_count) < num_subpartitions:
+            raise ValueError(
+                f"buffer pool counts {len(buffer_pool.subpartition_buffers_count)} subpartitions, "
+                f"the partition has {num_subpartitions}"
+            )
+        self.num_subpartitions = num_subpartitions
+        self.partition_id = partition_id
+        self.buffer_pool = buffer_pool
+        self.subpartitions = [
+            PipelinedSubpartition(i, self, receiver_exclusive_buffers) for i in range(num_subpartitions)
+        ]
+        self.is_finished = False
+        self.is_released = False
+        self._pending_references = num_subpartitions + 1
+        self._consumed = [False] * num_subpartitions
+        self._all_data_processed = [False] * num_subpartitions
+        self.num_events_out = 0
+
+    # -- ResultPartitionWriter --
+
+    def request_segment(self, subpartition: int) -> SegmentRecycler:
+        """One segment for a new builder of ``subpartition``; never fails (see ``LocalBufferPool``)."""
+        self._check_in_produce_state()
+        self.buffer_pool.request_buffer_forced(subpartition)
+        return SegmentRecycler(self.buffer_pool, subpartition)
+
+    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None:
+        self._check_in_produce_state()
+        self.subpartitions[subpartition].add(consumer, partial_record_length)
+
+    def add_event(self, subpartition: int, buffer: Buffer) -> None:
+        self._check_in_produce_state()
+        self.num_events_out += 1
+        self.subpartitions[subpartition].add(FinishedBufferConsumer(buffer))
+
+    def flush(self, subpartition: int) -> None:
+        self.subpartitions[subpartition].flush()
+
+    def flush_all(self) -> None:
+        for subpartition in self.subpartitions:
+            subpartition.flush()
+
+    def finish(self) -> None:
+        """END_OF_PARTITION into every subpartition."""
+        self._check_in_produce_state()
+        for subpartition in self.subpartitions:
+            subpartition.finish()
+        self.is_finished = True
+
+    def is_available(self) -> bool:
+        return self.buffer_pool.is_available()
+
+    # -- lifecycle --
+
+    def create_subpartition_view(
+        self, subpartition: int, listener: BufferAvailabilityListener
+    ) -> PipelinedSubpartitionView:
+        if not 0 <= subpartition < self.num_subpartitions:
+            raise PartitionNotFoundError(self.partition_id, subpartition)
+        if self.is_released:
+            raise PartitionStateError(f"result partition {self.partition_id} is released")
+        return self.subpartitions[subpartition].create_read_view(listener)
+
+    def on_consumed_subpartition(self, subpartition: int) -> None:
+        if self._consumed[subpartition]:
+            return
+        self._consumed[subpartition] = True
+        self._decrement_references()
+
+    def on_subpartition_all_data_processed(self, subpartition: int) -> None:
+        self._all_data_processed[subpartition] = True
+
+    @property
+    def all_data_processed(self) -> bool:
+        """Every consumer acknowledged all user records (AckAllUserRecordsProcessed)."""
+        return all(self._all_data_processed)
+
+    def close(self) -> None:
+        """The producer is done with the partition; it is released once every subpartition is consumed."""
+        if self._pending_references > self.num_subpartitions:
+            self._decrement_references()
+
+    def _decrement_references(self) -> None:
+        self._pending_references -= 1
+        if self._pending_references == 0:
+            self.release()
+
+    def release(self) -> None:
+        """Drop every queued buffer and destroy the pool (segments in use return as they are recycled)."""
+        if self.is_released:
+            return
+        self.is_released = True
+        for subpartition in self.subpartitions:
+            subpartition.release()
+        self.buffer_pool.lazy_destroy()
+
+    def _check_in_produce_state(self) -> None:
+        if self.is_finished:
+            raise PartitionStateError(f"result partition {self.partition_id} already finished")
+        if self.is_released:
+            raise PartitionStateError(f"result partition {self.partition_id} is released")
+
+    # -- metrics (§7) --
+
+    @property
+    def out_pool_usage(self) -> float:
+        """Used segments / pool size (above 1.0 when overdrafted)."""
+        return self.buffer_pool.usage
+
+    def output_queue_length(self) -> int:
+        return sum(s.queue_length() for s in self.subpartitions)
+
+    def backlogs(self) -> list[int]:
+        """The reported backlog of every subpartition."""
+        return [s.get_buffers_in_backlog() for s in self.subpartitions]
+
+    @property
+    def num_bytes_out_polled(self) -> int:
+        return sum(s.num_bytes_polled for s in self.subpartitions)
+
+
+# -- blocking partition ---------------------------------------------------------------------------------
+
+
+class StoredBuffer(NamedTuple):
+    """A buffer of a finished blocking subpartition: its data type and payload (bytes-like)."""
+
+    data_type: DataType
+    payload: object
+
+
+class BlockingResultPartition:
+    """A producer subtask's blocking output (Flink's hash ``BoundedBlockingResultPartition``, §3.3).
+
+    Every buffer is written to storage as soon as it is complete: a consumer is stored when the next one
+    is added to its subpartition (the builder before it was finished), on flush (the bytes written so far,
+    as its own buffer), and on finish, which also stores END_OF_PARTITION. ``sink(subpartition, buffer)``
+    receives each stored buffer, which is then recycled; by default the buffers are kept in memory and
+    read back by views created after :meth:`finish` (any number of them).
+    """
+
+    def __init__(
+        self,
+        num_subpartitions: int,
+        buffer_pool: LocalBufferPool,
+        *,
+        partition_id: int = 0,
+        sink: Callable[[int, StoredBuffer], None] | None = None,
+    ) -> None:
+        if num_subpartitions < 1:
+            raise ValueError(f"num_subpartitions must be >= 1, got {num_subpartitions}")
+        self.num_subpartitions = num_subpartitions
+        self.partition_id = partition_id
+        self.buffer_pool = buffer_pool
+        self._sink = sink
+        self._stored: list[list[StoredBuffer]] = [[] for _ in range(num_subpartitions)]
+        self._current: list[BufferConsumer | None] = [None] * num_subpartitions
+        self.num_data_buffers = [0] * num_subpartitions
+        self.num_bytes = [0] * num_subpartitions
+        self.is_finished = False
+        self.is_released = False
+
+    def request_segment(self, subpartition: int) -> SegmentRecycler:
+        self._check_in_produce_state()
+        self.buffer_pool.request_buffer_forced(subpartition)
+        return SegmentRecycler(self.buffer_pool, subpartition)
+
+    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None:
+        self._check_in_produce_state()
+        self._write_current(subpartition, close=True)
+        self._current[subpartition] = consumer
+
+    def add_event(self, subpartition: int, buffer: Buffer) -> None:
+        self._check_in_produce_state()
+        self._write_current(subpartition, close=True)
+        self._store(subpartition, buffer)
+
+    def flush(self, subpartition: int) -> None:
+        self._write_current(subpartition, close=False)
+
+    def flush_all(self) -> None:
+        for subpartition in range(self.num_subpartitions):
+            self._write_current(subpartition, close=False)
+
+    def finish(self) -> None:
+        self._check_in_produce_state()
+        for subpartition in range(self.num_subpartitions):
+            self._write_current(subpartition, close=True)
+            self._store(subpartition, _end_of_partition())
+        self.is_finished = True
+
+    def is_available(self) -> bool:
+        return self.buffer_pool.is_available()
+
+    def _write_current(self, subpartition: int, *, close: bool) -> None:
+        consumer = self._current[subpartition]
+        if consumer is None:
+            return
+        if not close:
+            if consumer.is_data_available():
+                self._store(subpartition, consumer.build())
+            return
+        if not consumer.is_finished():
+            raise PartitionStateError(
+                f"subpartition {subpartition}: a buffer was added or the partition finished while the "
+                "previous buffer was still being written (finish the builder first)"
+            )
+        last = consumer.build()  # the rest; the segment returns once this slice is recycled
+        if last.size:
+            self._store(subpartition, last)
+        else:
+            last.recycle()
+        consumer.close()
+        self._current[subpartition] = None
+
+    def _store(self, subpartition: int, buffer: Buffer) -> None:
+        stored = StoredBuffer(buffer.data_type, buffer.data)
+        if buffer.data_type.is_buffer:
+            self.num_data_buffers[subpartition] += 1
+        self.num_bytes[subpartition] += buffer.size
+        buffer.recycle()
+        if self._sink is not None:
+            self._sink(subpartition, stored)
+        else:
+            self._stored[subpartition].append(stored)
+
+    def stored_buffers(self, subpartition: int) -> list[StoredBuffer]:
+        """The buffers stored for ``subpartition`` (empty when a sink took them)."""
+        return self._stored[subpartition]
+
+    def create_subpartition_view(
+        self, subpartition: int, listener: BufferAvailabilityListener
+    ) -> BoundedBlockingSubpartitionReader:
+        if not 0 <= subpartition < self.num_subpartitions:
+            raise PartitionNotFoundError(self.partition_id, subpartition)
+        if not self.is_finished:
+            raise PartitionStateError(f"blocking result partition {self.partition_id} is read only once finished")
+        if self._sink is not None:
+            raise PartitionStateError("the buffers of this partition went to its sink; read them from there")
+        return BoundedBlockingSubpartitionReader(
+            self._stored[subpartition], listener, num_data_buffers=self.num_data_buffers[subpartition]
+        )
+
+    def close(self) -> None:
+        """Blocking partitions outlive their producer; released by :meth:`release`."""
+
+    def release(self) -> None:
+        if self.is_released:
+            return
+        self.is_released = True
+        for subpartition in range(self.num_subpartitions):
+            consumer = self._current[subpartition]
+            if consumer is not None:
+                consumer.close()
+                self._current[subpartition] = None
+            self._stored[subpartition] = []
+        self.buffer_pool.lazy_destroy()
+
+    def _check_in_produce_state(self) -> None:
+        if self.is_finished:
+            raise PartitionStateError(f"result partition {self.partition_id} already finished")
+        if self.is_released:
+            raise PartitionStateError(f"result partition {self.partition_id} is released")
+
+    @property
+    def out_pool_usage(self) -> float:
+        return self.buffer_pool.usage
+
+
+class BoundedBlockingSubpartitionReader:
+    """A view over stored buffers (Flink's ``BoundedBlockingSubpartitionReader``), reading one ahead.
+
+    ``buffers`` yields :class:`StoredBuffer` (or ``(data_type, payload)`` pairs, or :class:`Buffer`);
+    ``num_data_buffers``, when given, lets an iterator stream without being materialised (the backlog is
+    the number of data buffers not yet returned). With credit it is available while a buffer is left;
+    without credit only when the next one is an event. Returned buffers are unpooled (their payload
+    belongs to the storage), so the reader holds no network buffers.
+    """
+
+    __slots__ = ("_backlog", "_iterator", "_listener", "_next", "_released", "_sequence_number", "failure_cause")
+
+    def __init__(
+        self,
+        buffers: Iterable[StoredBuffer | tuple[DataType, object] | Buffer],
+        listener: BufferAvailabilityListener | None = None,
+        *,
+        num_data_buffers: int | None = None,
+    ) -> None:
+        if num_data_buffers is None:
+            items = [self._as_stored(b) for b in buffers]
+            num_data_buffers = sum(1 for b in items if b[0].is_buffer)
+            self._iterator: Iterator = iter(items)
+        else:
+            self._iterator = (self._as_stored(b) for b in buffers)
+        self._backlog = num_data_buffers
+        self._next: tuple[DataType, object] | None = next(self._iterator, None)
+        self._listener = listener
+        self._released = False
+        self._sequence_number = 0
+        self.failure_cause: BaseException | None = None
+        if listener is not None and self._next is not None:
+            listener.notify_data_available()
+
+    @staticmethod
+    def _as_stored(item: StoredBuffer | tuple[DataType, object] | Buffer) -> tuple[DataType, object]:
+        if isinstance(item, Buffer):
+            data = item.data
+            item.recycle()
+            return (item.data_type, data)
+        data_type, payload = item
+        return (DataType(data_type), payload)
+
+    def set_listener(self, listener: BufferAvailabilityListener) -> None:
+        self._listener = listener
+        if self._next is not None:
+            listener.notify_data_available()
+
+    def get_next_buffer(self) -> BufferAndBacklog | None:
+        current = self._next
+        if current is None or self._released:
+            return None
+        data_type, payload = current
+        if data_type.is_buffer:
+            self._backlog -= 1
+        nxt = self._next = next(self._iterator, None)
+        sequence = self._sequence_number
+        self._sequence_number = sequence + 1
+        return BufferAndBacklog(
+            Buffer(data_type, payload), max(self._backlog, 0), nxt[0] if nxt is not None else _NONE, sequence
+        )
+
+    def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog:
+        nxt = self._next
+        if nxt is None or self._released:
+            return AvailabilityWithBacklog(False, 0)
+        return AvailabilityWithBacklog(credit_available or nxt[0].is_event, max(self._backlog, 0))
+
+    def resume_consumption(self) -> None:
+        """Stored buffers never block."""
+
+    def notify_new_buffer_size(self, size: int) -> None:
+        """Stored buffers have their size already."""
+
+    def acknowledge_all_data_processed(self) -> None:
+        """Nothing waits for it in blocking mode."""
+
+    def release_all_resources(self) -> None:
+        self._released = True
+        self._next = None
+
+    @property
+    def is_released(self) -> bool:
+        return self._released
+
+    def queue_length(self) -> int:
+        return self._backlog + (1 if self._next is not None and self._next[0].is_event else 0)
+
+    @property
+    def backlog(self) -> int:
+        return max(self._backlog, 0)
+
+
+class StoredResultPartition:
+    """A finished partition replayed from storage: ``subpartitions[i]`` yields the stored buffers of i.
+
+    What a consumer task serves its own input gate from in the blocking mode (the buffers come from
+    Spark's shuffle). ``num_data_buffers[i]``, if given, lets subpartition i stream without being
+    materialised. Every subpartition may be read once.
+    """
+
+    def __init__(
+        self,
+        subpartitions: Mapping[int, Iterable],
+        *,
+        partition_id: int = 0,
+        num_data_buffers: Mapping[int, int] | None = None,
+    ) -> None:
+        self.partition_id = partition_id
+        self._subpartitions = dict(subpartitions)
+        self._num_data_buffers = dict(num_data_buffers or {})
+        self._read: set[int] = set()
+
+    def create_subpartition_view(
+        self, subpartition: int, listener: BufferAvailabilityListener
+    ) -> BoundedBlockingSubpartitionReader:
+        if subpartition not in self._subpartitions:
+            raise PartitionNotFoundError(self.partition_id, subpartition)
+        if subpartition in self._read:
+            raise PartitionStateError(f"stored subpartition {subpartition} was already read")
+        self._read.add(subpartition)
+        return BoundedBlockingSubpartitionReader(
+            self._subpartitions.pop(subpartition),
+            listener,
+            num_data_buffers=self._num_data_buffers.get(subpartition),
+        )
+
+
+class ResultPartitionManager:
+    """The partitions a producer side serves, by partition id (Flink's ``ResultPartitionManager``).
+
+    A request for a partition not registered yet can wait: :meth:`wait_for` registers a callback that runs
+    when it is registered.
+    """
+
+    def __init__(self) -> None:
+        self._partitions: dict[int, object] = {}
+        self._waiting: dict[int, list[Callable[[], None]]] = {}
+
+    def register_partition(self, partition: object, partition_id: int | None = None) -> None:
+        pid = partition.partition_id if partition_id is None else partition_id  # type: ignore[attr-defined]
+        if pid in self._partitions:
+            raise PartitionStateError(f"result partition {pid} is already registered")
+        self._partitions[pid] = partition
+        for callback in self._waiting.pop(pid, []):
+            callback()
+
+    def release_partition(self, partition_id: int) -> None:
+        partition = self._partitions.pop(partition_id, None)
+        if partition is not None and hasattr(partition, "release"):
+            partition.release()
+
+    def get_partition(self, partition_id: int) -> object | None:
+        return self._partitions.get(partition_id)
+
+    def __contains__(self, partition_id: int) -> bool:
+        return partition_id in self._partitions
+
+    def create_subpartition_view(
+        self, partition_id: int, subpartition: int, listener: BufferAvailabilityListener
+    ) -> ResultSubpartitionView:
+        partition = self._partitions.get(partition_id)
+        if partition is None:
+            raise PartitionNotFoundError(partition_id, subpartition)
+        return partition.create_subpartition_view(subpartition, listener)  # type: ignore[attr-defined]
+
+    def wait_for(self, partition_id: int, callback: Callable[[], None]) -> None:
+        self._waiting.setdefault(partition_id, []).append(callback)
+
+    def cancel_wait(self, partition_id: int, callback: Callable[[], None]) -> None:
+        callbacks = self._waiting.get(partition_id)
+        if callbacks and callback in callbacks:
+            callbacks.remove(callback)

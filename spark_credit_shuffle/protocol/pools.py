@@ -1,0 +1,679 @@
+"""Network buffer pools: one :class:`NetworkBufferPool` per executor, :class:`LocalBufferPool` per partition
+and per input gate, and the pure functions that size them as Flink does (§4 of the reference).
+
+Segments are accounting tokens: the pools count them and never allocate memory (the bytes of a buffer live
+in its ``Buffer`` object, owned by whoever wrote or received it). What the counts bound is what Flink's
+counts bound: how many buffers a producer may fill before it is back-pressured and how many buffers a
+consumer holds for each channel, which is what credits announce.
+
+Not thread-safe, like the rest of the protocol core: callers serialise access.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..config import NetworkConfig
+from ..errors import InsufficientNetworkBuffersError, NetworkBuffersNotFreeError
+
+__all__ = [
+    "NETWORK_MEMORY_SETTING",
+    "UNBOUNDED",
+    "BufferListener",
+    "GateBuffersSpec",
+    "LocalBufferPool",
+    "NetworkBufferPool",
+    "PartitionType",
+    "SegmentRecycler",
+    "input_gate_buffers_spec",
+    "network_buffers_for_announcing",
+    "result_partition_pool_size",
+]
+
+_log = logging.getLogger(__name__)
+
+#: The setting to raise when network buffers run out.
+NETWORK_MEMORY_SETTING = "spark.creditShuffle.networkMemory"
+#: The maximum of an unbounded pool (Flink's Integer.MAX_VALUE).
+UNBOUNDED = (1 << 31) - 1
+#: Flink's ``UNKNOWN_CHANNEL``: a request not counted against any subpartition.
+UNKNOWN_CHANNEL = -1
+
+
+class PartitionType:
+    """Flink's ``ResultPartitionType`` names used for sizing."""
+
+    PIPELINED = "PIPELINED"
+    PIPELINED_BOUNDED = "PIPELINED_BOUNDED"
+    BLOCKING = "BLOCKING"
+
+    ALL = (PIPELINED, PIPELINED_BOUNDED, BLOCKING)
+
+
+# -- sizing (pure functions) --------------------------------------------------------------------------
+
+
+def result_partition_pool_size(
+    num_subpartitions: int,
+    config: NetworkConfig,
+    partition_type: str = PartitionType.PIPELINED_BOUNDED,
+    *,
+    sort_shuffle_min_parallelism: int | None = None,
+    sort_shuffle_min_buffers: int = 512,
+) -> tuple[int, int]:
+    """(min, max) buffers of a result partition's LocalBufferPool (``NettyShuffleUtils``, §4.3).
+
+    Pipelined and hash-blocking partitions: min = N + 1; max = N * buffers_per_channel +
+    floating_buffers_per_gate for PIPELINED_BOUNDED, unbounded otherwise. A BLOCKING partition whose
+    subpartition count reaches ``sort_shuffle_min_parallelism`` (if given) is sized as Flink's sort-merge
+    partition: min = ``sort_shuffle_min_buffers``, max = max(min, 4 N).
+    """
+    if num_subpartitions < 1:
+        raise ValueError(f"num_subpartitions must be >= 1, got {num_subpartitions}")
+    if partition_type not in PartitionType.ALL:
+        raise ValueError(f"partition_type must be one of {PartitionType.ALL}, got {partition_type!r}")
+    n = num_subpartitions
+    if (
+        partition_type == PartitionType.BLOCKING
+        and sort_shuffle_min_parallelism is not None
+        and n >= sort_shuffle_min_parallelism
+    ):
+        return sort_shuffle_min_buffers, max(sort_shuffle_min_buffers, 4 * n)
+    minimum = n + 1
+    if partition_type == PartitionType.PIPELINED_BOUNDED:
+        maximum = n * config.buffers_per_channel + config.floating_buffers_per_gate
+    else:
+        maximum = UNBOUNDED
+    return minimum, max(minimum, maximum)
+
+
+@dataclass(frozen=True)
+class GateBuffersSpec:
+    """Buffers of one input gate (``InputGateSpecUtils.createGateBuffersSpec``).
+
+    ``exclusive_per_channel`` buffers go to each *remote* channel (local channels get none); the gate's
+    floating LocalBufferPool has ``floating_min`` .. ``floating_max`` buffers. ``target_required`` and
+    ``target_total`` are Flink's C * bpc + 1 and C * bpc + fpg.
+    """
+
+    num_channels: int
+    num_remote_channels: int
+    exclusive_per_channel: int
+    floating_min: int
+    floating_max: int
+    target_required: int
+    target_total: int
+
+    @property
+    def exclusive_total(self) -> int:
+        """Exclusive buffers the remote channels request from the global pool."""
+        return self.exclusive_per_channel * self.num_remote_channels
+
+    @property
+    def required(self) -> int:
+        """Buffers the gate reserves in the global pool at setup (exclusive + floating minimum)."""
+        return self.exclusive_total + self.floating_min
+
+    @property
+    def maximum(self) -> int:
+        """Buffers the gate can hold at most (exclusive + floating maximum)."""
+        return self.exclusive_total + self.floating_max
+
+
+def input_gate_buffers_spec(
+    num_channels: int,
+    config: NetworkConfig,
+    *,
+    num_remote_channels: int | None = None,
+    blocking: bool = False,
+    max_required_buffers_per_gate: int | None = None,
+) -> GateBuffersSpec:
+    """The buffers of a gate with ``num_channels`` channels, ``num_remote_channels`` of them remote.
+
+    Flink's rule: required = min(maxRequired, C * bpc + 1), where maxRequired is unbounded for pipelined
+    gates and 1000 for blocking ones unless set; exclusive per channel = min(bpc, (required - 1) // C);
+    floating min = required - C * exclusive, floating max = C * bpc + fpg - C * exclusive.
+    In the model without credits (``credit_based=False``) there are no exclusive buffers: the gate pool
+    has min = C and max = C * bpc + fpg, shared by all channels.
+    """
+    if num_channels < 1:
+        raise ValueError(f"num_channels must be >= 1, got {num_channels}")
+    remote = num_channels if num_remote_channels is None else num_remote_channels
+    if not 0 <= remote <= num_channels:
+        raise ValueError(f"num_remote_channels must be in [0, {num_channels}], got {remote}")
+    c, bpc, fpg = num_channels, config.buffers_per_channel, config.floating_buffers_per_gate
+    target_required = c * bpc + 1
+    target_total = c * bpc + fpg
+    if not config.credit_based:
+        return GateBuffersSpec(c, remote, 0, c, max(c, target_total), target_required, target_total)
+    if max_required_buffers_per_gate is None:
+        max_required = 1000 if blocking else UNBOUNDED
+    else:
+        max_required = max_required_buffers_per_gate
+    required = min(max_required, target_required)
+    exclusive = min(bpc, (required - 1) // c)
+    floating_min = max(1, required - c * exclusive)
+    floating_max = max(floating_min, target_total - c * exclusive)
+    return GateBuffersSpec(c, remote, exclusive, floating_min, floating_max, target_required, target_total)
+
+
+def network_buffers_for_announcing(
+    gates: list[tuple[int, bool]],
+    partitions: list[tuple[int, str]],
+    config: NetworkConfig,
+    *,
+    sort_shuffle_min_parallelism: int | None = None,
+    sort_shuffle_min_buffers: int = 512,
+) -> int:
+    """Network buffers a task announces for its gates and partitions (``computeNetworkBuffersForAnnouncing``).
+
+    ``gates`` are (channels, blocking) pairs and count C * bpc + fpg each; ``partitions`` are
+    (subpartitions, partition type) pairs and count their pool's max when pipelined, min when blocking.
+    """
+    total = 0
+    for channels, _blocking in gates:
+        total += channels * config.buffers_per_channel + config.floating_buffers_per_gate
+    for subpartitions, partition_type in partitions:
+        lo, hi = result_partition_pool_size(
+            subpartitions,
+            config,
+            partition_type,
+            sort_shuffle_min_parallelism=sort_shuffle_min_parallelism,
+            sort_shuffle_min_buffers=sort_shuffle_min_buffers,
+        )
+        total += lo if partition_type == PartitionType.BLOCKING else hi
+    return total
+
+
+# -- listeners and recyclers ---------------------------------------------------------------------------
+
+
+class BufferListener(Protocol):
+    """Waits for a floating buffer of a LocalBufferPool (Flink's ``BufferListener``)."""
+
+    def notify_buffer_available(self) -> bool:
+        """A segment is offered; return True to take it (it then belongs to the listener)."""
+
+
+class SegmentRecycler:
+    """Returns one segment to its pool, exactly once (a second call raises ``RuntimeError``)."""
+
+    __slots__ = ("_channel", "_pool")
+
+    def __init__(self, pool: LocalBufferPool, channel: int) -> None:
+        self._pool: LocalBufferPool | None = pool
+        self._channel = channel
+
+    def __call__(self) -> None:
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("network buffer segment recycled twice")
+        self._pool = None
+        pool.recycle(self._channel)
+
+
+# -- global pool ---------------------------------------------------------------------------------------
+
+
+class NetworkBufferPool:
+    """All network buffers of one executor (Flink's ``NetworkBufferPool``).
+
+    ``total`` segments, handed out either pooled, one at a time to LocalBufferPools, or unpooled, as the
+    exclusive buffers of remote input channels. ``num_total_required_buffers`` is the sum of every local
+    pool's minimum plus every unpooled segment handed out; exceeding ``total`` raises
+    :class:`InsufficientNetworkBuffersError` when a pool is created or exclusive buffers are requested.
+    The buffers above the required ones are redistributed among the resizable local pools after every
+    change, in proportion to their capacity (max - min).
+    """
+
+    def __init__(self, total: int, segment_size: int = 32 * 1024) -> None:
+        if total < 0:
+            raise ValueError(f"total must be >= 0, got {total}")
+        self.total = total
+        self.segment_size = segment_size
+        self.num_available = total
+        self.num_total_required_buffers = 0
+        self.num_unpooled = 0
+        self._pools: list[LocalBufferPool] = []
+        self._waiting: deque[LocalBufferPool] = deque()
+        self._warned = False
+
+    @classmethod
+    def from_config(cls, config: NetworkConfig) -> NetworkBufferPool:
+        """A pool of ``config.total_network_buffers`` segments of ``config.segment_size`` bytes."""
+        return cls(config.total_network_buffers, config.segment_size)
+
+    # -- pooled segments (for LocalBufferPools) --
+
+    def request_pooled_segment(self) -> bool:
+        """Take one free segment; False if none is free."""
+        if self.num_available > 0:
+            self.num_available -= 1
+            return True
+        return False
+
+    def recycle_pooled_segment(self) -> None:
+        """Give back one pooled segment and let a waiting local pool take it."""
+        self.num_available += 1
+        if self.num_available > self.total:
+            raise RuntimeError("more segments returned to the network buffer pool than it holds")
+        self._serve_waiting()
+
+    def request_segment_when_available(self, pool: LocalBufferPool) -> None:
+        """Register ``pool`` to be called back (``on_global_pool_available``) when a segment is free."""
+        if pool not in self._waiting:
+            self._waiting.append(pool)
+
+    def _serve_waiting(self) -> None:
+        while self._waiting and self.num_available > 0:
+            pool = self._waiting.popleft()
+            pool.on_global_pool_available()
+
+    @property
+    def is_available(self) -> bool:
+        """At least one segment is free."""
+        return self.num_available > 0
+
+    # -- unpooled segments (exclusive buffers) --
+
+    def request_unpooled_segments(self, n: int) -> None:
+        """Take ``n`` segments for exclusive use, counted as required.
+
+        Raises :class:`InsufficientNetworkBuffersError` if the required buffers would exceed the total, and
+        :class:`NetworkBuffersNotFreeError` (retry after recycling) if they are accounted for but other
+        pools still hold them; in both cases nothing is taken.
+        """
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if n == 0:
+            return
+        self._check_required(n)
+        self.num_total_required_buffers += n
+        self._redistribute()
+        if self.num_available < n:
+            self.num_total_required_buffers -= n
+            self._redistribute()
+            raise NetworkBuffersNotFreeError(n, self.num_available)
+        self.num_available -= n
+        self.num_unpooled += n
+
+    def recycle_unpooled_segments(self, n: int) -> None:
+        """Give back ``n`` exclusive segments."""
+        if n <= 0:
+            return
+        if n > self.num_unpooled:
+            raise RuntimeError(f"returning {n} exclusive segments, but only {self.num_unpooled} are out")
+        self.num_unpooled -= n
+        self.num_total_required_buffers -= n
+        self.num_available += n
+        self._redistribute()
+        self._serve_waiting()
+
+    # -- local pools --
+
+    def create_buffer_pool(
+        self,
+        min_buffers: int,
+        max_buffers: int,
+        *,
+        num_subpartitions: int = 0,
+        max_buffers_per_channel: int = UNBOUNDED,
+        max_overdraft_buffers: int = 0,
+    ) -> LocalBufferPool:
+        """A LocalBufferPool of ``min_buffers`` .. ``max_buffers`` segments; its minimum is reserved now."""
+        if min_buffers < 1:
+            raise ValueError(f"min_buffers must be >= 1, got {min_buffers}")
+        if max_buffers < min_buffers:
+            raise ValueError(f"max_buffers ({max_buffers}) must be >= min_buffers ({min_buffers})")
+        self._check_required(min_buffers)
+        self.num_total_required_buffers += min_buffers
+        pool = LocalBufferPool(
+            self,
+            min_buffers,
+            max_buffers,
+            num_subpartitions=num_subpartitions,
+            max_buffers_per_channel=max_buffers_per_channel,
+            max_overdraft_buffers=max_overdraft_buffers,
+        )
+        self._pools.append(pool)
+        self._redistribute()
+        pool.check_availability()
+        self._check_usage()
+        return pool
+
+    def destroy_buffer_pool(self, pool: LocalBufferPool) -> None:
+        """Release ``pool``'s reservation; its segments come back as they are recycled."""
+        if pool not in self._pools:
+            return
+        self._pools.remove(pool)
+        if pool in self._waiting:
+            self._waiting.remove(pool)
+        self.num_total_required_buffers -= pool.min_buffers
+        self._redistribute()
+        if self.estimated_requested_usage() < 1.0:
+            self._warned = False
+
+    @property
+    def buffer_pools(self) -> tuple[LocalBufferPool, ...]:
+        return tuple(self._pools)
+
+    def _check_required(self, requested: int) -> None:
+        if self.num_total_required_buffers + requested > self.total:
+            raise InsufficientNetworkBuffersError(
+                required=requested,
+                available=self.total - self.num_total_required_buffers,
+                total=self.total,
+                segment_size=self.segment_size,
+                setting=NETWORK_MEMORY_SETTING,
+            )
+
+    def _redistribute(self) -> None:
+        excess = self.total - self.num_total_required_buffers
+        resizable = [p for p in self._pools if p.max_buffers > p.min_buffers]
+        if excess <= 0:
+            for pool in resizable:
+                pool.set_num_buffers(pool.min_buffers)
+            return
+        capacities = [min(excess, p.max_buffers - p.min_buffers) for p in resizable]
+        total_capacity = sum(capacities)
+        if total_capacity == 0:
+            return
+        to_distribute = min(excess, total_capacity)
+        parts_used = 0
+        distributed = 0
+        for pool, capacity in zip(resizable, capacities, strict=True):
+            parts_used += capacity
+            share = to_distribute * parts_used // total_capacity - distributed
+            distributed += share
+            pool.set_num_buffers(pool.min_buffers + share)
+
+    # -- usage ---
+
+    def estimated_requested_segments(self) -> int:
+        """Σ over pools of max (bounded pools) or 2 * min (unbounded ones), as Flink's usage warning."""
+        total = 0
+        for pool in self._pools:
+            total += 2 * pool.min_buffers if pool.max_buffers >= UNBOUNDED else pool.max_buffers
+        return total
+
+    def estimated_requested_usage(self) -> float:
+        """:meth:`estimated_requested_segments` / total (can exceed 1.0)."""
+        return self.estimated_requested_segments() / self.total if self.total else 0.0
+
+    def _check_usage(self) -> None:
+        usage = self.estimated_requested_usage()
+        if usage >= 1.0 and not self._warned:
+            self._warned = True
+            _log.warning(
+                "Memory usage [%d%%] is too high to satisfy all of the requests. This can severely impact "
+                "network throughput. Please consider increasing available network memory (%s), or decreasing "
+                "configured size of network buffer pools (buffers_per_channel, floating_buffers_per_gate).",
+                round(usage * 100),
+                NETWORK_MEMORY_SETTING,
+            )
+
+    # -- metrics (Status.Shuffle.Netty.*) --
+
+    @property
+    def num_used(self) -> int:
+        """Segments handed out (pooled or unpooled): ``UsedMemorySegments``."""
+        return self.total - self.num_available
+
+
+# -- local pool ----------------------------------------------------------------------------------------
+
+
+class LocalBufferPool:
+    """Buffers of one result partition or of one input gate's floating pool (Flink's ``LocalBufferPool``).
+
+    Its size is set between min and max by the global pool's redistribution. It keeps one segment ready
+    whenever it is below its size (taking it from the global pool proactively). It is *available*, which
+    lets a producer take its next input, iff it holds a free segment, no subpartition holds
+    ``max_buffers_per_channel`` buffers and it is not overdrafted. Requests beyond the size may take up to
+    ``max_overdraft_buffers`` extra segments. A recycled segment is offered first to the FIFO of buffer
+    listeners (input channels waiting for floating buffers), then kept.
+    """
+
+    def __init__(
+        self,
+        network_pool: NetworkBufferPool,
+        min_buffers: int,
+        max_buffers: int,
+        *,
+        num_subpartitions: int = 0,
+        max_buffers_per_channel: int = UNBOUNDED,
+        max_overdraft_buffers: int = 0,
+    ) -> None:
+        self.network_pool = network_pool
+        self.min_buffers = min_buffers
+        self.max_buffers = max_buffers
+        self.current_pool_size = min_buffers
+        self.num_requested = 0  # segments taken from the global pool, overdraft included
+        self.num_available_segments = 0
+        self.num_borrowed = 0  # forced requests beyond every limit with the global pool empty
+        self.max_buffers_per_channel = max_buffers_per_channel
+        self.max_overdraft_buffers = max_overdraft_buffers
+        self.subpartition_buffers_count = [0] * num_subpartitions
+        self.unavailable_subpartitions_count = 0
+        self.is_destroyed = False
+        self._listeners: deque[BufferListener] = deque()
+        self._availability_listeners: list[Callable[[], None]] = []
+        self._available = False
+
+    # -- sizing --
+
+    def set_num_buffers(self, num_buffers: int) -> None:
+        """Resize (called by redistribution); excess free segments go back to the global pool now, used
+        ones as they are recycled."""
+        if num_buffers < self.min_buffers:
+            raise ValueError(f"pool size {num_buffers} is below the minimum {self.min_buffers}")
+        self.current_pool_size = min(num_buffers, self.max_buffers)
+        while self.num_available_segments and self.num_requested > self.current_pool_size:
+            self.num_available_segments -= 1
+            self._return_to_global()
+        self.check_availability()
+
+    @property
+    def num_buffers(self) -> int:
+        """The current pool size."""
+        return self.current_pool_size
+
+    # -- requests --
+
+    def request_buffer(self, target_channel: int = UNKNOWN_CHANNEL) -> bool:
+        """Take one segment, counted against ``target_channel`` if given; False if none can be had.
+
+        Succeeds while a segment is free even if the channel is at its max (the limit only gates
+        availability); at the pool size it may overdraft up to ``max_overdraft_buffers``.
+        """
+        if self.is_destroyed:
+            raise RuntimeError("buffer pool is destroyed")
+        if self.num_available_segments == 0:
+            if self.num_requested < self.current_pool_size:
+                if not self._request_from_global():
+                    return False
+            elif self.num_requested - self.current_pool_size < self.max_overdraft_buffers:
+                if not self.network_pool.request_pooled_segment():
+                    return False
+                self.num_requested += 1
+                self.num_available_segments += 1
+            else:
+                return False
+        self.num_available_segments -= 1
+        if target_channel >= 0:
+            count = self.subpartition_buffers_count[target_channel] + 1
+            self.subpartition_buffers_count[target_channel] = count
+            if count == self.max_buffers_per_channel:
+                self.unavailable_subpartitions_count += 1
+        self.check_availability()
+        return True
+
+    def request_buffer_forced(self, target_channel: int = UNKNOWN_CHANNEL) -> None:
+        """Take one segment no matter what (a record that is being written must get its buffer).
+
+        Beyond size and overdraft, take a free global segment, or borrow one outside network memory
+        (counted in ``num_borrowed``). The pool stays unavailable until such segments are back.
+        """
+        if self.request_buffer(target_channel):
+            return
+        if self.network_pool.request_pooled_segment():
+            self.num_requested += 1
+        else:
+            self.num_borrowed += 1
+        if target_channel >= 0:
+            count = self.subpartition_buffers_count[target_channel] + 1
+            self.subpartition_buffers_count[target_channel] = count
+            if count == self.max_buffers_per_channel:
+                self.unavailable_subpartitions_count += 1
+        self.check_availability()
+
+    def segment_recycler(self, target_channel: int = UNKNOWN_CHANNEL) -> SegmentRecycler:
+        """A one-shot recycler for a segment requested against ``target_channel``."""
+        return SegmentRecycler(self, target_channel)
+
+    def recycle(self, target_channel: int = UNKNOWN_CHANNEL) -> None:
+        """Return one segment: to the global pool if destroyed or over size, else to the first listener that
+        takes it, else to the free list."""
+        if target_channel >= 0:
+            count = self.subpartition_buffers_count[target_channel]
+            if count == self.max_buffers_per_channel:
+                self.unavailable_subpartitions_count -= 1
+            self.subpartition_buffers_count[target_channel] = count - 1
+        if self.num_borrowed:
+            self.num_borrowed -= 1
+            self.check_availability()
+            return
+        if self.is_destroyed or self.num_requested > self.current_pool_size:
+            self._return_to_global()
+            self.check_availability()
+            return
+        self._offer_segment()
+
+    def _offer_segment(self) -> None:
+        while self._listeners:
+            listener = self._listeners.popleft()
+            if listener.notify_buffer_available():
+                self.check_availability()
+                return
+        self.num_available_segments += 1
+        self.check_availability()
+
+    def add_buffer_listener(self, listener: BufferListener) -> bool:
+        """Queue ``listener`` for the next recycled segment; refused (False) while a segment is free."""
+        if self.num_available_segments > 0 or self.is_destroyed:
+            return False
+        if self.num_requested < self.current_pool_size and self._request_from_global():
+            return False
+        self._listeners.append(listener)
+        return True
+
+    def remove_buffer_listener(self, listener: BufferListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    @property
+    def num_listeners(self) -> int:
+        return len(self._listeners)
+
+    def reserve_segments(self, n: int) -> bool:
+        """Make sure ``n`` segments are held (Flink's ``reserveSegments``); False if the global pool is short."""
+        while self.num_requested < n:
+            if not self.network_pool.request_pooled_segment():
+                return False
+            self.num_requested += 1
+            self.num_available_segments += 1
+        self.check_availability()
+        return True
+
+    # -- availability --
+
+    def check_availability(self) -> bool:
+        """Refresh availability, taking a segment from the global pool if below size; notify on a change."""
+        if (
+            self.num_available_segments == 0
+            and self.num_requested < self.current_pool_size
+            and not self.is_destroyed
+            and not self._request_from_global()
+        ):
+            self.network_pool.request_segment_when_available(self)
+        available = (
+            self.num_available_segments > 0
+            and self.unavailable_subpartitions_count == 0
+            and self.num_requested <= self.current_pool_size
+            and self.num_borrowed == 0
+        )
+        if available and not self._available:
+            self._available = True
+            for callback in tuple(self._availability_listeners):
+                callback()
+        else:
+            self._available = available
+        return available
+
+    def is_available(self) -> bool:
+        """A producer may take its next input (Flink's ``LocalBufferPool.isAvailable``)."""
+        return self._available
+
+    def add_availability_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` whenever the pool turns from unavailable to available."""
+        self._availability_listeners.append(callback)
+
+    def remove_availability_listener(self, callback: Callable[[], None]) -> None:
+        if callback in self._availability_listeners:
+            self._availability_listeners.remove(callback)
+
+    def on_global_pool_available(self) -> None:
+        """The global pool has a free segment: take one if below size and offer it to a waiting listener."""
+        if self.is_destroyed or self.num_available_segments or self.num_requested >= self.current_pool_size:
+            return
+        if self._request_from_global():
+            self.num_available_segments -= 1
+            self._offer_segment()
+
+    def _request_from_global(self) -> bool:
+        if self.network_pool.request_pooled_segment():
+            self.num_requested += 1
+            self.num_available_segments += 1
+            return True
+        return False
+
+    def _return_to_global(self) -> None:
+        self.num_requested -= 1
+        self.network_pool.recycle_pooled_segment()
+
+    # -- teardown --
+
+    def lazy_destroy(self) -> None:
+        """Return the free segments and leave the global pool; segments in use return when recycled."""
+        if self.is_destroyed:
+            return
+        self.is_destroyed = True
+        self._listeners.clear()
+        self._available = False
+        while self.num_available_segments:
+            self.num_available_segments -= 1
+            self._return_to_global()
+        self.network_pool.destroy_buffer_pool(self)
+
+    # -- metrics --
+
+    @property
+    def num_used(self) -> int:
+        """Segments held outside the pool (in builders, queues, in flight or being consumed)."""
+        return self.num_requested - self.num_available_segments + self.num_borrowed
+
+    @property
+    def usage(self) -> float:
+        """used / current size (``outPoolUsage`` of one pool; above 1.0 when overdrafted)."""
+        return self.num_used / self.current_pool_size if self.current_pool_size else 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"LocalBufferPool(size={self.current_pool_size}, min={self.min_buffers}, max={self.max_buffers}, "
+            f"requested={self.num_requested}, available={self.num_available_segments}, "
+            f"listeners={len(self._listeners)}, destroyed={self.is_destroyed})"
+        )

@@ -1,0 +1,496 @@
+"""The sender side of a connection: one reader per requested subpartition, the queue of readers that can
+send, and the server handler that turns inbound messages into calls on them (§5.2 of the reference).
+
+The connection objects are sans-IO. A transport feeds :class:`PartitionRequestServerHandler` the bytes
+(``receive_data``) or messages (``receive_message``) it received, and pulls what to send with
+``next_message()`` / ``data_to_send()`` whenever it can write; pulling one message at a time while the
+link is writable is Flink's "one message in flight". The :attr:`PartitionRequestQueue.listener` hook
+tells an event-driven transport that something became sendable.
+
+A data buffer is written only by a reader with a credit, and costs that credit; events are free. A
+buffer's segment goes back to its pool as soon as its :class:`BufferResponse` is handed to the transport
+(the message keeps the payload alive until it is written).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import deque
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+from ..errors import PartitionNotFoundError, PartitionStateError, ProtocolError
+from .codec import FrameDecoder, default_max_frame_length, encode
+from .messages import (
+    AckAllUserRecordsProcessed,
+    AddCredit,
+    BacklogAnnouncement,
+    BufferResponse,
+    CancelPartitionRequest,
+    CloseRequest,
+    ErrorResponse,
+    Hello,
+    Message,
+    NewBufferSize,
+    PartitionRequest,
+    ResumeConsumption,
+    ServerMessage,
+)
+from .partition import AvailabilityWithBacklog, BufferAndBacklog, ResultPartitionManager, ResultSubpartitionView
+
+__all__ = [
+    "BufferAndAvailability",
+    "CreditBasedSequenceNumberingViewReader",
+    "PartitionProvider",
+    "PartitionRequestQueue",
+    "PartitionRequestServerHandler",
+    "SequenceNumberingViewReader",
+]
+
+
+class BufferAndAvailability(NamedTuple):
+    """A buffer a reader polled, whether the reader can send again right away, and the sender's backlog."""
+
+    buffer: object
+    more_available: bool
+    backlog: int
+    sequence_number: int
+
+
+class PartitionProvider(Protocol):
+    """Where readers get their views: a :class:`ResultPartitionManager` or any object with this method."""
+
+    def create_subpartition_view(
+        self, partition_id: int, subpartition: int, listener: object
+    ) -> ResultSubpartitionView: ...
+
+
+class CreditBasedSequenceNumberingViewReader:
+    """The server side of one input channel: a subpartition view plus the channel's credit (§5.2).
+
+    ``initial_credit`` is the credit of the PartitionRequest (the receiver's exclusive buffers).
+    :meth:`get_next_buffer` takes one credit per data buffer; going below zero is a protocol violation.
+    """
+
+    __slots__ = (
+        "initial_credit",
+        "is_registered_as_available",
+        "num_buffers_sent",
+        "num_bytes_sent",
+        "num_credits_available",
+        "partition_id",
+        "queue",
+        "receiver_id",
+        "subpartition",
+        "view",
+    )
+
+    credit_based = True
+
+    def __init__(self, receiver_id: int, initial_credit: int, queue: PartitionRequestQueue) -> None:
+        if initial_credit < 0:
+            raise ProtocolError(f"receiver {receiver_id}: initial credit {initial_credit} is negative")
+        self.receiver_id = receiver_id
+        self.initial_credit = initial_credit
+        self.num_credits_available = initial_credit
+        self.is_registered_as_available = False
+        self.queue = queue
+        self.view: ResultSubpartitionView | None = None
+        self.partition_id = 0
+        self.subpartition = 0
+        self.num_buffers_sent = 0
+        self.num_bytes_sent = 0
+
+    def request_subpartition_view(self, provider: PartitionProvider, partition_id: int, subpartition: int) -> None:
+        """Create the view (raises :class:`PartitionNotFoundError` if the partition is unknown)."""
+        self.partition_id = partition_id
+        self.subpartition = subpartition
+        self.view = provider.create_subpartition_view(partition_id, subpartition, self)
+        self.queue.notify_reader_non_empty(self)
+
+    # -- BufferAvailabilityListener --
+
+    def notify_data_available(self) -> None:
+        if self.view is not None:
+            self.queue.notify_reader_non_empty(self)
+
+    def notify_priority_event(self, sequence_number: int) -> None:
+        self.notify_data_available()
+
+    # -- inbound control --
+
+    def add_credit(self, credit: int) -> None:
+        self.num_credits_available += credit
+
+    def resume_consumption(self) -> None:
+        """After an upstream-blocking event: with initial credit 0 both sides reset credit to 0."""
+        if self.initial_credit == 0:
+            self.num_credits_available = 0
+        if self.view is not None:
+            self.view.resume_consumption()
+
+    def acknowledge_all_records_processed(self) -> None:
+        if self.view is not None:
+            self.view.acknowledge_all_data_processed()
+
+    def notify_new_buffer_size(self, size: int) -> None:
+        if self.view is not None:
+            self.view.notify_new_buffer_size(size)
+
+    # -- sending --
+
+    def get_availability_and_backlog(self) -> AvailabilityWithBacklog:
+        if self.view is None:
+            return AvailabilityWithBacklog(False, 0)
+        return self.view.get_availability_and_backlog(self.num_credits_available > 0)
+
+    def need_announce_backlog(self) -> bool:
+        """A channel without exclusive buffers learns the backlog only from a BacklogAnnouncement."""
+        return self.initial_credit == 0 and self.num_credits_available == 0
+
+    def get_next_buffer(self) -> BufferAndAvailability | None:
+        if self.view is None:
+            return None
+        nxt: BufferAndBacklog | None = self.view.get_next_buffer()
+        if nxt is None:
+            return None
+        buffer = nxt.buffer
+        if buffer.data_type.is_buffer:
+            self.num_credits_available -= 1
+            if self.num_credits_available < 0:
+                raise ProtocolError(f"receiver {self.receiver_id}: data buffer polled with no credit available")
+        next_type = nxt.next_data_type
+        more = next_type.is_event or (self.num_credits_available > 0 and next_type.is_buffer)
+        return BufferAndAvailability(buffer, more, nxt.backlog, nxt.sequence_number)
+
+    # -- lifecycle --
+
+    @property
+    def is_released(self) -> bool:
+        return self.view is not None and self.view.is_released
+
+    @property
+    def failure_cause(self) -> BaseException | None:
+        return getattr(self.view, "failure_cause", None) if self.view is not None else None
+
+    def release_all_resources(self) -> None:
+        if self.view is not None:
+            self.view.release_all_resources()
+
+    @property
+    def backlog(self) -> int:
+        """The backlog the reader would report now."""
+        return self.get_availability_and_backlog().backlog
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(receiver_id={self.receiver_id}, subpartition={self.subpartition}, "
+            f"credits={self.num_credits_available}, registered={self.is_registered_as_available})"
+        )
+
+
+class SequenceNumberingViewReader(CreditBasedSequenceNumberingViewReader):
+    """The reader of the model without credits (Flink <= 1.4): sends whenever its view has data."""
+
+    __slots__ = ()
+
+    credit_based = False
+
+    def __init__(self, receiver_id: int, initial_credit: int, queue: PartitionRequestQueue) -> None:
+        super().__init__(receiver_id, 0, queue)
+
+    def add_credit(self, credit: int) -> None:
+        """Credits mean nothing here."""
+
+    def get_availability_and_backlog(self) -> AvailabilityWithBacklog:
+        if self.view is None:
+            return AvailabilityWithBacklog(False, 0)
+        return self.view.get_availability_and_backlog(True)
+
+    def need_announce_backlog(self) -> bool:
+        return False
+
+    def get_next_buffer(self) -> BufferAndAvailability | None:
+        if self.view is None:
+            return None
+        nxt = self.view.get_next_buffer()
+        if nxt is None:
+            return None
+        return BufferAndAvailability(nxt.buffer, nxt.next_data_type.value != 0, nxt.backlog, nxt.sequence_number)
+
+
+class PartitionRequestQueue:
+    """The outbound side of one server connection (Flink's ``PartitionRequestQueue``).
+
+    ``all_readers`` by receiver id; ``available_readers`` is the FIFO of readers that can send now. A reader
+    is enqueued on a data notification, AddCredit or ResumeConsumption if it is available; a credit-less
+    reader of a channel without exclusive buffers gets a BacklogAnnouncement instead. Each
+    :meth:`next_message` polls one reader and re-queues it at the tail if it can send more (round robin).
+    """
+
+    def __init__(self) -> None:
+        self.all_readers: dict[int, CreditBasedSequenceNumberingViewReader] = {}
+        self.available_readers: deque[CreditBasedSequenceNumberingViewReader] = deque()
+        self._outbox: deque[ServerMessage] = deque()
+        #: Called when the queue goes from nothing to send to something to send.
+        self.listener: Callable[[], None] | None = None
+        self.is_closed = False
+        self.num_buffer_responses = 0
+
+    def notify_reader_created(self, reader: CreditBasedSequenceNumberingViewReader) -> None:
+        if reader.receiver_id in self.all_readers:
+            raise ProtocolError(f"receiver id {reader.receiver_id} requested a partition twice on one connection")
+        self.all_readers[reader.receiver_id] = reader
+
+    def notify_reader_non_empty(self, reader: CreditBasedSequenceNumberingViewReader) -> None:
+        self.enqueue_available_reader(reader)
+
+    def enqueue_available_reader(self, reader: CreditBasedSequenceNumberingViewReader) -> None:
+        if reader.is_registered_as_available or self.is_closed:
+            return
+        available, backlog = reader.get_availability_and_backlog()
+        if not available:
+            if backlog > 0 and reader.need_announce_backlog():
+                self._send_control(BacklogAnnouncement(reader.receiver_id, backlog))
+            return
+        was_idle = not self.available_readers and not self._outbox
+        reader.is_registered_as_available = True
+        self.available_readers.append(reader)
+        if was_idle and self.listener is not None:
+            self.listener()
+
+    def _send_control(self, message: ServerMessage) -> None:
+        was_idle = not self.available_readers and not self._outbox
+        self._outbox.append(message)
+        if was_idle and self.listener is not None:
+            self.listener()
+
+    def add_credit_or_resume_consumption(
+        self, receiver_id: int, operation: Callable[[CreditBasedSequenceNumberingViewReader], None]
+    ) -> None:
+        """Apply ``operation`` to the reader (unknown ids are ignored, as in Flink) and try to enqueue it."""
+        reader = self.all_readers.get(receiver_id)
+        if reader is None:
+            return
+        operation(reader)
+        self.enqueue_available_reader(reader)
+
+    def cancel(self, receiver_id: int) -> None:
+        """CancelPartitionRequest: drop the reader and release its view."""
+        reader = self.all_readers.pop(receiver_id, None)
+        if reader is None:
+            return
+        if reader.is_registered_as_available:
+            self.available_readers.remove(reader)
+            reader.is_registered_as_available = False
+        reader.release_all_resources()
+
+    def release_all_resources(self) -> None:
+        """CloseRequest or connection loss: release every reader."""
+        self.is_closed = True
+        readers = list(self.all_readers.values())
+        self.all_readers.clear()
+        self.available_readers.clear()
+        for reader in readers:
+            reader.is_registered_as_available = False
+            reader.release_all_resources()
+
+    def notify_fatal_error(self, message: str) -> None:
+        """A handler error: release all readers and send a fatal ErrorResponse (then close)."""
+        self.release_all_resources()
+        self._outbox.clear()
+        self._outbox.append(ErrorResponse(message, None))
+        if self.listener is not None:
+            self.listener()
+
+    def has_data(self) -> bool:
+        """Something may be sendable now (a call to :meth:`next_message` may still return None)."""
+        return bool(self._outbox or self.available_readers)
+
+    def next_message(self) -> ServerMessage | None:
+        """The next message to write, or None (Flink's ``writeAndFlushNextMessageIfPossible``, one step)."""
+        if self._outbox:
+            return self._outbox.popleft()
+        available = self.available_readers
+        while available:
+            reader = available.popleft()
+            reader.is_registered_as_available = False
+            nxt = reader.get_next_buffer()
+            if nxt is None:
+                if reader.is_released:
+                    cause = reader.failure_cause
+                    if cause is not None:
+                        return ErrorResponse(str(cause), reader.receiver_id)
+                continue
+            if nxt.more_available:
+                reader.is_registered_as_available = True
+                available.append(reader)
+            buffer = nxt.buffer
+            payload = buffer.data
+            message = BufferResponse(
+                reader.receiver_id,
+                reader.subpartition,
+                nxt.sequence_number,
+                nxt.backlog,
+                buffer.data_type,
+                False,
+                payload,
+            )
+            buffer.recycle()
+            size = len(payload)
+            reader.num_buffers_sent += 1
+            reader.num_bytes_sent += size
+            self.num_buffer_responses += 1
+            return message
+        return None
+
+
+class PartitionRequestServerHandler:
+    """The server end of one connection: decodes and routes inbound messages, queues outbound ones.
+
+    ``partitions`` provides subpartition views (usually a :class:`ResultPartitionManager`). With a
+    ``secret``, the first message must be a :class:`Hello` carrying it, or :class:`ProtocolError` is raised
+    (the transport then closes the connection). ``credit_based=False`` serves the model without credits.
+    A request for a partition not registered yet waits until it is (if ``partitions`` is a manager) or
+    until :meth:`fail_pending_requests` answers it with PartitionNotFound (the runtime calls it on its
+    partition request timeout).
+    """
+
+    def __init__(
+        self,
+        partitions: PartitionProvider,
+        *,
+        credit_based: bool = True,
+        secret: bytes | None = None,
+        max_frame_length: int = default_max_frame_length(32 * 1024),
+    ) -> None:
+        self.partitions = partitions
+        self.credit_based = credit_based
+        self.queue = PartitionRequestQueue()
+        self._secret = secret
+        self.is_authenticated = secret is None
+        self._decoder = FrameDecoder(max_frame_length)
+        self._pending: dict[int, tuple[PartitionRequest, Callable[[], None]]] = {}
+        self.is_closed = False
+        self.messages_received = 0
+
+    # -- inbound --
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Bytes from the wire; raises :class:`ProtocolError` on a bad frame or message."""
+        for message in self._decoder.receive_data(data):
+            self.receive_message(message)
+
+    def connection_closed(self) -> None:
+        """The peer went away: release every reader (and complain about a partial frame)."""
+        self.queue.release_all_resources()
+        self.is_closed = True
+        self._decoder.close()
+
+    def receive_message(self, message: Message) -> None:
+        """One decoded message from the client."""
+        self.messages_received += 1
+        if not self.is_authenticated:
+            if type(message) is not Hello:
+                raise ProtocolError(f"connection not authenticated: first message was {type(message).__name__}")
+            if not hmac.compare_digest(bytes(message.secret), self._secret or b""):
+                raise ProtocolError("connection not authenticated: wrong secret")
+            self.is_authenticated = True
+            return
+        kind = type(message)
+        queue = self.queue
+        if kind is AddCredit:
+            if message.credit <= 0:
+                raise ProtocolError(f"AddCredit for receiver {message.receiver_id} announces {message.credit} credit")
+            queue.add_credit_or_resume_consumption(message.receiver_id, lambda r: r.add_credit(message.credit))
+        elif kind is PartitionRequest:
+            self._on_partition_request(message)
+        elif kind is CancelPartitionRequest:
+            self._drop_pending(message.receiver_id)
+            queue.cancel(message.receiver_id)
+        elif kind is CloseRequest:
+            for receiver_id in list(self._pending):
+                self._drop_pending(receiver_id)
+            queue.release_all_resources()
+            self.is_closed = True
+        elif kind is ResumeConsumption:
+            queue.add_credit_or_resume_consumption(message.receiver_id, lambda r: r.resume_consumption())
+        elif kind is AckAllUserRecordsProcessed:
+            reader = queue.all_readers.get(message.receiver_id)
+            if reader is not None:
+                reader.acknowledge_all_records_processed()
+        elif kind is NewBufferSize:
+            reader = queue.all_readers.get(message.receiver_id)
+            if reader is not None:
+                reader.notify_new_buffer_size(message.buffer_size)
+        elif kind is Hello:
+            pass  # already authenticated, or no secret required
+        else:
+            raise ProtocolError(f"unexpected {kind.__name__} from a client")
+
+    def _on_partition_request(self, request: PartitionRequest) -> None:
+        if request.receiver_id in self._pending:
+            raise ProtocolError(f"receiver id {request.receiver_id} requested a partition twice on one connection")
+        reader_type = CreditBasedSequenceNumberingViewReader if self.credit_based else SequenceNumberingViewReader
+        reader = reader_type(request.receiver_id, request.credit, self.queue)
+        self.queue.notify_reader_created(reader)
+        try:
+            reader.request_subpartition_view(self.partitions, request.partition_id, request.subpartition)
+        except PartitionNotFoundError as exc:
+            if isinstance(self.partitions, ResultPartitionManager) and request.partition_id not in self.partitions:
+                self.queue.all_readers.pop(request.receiver_id, None)
+                callback = self._retry_callback(request)
+                self._pending[request.receiver_id] = (request, callback)
+                self.partitions.wait_for(request.partition_id, callback)
+            else:
+                self.queue.all_readers.pop(request.receiver_id, None)
+                self.queue._send_control(ErrorResponse(str(exc), request.receiver_id))
+        except PartitionStateError as exc:
+            self.queue.all_readers.pop(request.receiver_id, None)
+            self.queue._send_control(ErrorResponse(str(exc), request.receiver_id))
+
+    def _retry_callback(self, request: PartitionRequest) -> Callable[[], None]:
+        def retry() -> None:
+            if self._pending.pop(request.receiver_id, None) is not None and not self.is_closed:
+                self._on_partition_request(request)
+
+        return retry
+
+    def _drop_pending(self, receiver_id: int) -> None:
+        entry = self._pending.pop(receiver_id, None)
+        if entry is not None and isinstance(self.partitions, ResultPartitionManager):
+            self.partitions.cancel_wait(entry[0].partition_id, entry[1])
+
+    @property
+    def pending_partition_requests(self) -> list[PartitionRequest]:
+        """Requests waiting for their partition to be registered."""
+        return [request for request, _ in self._pending.values()]
+
+    def fail_pending_requests(self) -> None:
+        """Answer every waiting request with a PartitionNotFound ErrorResponse (its timeout expired)."""
+        for receiver_id in list(self._pending):
+            request = self._pending[receiver_id][0]
+            self._drop_pending(receiver_id)
+            error = PartitionNotFoundError(request.partition_id, request.subpartition)
+            self.queue._send_control(ErrorResponse(str(error), receiver_id))
+
+    # -- outbound --
+
+    def next_message(self) -> ServerMessage | None:
+        """The next message to send, or None."""
+        return self.queue.next_message()
+
+    def has_data(self) -> bool:
+        return self.queue.has_data()
+
+    def data_to_send(self, max_messages: int | None = None) -> list[object]:
+        """Encoded frames of the next messages (all that are sendable, or at most ``max_messages``)."""
+        chunks: list[object] = []
+        count = 0
+        while max_messages is None or count < max_messages:
+            message = self.queue.next_message()
+            if message is None:
+                break
+            chunks.extend(encode(message))
+            count += 1
+        return chunks

@@ -1,0 +1,211 @@
+"""A deterministic in-memory transport between a client and a server connection handler.
+
+:class:`MemoryConnection` joins a :class:`~spark_credit_shuffle.protocol.CreditBasedPartitionRequestClientHandler`
+(consumer side) and a :class:`~spark_credit_shuffle.protocol.PartitionRequestServerHandler` (producer side)
+like a TCP connection would. Each direction is a link that takes one message at a time from its sender
+while it is writable: with a ``bandwidth`` (bytes per virtual second) a message occupies the link for
+``size / bandwidth``, then arrives ``latency`` later; ``socket_buffer_bytes`` bounds the bytes written but
+not yet read by the other side (TCP's send and receive buffers), so a receiver that stops reading stops
+its sender too. Without bandwidth and latency everything moves at once.
+
+Time is an argument (``pump(now)``): the transport reads no clock and is driven either directly (tests,
+benchmarks, the in-process blocking exchange) or by the virtual-clock simulation. With ``encode=True``
+every message goes through the wire codec, so the framing is exercised too.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from ..protocol.codec import FrameDecoder, default_max_frame_length, encode, encoded_size
+from ..protocol.messages import BufferResponse, Message
+from ..protocol.receiver import CreditBasedPartitionRequestClientHandler
+from ..protocol.sender import PartitionRequestServerHandler
+
+__all__ = ["Link", "MemoryConnection"]
+
+
+class Link:
+    """One direction of a connection: messages in flight, in order, with their arrival times."""
+
+    __slots__ = (
+        "bandwidth",
+        "busy_until",
+        "bytes_sent",
+        "capacity",
+        "decoder",
+        "deliver",
+        "encode",
+        "is_reading",
+        "latency",
+        "messages_sent",
+        "queue",
+        "queued_bytes",
+        "source",
+        "timed",
+    )
+
+    def __init__(
+        self,
+        source: Callable[[], Message | None],
+        deliver: Callable[[Message], None],
+        is_reading: Callable[[], bool],
+        *,
+        latency: float,
+        bandwidth: float | None,
+        capacity: int | None,
+        encode_frames: bool,
+        max_frame_length: int,
+    ) -> None:
+        self.source = source
+        self.deliver = deliver
+        self.is_reading = is_reading
+        self.latency = latency
+        self.bandwidth = bandwidth
+        self.capacity = capacity
+        self.timed = latency > 0 or bandwidth is not None
+        self.encode = encode_frames
+        self.decoder = FrameDecoder(max_frame_length) if encode_frames else None
+        self.queue: deque[tuple[float, object, int]] = deque()
+        self.queued_bytes = 0
+        self.busy_until = 0.0
+        self.messages_sent = 0
+        self.bytes_sent = 0
+
+    def send(self, now: float) -> int:
+        """Take messages from the sender while the link is writable at ``now``; the number taken."""
+        taken = 0
+        capacity = self.capacity
+        timed = self.timed
+        need_size = timed or capacity is not None
+        queue = self.queue
+        while now >= self.busy_until and (capacity is None or self.queued_bytes < capacity):
+            message = self.source()
+            if message is None:
+                break
+            size = encoded_size(message) if need_size or self.encode else 0
+            if timed:
+                start = max(now, self.busy_until)
+                done = start + (size / self.bandwidth if self.bandwidth else 0.0)
+                self.busy_until = done
+                arrival = done + self.latency
+            else:
+                arrival = now
+            item = b"".join(bytes(c) for c in encode(message)) if self.encode else message  # type: ignore[arg-type]
+            queue.append((arrival, item, size))
+            self.queued_bytes += size
+            self.messages_sent += 1
+            self.bytes_sent += size
+            taken += 1
+        return taken
+
+    def receive(self, now: float) -> int:
+        """Deliver the messages that arrived by ``now`` while the receiver reads; the number delivered."""
+        delivered = 0
+        queue = self.queue
+        deliver = self.deliver
+        is_reading = self.is_reading
+        decoder = self.decoder
+        while queue and queue[0][0] <= now and is_reading():
+            _, item, size = queue.popleft()
+            self.queued_bytes -= size
+            if decoder is not None:
+                for message in decoder.receive_data(item):  # type: ignore[arg-type]
+                    deliver(message)
+            else:
+                deliver(item)  # type: ignore[arg-type]
+            delivered += 1
+        return delivered
+
+    def next_arrival(self) -> float | None:
+        return self.queue[0][0] if self.queue else None
+
+    def in_flight(self) -> list[Message]:
+        """The messages written and not yet delivered (decoded again when the link encodes)."""
+        if self.decoder is None:
+            return [item for _, item, _ in self.queue]  # type: ignore[misc]
+        decoder = FrameDecoder(self.decoder.max_frame_length)
+        out: list[Message] = []
+        for _, item, _ in self.queue:
+            out.extend(decoder.receive_data(item))  # type: ignore[arg-type]
+        return out
+
+
+class MemoryConnection:
+    """A connection between one client handler and one server handler, in memory."""
+
+    def __init__(
+        self,
+        client: CreditBasedPartitionRequestClientHandler,
+        server: PartitionRequestServerHandler,
+        *,
+        latency: float = 0.0,
+        bandwidth: float | None = None,
+        socket_buffer_bytes: int | None = None,
+        encode: bool = False,
+        max_frame_length: int = default_max_frame_length(32 * 1024),
+    ) -> None:
+        if latency < 0:
+            raise ValueError(f"latency must be >= 0 virtual seconds, got {latency}")
+        if bandwidth is not None and bandwidth <= 0:
+            raise ValueError(f"bandwidth must be > 0 bytes per virtual second, got {bandwidth}")
+        if socket_buffer_bytes is not None and socket_buffer_bytes <= 0:
+            raise ValueError(f"socket_buffer_bytes must be > 0, got {socket_buffer_bytes}")
+        self.client = client
+        self.server = server
+        common = {
+            "latency": latency,
+            "bandwidth": bandwidth,
+            "capacity": socket_buffer_bytes,
+            "encode_frames": encode,
+            "max_frame_length": max_frame_length,
+        }
+        self.upstream = Link(client.next_message, server.receive_message, lambda: True, **common)  # type: ignore[arg-type]
+        self.downstream = Link(
+            server.next_message,
+            client.receive_message,
+            lambda: client.is_reading,
+            **common,  # type: ignore[arg-type]
+        )
+
+    def pump(self, now: float = 0.0) -> int:
+        """Move every message that can move at ``now`` (both ways, until nothing changes); the count moved."""
+        moved = 0
+        up, down = self.upstream, self.downstream
+        while True:
+            step = up.send(now) + up.receive(now) + down.send(now) + down.receive(now)
+            if not step:
+                return moved
+            moved += step
+
+    def next_event_time(self, now: float) -> float | None:
+        """The earliest virtual time after ``now`` at which :meth:`pump` can do something new."""
+        times = []
+        for link, has_data in (
+            (self.upstream, self.client.has_data),
+            (self.downstream, self.server.has_data),
+        ):
+            arrival = link.next_arrival()
+            if arrival is not None and arrival > now:
+                times.append(arrival)
+            if link.busy_until > now and has_data():
+                times.append(link.busy_until)
+        return min(times) if times else None
+
+    def is_idle(self) -> bool:
+        """Nothing in flight and nothing to send on either side."""
+        return (
+            not self.upstream.queue
+            and not self.downstream.queue
+            and not self.client.has_data()
+            and not self.server.has_data()
+        )
+
+    def data_in_flight(self, receiver_id: int) -> int:
+        """Data buffers written for ``receiver_id`` and not yet delivered (for credit invariant checks)."""
+        return sum(
+            1
+            for m in self.downstream.in_flight()
+            if type(m) is BufferResponse and m.receiver_id == receiver_id and m.data_type.is_buffer and m.size
+        )
