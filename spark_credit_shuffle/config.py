@@ -264,10 +264,13 @@ class NetworkConfig:
             value = spark.conf.get(key, None)
             if value is not None:
                 conf[key] = value
-        try:  # keys the user set that name no setting: only the classic session can list them
-            all_conf = spark.sparkContext.getConf().getAll()
-        except Exception:  # Spark Connect has no SparkContext
-            all_conf = []
+        try:  # every key of the session, also those set with spark.conf.set (Spark 4: a property, also on Connect)
+            all_conf = list(dict(spark.conf.getAll).items())
+        except Exception:
+            try:  # older sessions: the SparkContext's conf (classic only)
+                all_conf = spark.sparkContext.getConf().getAll()
+            except Exception:  # Spark Connect has no SparkContext
+                all_conf = []
         for key, value in all_conf:
             if key.startswith(CONF_PREFIX):
                 conf.setdefault(key, value)

@@ -345,7 +345,7 @@ def test_tuple_with_null_fields_counts_them_as_zero_when_allowed():
     b = pa.array(["x", "y", None])
     expected = [scalar_tuple_hash(row, ("int32", "string")) for row in [(1, "x"), (None, "y"), (3, None)]]
     assert java_hash_codes([a, b], null_keys="zero").tolist() == expected
-    with pytest.raises(NullKeyError, match="'f1'"):
+    with pytest.raises(NullKeyError, match=r"'f1'"):
         java_hash_codes([pa.array([1, 2, 3], type=pa.int32()), b])
 
 
@@ -436,7 +436,7 @@ def test_unsupported_key_types_say_what_is_accepted(values):
 
 
 def test_non_arrow_values_are_refused():
-    with pytest.raises(UnsupportedKeyTypeError, match="pyarrow Array"):
+    with pytest.raises(UnsupportedKeyTypeError, match=r"pyarrow Array"):
         key_groups([1, 2, 3], 128)
 
 
@@ -452,12 +452,12 @@ def test_parallelism_bounds_raise_config_error(parallelism, max_parallelism, set
 
 
 def test_key_group_range_checks_its_arguments():
-    with pytest.raises(ConfigError, match="operator_index"):
+    with pytest.raises(ConfigError, match=r"operator_index"):
         key_group_range(3, 3, 128)
-    with pytest.raises(ConfigError, match="at most max_parallelism"):
+    with pytest.raises(ConfigError, match=r"at most max_parallelism"):
         key_group_range(0, 200, 128)
 
 
 def test_null_keys_option_is_checked():
-    with pytest.raises(ConfigError, match="null_keys"):
+    with pytest.raises(ConfigError, match=r"null_keys"):
         key_groups(pa.array([1]), 128, null_keys="skip")
