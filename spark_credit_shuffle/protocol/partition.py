@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..buffers.buffer import Buffer, BufferConsumer, DataType, FinishedBufferConsumer
+from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
-from .pools import LocalBufferPool, SegmentRecycler
+from .pools import LocalBufferPool, NetworkBufferPool, PartitionType, SegmentRecycler, result_partition_pool_size
 
 __all__ = [
     "ADD_BUFFER_ERROR_CODE",
@@ -447,6 +448,36 @@ class PipelinedResultPartition:
         self._all_data_processed = [False] * num_subpartitions
         self.num_events_out = 0
 
+    @classmethod
+    def create(
+        cls,
+        network_pool: NetworkBufferPool,
+        num_subpartitions: int,
+        config: NetworkConfig,
+        *,
+        partition_id: int = 0,
+        bounded: bool = True,
+    ) -> PipelinedResultPartition:
+        """A partition with its LocalBufferPool sized as Flink sizes it (PIPELINED_BOUNDED by default):
+        min N + 1, max N * buffers_per_channel + floating_buffers_per_gate, max_buffers_per_channel per
+        subpartition and the overdraft limit. Raises InsufficientNetworkBuffersError if the minimum does
+        not fit."""
+        partition_type = PartitionType.PIPELINED_BOUNDED if bounded else PartitionType.PIPELINED
+        lo, hi = result_partition_pool_size(num_subpartitions, config, partition_type)
+        pool = network_pool.create_buffer_pool(
+            lo,
+            hi,
+            num_subpartitions=num_subpartitions,
+            max_buffers_per_channel=config.max_buffers_per_channel,
+            max_overdraft_buffers=config.max_overdraft_buffers_per_gate,
+        )
+        return cls(
+            num_subpartitions,
+            pool,
+            partition_id=partition_id,
+            receiver_exclusive_buffers=config.buffers_per_channel if config.credit_based else 0,
+        )
+
     # -- ResultPartitionWriter --
 
     def request_segment(self, subpartition: int) -> SegmentRecycler:
@@ -591,6 +622,24 @@ class BlockingResultPartition:
         self.is_finished = False
         self.is_released = False
 
+    @classmethod
+    def create(
+        cls,
+        network_pool: NetworkBufferPool,
+        num_subpartitions: int,
+        config: NetworkConfig,
+        *,
+        partition_id: int = 0,
+        sink: Callable[[int, StoredBuffer], None] | None = None,
+    ) -> BlockingResultPartition:
+        """A partition with its LocalBufferPool sized as Flink's hash BLOCKING partition (min N + 1,
+        unbounded max, no overdraft)."""
+        lo, hi = result_partition_pool_size(num_subpartitions, config, PartitionType.BLOCKING)
+        pool = network_pool.create_buffer_pool(
+            lo, hi, num_subpartitions=num_subpartitions, max_buffers_per_channel=config.max_buffers_per_channel
+        )
+        return cls(num_subpartitions, pool, partition_id=partition_id, sink=sink)
+
     def request_segment(self, subpartition: int) -> SegmentRecycler:
         self._check_in_produce_state()
         self.buffer_pool.request_buffer_forced(subpartition)
@@ -631,12 +680,13 @@ class BlockingResultPartition:
             if consumer.is_data_available():
                 self._store(subpartition, consumer.build())
             return
-        if not consumer.is_finished():
+        last = consumer.build()  # the rest; the segment returns once this slice is recycled
+        if not consumer.is_finished():  # a consumer learns that its builder finished on build()
+            last.recycle()
             raise PartitionStateError(
                 f"subpartition {subpartition}: a buffer was added or the partition finished while the "
                 "previous buffer was still being written (finish the builder first)"
             )
-        last = consumer.build()  # the rest; the segment returns once this slice is recycled
         if last.size:
             self._store(subpartition, last)
         else:

@@ -384,8 +384,26 @@ class RemoteInputChannel:
     # -- metrics --
 
     @property
-    def num_credits_unannounced(self) -> int:
-        return self.unannounced_credit
+    def num_available_buffers(self) -> int:
+        """Unused buffers reserved for this channel (exclusive + floating)."""
+        return self.buffer_manager.num_available_buffers
+
+    @property
+    def num_floating_buffers_available(self) -> int:
+        return self.buffer_manager.num_floating
+
+    @property
+    def num_required_buffers(self) -> int:
+        return self.buffer_manager.num_required_buffers
+
+    @property
+    def sender_backlog(self) -> int:
+        """The sender's backlog as last announced (required buffers minus the initial credit)."""
+        return self.buffer_manager.num_required_buffers - self.initial_credit
+
+    @property
+    def is_waiting_for_floating_buffers(self) -> bool:
+        return self.buffer_manager.is_waiting_for_floating_buffers
 
     def queue_length(self) -> int:
         """Received buffers not yet polled (``inputQueueLength`` of this channel)."""
@@ -534,6 +552,7 @@ class SingleInputGate:
         num_remote_channels: int | None = None,
         gate_index: int = 0,
         blocking: bool = False,
+        buffer_pool: LocalBufferPool | None = None,
     ) -> None:
         self.network_pool = network_pool
         self.config = config
@@ -543,7 +562,10 @@ class SingleInputGate:
         self.spec: GateBuffersSpec = input_gate_buffers_spec(
             num_channels, config, num_remote_channels=num_remote_channels, blocking=blocking
         )
-        self.buffer_pool = network_pool.create_buffer_pool(self.spec.floating_min, self.spec.floating_max)
+        if buffer_pool is None:
+            buffer_pool = network_pool.create_buffer_pool(self.spec.floating_min, self.spec.floating_max)
+        #: The gate's floating buffers (all its buffers in the model without credits).
+        self.buffer_pool = buffer_pool
         self.channels: list[RemoteInputChannel | LocalInputChannel | None] = [None] * num_channels
         self._channels_with_data: deque[RemoteInputChannel | LocalInputChannel] = deque()
         self._num_priority_channels = 0
@@ -573,6 +595,7 @@ class SingleInputGate:
             connection=connection,
         )
         self._set_channel(channel)
+        connection.add_input_channel(channel)
         return channel
 
     def local_channel(

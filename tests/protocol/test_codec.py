@@ -1,0 +1,188 @@
+"""Wire codec: round trips, incremental decoding, and untrusted input (fuzz, truncation, oversized lengths)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark_credit_shuffle.buffers.buffer import DataType
+from spark_credit_shuffle.errors import ProtocolError
+from spark_credit_shuffle.protocol import (
+    NEED_DATA,
+    AckAllUserRecordsProcessed,
+    AddCredit,
+    BacklogAnnouncement,
+    BufferResponse,
+    CancelPartitionRequest,
+    CloseRequest,
+    ErrorResponse,
+    FrameDecoder,
+    Hello,
+    NewBufferSize,
+    PartitionRequest,
+    ResumeConsumption,
+    encode,
+    encode_to_bytes,
+    encoded_size,
+)
+from spark_credit_shuffle.protocol.codec import FRAME_HEADER_LENGTH, MAGIC_NUMBER, PROTOCOL_VERSION
+
+MAX_FRAME = 32 * 1024 + 1024
+u64 = st.integers(0, (1 << 64) - 1)
+u32 = st.integers(0, (1 << 32) - 1)
+data_types = st.sampled_from([t for t in DataType if t is not DataType.NONE])
+
+messages = st.one_of(
+    st.builds(BufferResponse, u64, u32, u32, u32, data_types, st.booleans(), st.binary(max_size=2048)),
+    st.builds(ErrorResponse, st.text(max_size=200), st.one_of(st.none(), u64)),
+    st.builds(PartitionRequest, u64, u32, u32, u64),
+    st.builds(CancelPartitionRequest, u64),
+    st.just(CloseRequest()),
+    st.builds(AddCredit, u64, st.integers(1, (1 << 32) - 1)),
+    st.builds(ResumeConsumption, u64),
+    st.builds(AckAllUserRecordsProcessed, u64),
+    st.builds(BacklogAnnouncement, u64, u32),
+    st.builds(NewBufferSize, u64, u32),
+    st.builds(Hello, st.binary(max_size=64)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(messages, max_size=8), st.data())
+def test_round_trip_in_any_chunking(sent, data):
+    wire = b"".join(encode_to_bytes(m) for m in sent)
+    assert len(wire) == sum(encoded_size(m) for m in sent)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=10)))
+    decoder = FrameDecoder(MAX_FRAME)
+    received = []
+    start = 0
+    for cut in [*cuts, len(wire)]:
+        received.extend(decoder.receive_data(wire[start:cut]))
+        start = cut
+    assert received == sent
+    assert decoder.pending_bytes == 0
+    decoder.close()
+
+
+def test_buffer_response_payload_is_not_copied_when_encoding():
+    payload = bytearray(b"x" * 1000)
+    chunks = encode(BufferResponse(1, 2, 3, 4, DataType.DATA_BUFFER, False, payload))
+    assert len(chunks) == 2 and chunks[1] is payload
+    assert len(chunks[0]) == FRAME_HEADER_LENGTH + 26
+
+
+def test_next_message_returns_need_data_until_a_frame_is_complete():
+    frame = encode_to_bytes(AddCredit(5, 3))
+    decoder = FrameDecoder(MAX_FRAME)
+    assert decoder.next_message() is NEED_DATA
+    for byte in frame[:-1]:
+        assert decoder.receive_data(bytes([byte])) == []
+    assert decoder.next_message() is NEED_DATA
+    assert decoder.receive_data(frame[-1:]) == [AddCredit(5, 3)]
+
+
+def _frame(msg_id: int, body: bytes, *, magic: int = MAGIC_NUMBER, version: int = PROTOCOL_VERSION, length=None):
+    length = FRAME_HEADER_LENGTH + len(body) if length is None else length
+    return struct.pack(">IIBB", length, magic, version, msg_id) + body
+
+
+@pytest.mark.parametrize(
+    ("wire", "match"),
+    [
+        (_frame(5, b"", magic=0xBADC0FFE), "magic"),
+        (_frame(5, b"", version=9), "version"),
+        (_frame(3, b""), "unknown message id"),
+        (_frame(200, b""), "unknown message id"),
+        (struct.pack(">I", 1 << 31), "exceeds the maximum frame length"),
+        (struct.pack(">I", 3), "shorter than"),
+        (_frame(5, b"x"), "CloseRequest body"),
+        (_frame(6, struct.pack(">IQ", 0, 1)), "0 credit"),
+        (_frame(4, b"\x00" * 7), "CancelPartitionRequest body"),
+        (_frame(0, struct.pack(">QIIIBBI", 1, 0, 0, 0, 1, 0, 100) + b"x" * 10), "declares 100 payload bytes"),
+        (_frame(0, struct.pack(">QIIIBBI", 1, 0, 0, 0, 0, 0, 0)), "unknown data type"),
+        (_frame(0, struct.pack(">QIIIBBI", 1, 0, 0, 0, 99, 0, 0)), "unknown data type"),
+        (_frame(0, struct.pack(">QIIIBBI", 1, 0, 0, 0, 1, 7, 0)), "compressed flag"),
+        (_frame(0, b"\x00" * 5), "shorter than its"),
+        (_frame(1, struct.pack(">BQI", 1, 1, 50) + b"abc"), "declares 50 message bytes"),
+        (_frame(1, struct.pack(">BQI", 3, 1, 0)), "receiver-id flag"),
+        (_frame(12, struct.pack(">H", 5000) + b"x" * 10), "at most 1024"),
+    ],
+)
+def test_bad_frames_raise_protocol_error(wire, match):
+    decoder = FrameDecoder(MAX_FRAME)
+    with pytest.raises(ProtocolError, match=match):
+        decoder.receive_data(wire)
+    with pytest.raises(ProtocolError):  # poisoned: the connection must be closed
+        decoder.receive_data(encode_to_bytes(CloseRequest()))
+
+
+def test_oversized_length_fails_before_the_frame_arrives():
+    decoder = FrameDecoder(4096)
+    with pytest.raises(ProtocolError, match="exceeds the maximum frame length 4096"):
+        decoder.receive_data(struct.pack(">I", 4097))
+    assert FrameDecoder(4096).receive_data(struct.pack(">I", 4096)) == []  # at the limit: waits for it
+
+
+def test_truncated_stream_raises_on_close():
+    frame = encode_to_bytes(PartitionRequest(1, 2, 3, 4))
+    decoder = FrameDecoder(MAX_FRAME)
+    assert decoder.receive_data(frame[:-1]) == []
+    with pytest.raises(ProtocolError, match="inside a frame"):
+        decoder.close()
+
+
+def test_encoding_out_of_range_fields_raises_protocol_error():
+    with pytest.raises(ProtocolError, match="out of its wire range"):
+        encode(AddCredit(-1, 2))
+    with pytest.raises(ProtocolError, match="cannot encode"):
+        encode("not a message")  # type: ignore[arg-type]
+
+
+def test_hello_hides_its_secret():
+    assert "hunter2" not in repr(Hello(b"hunter2"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=600), st.integers(1, 64))
+def test_fuzz_random_bytes(garbage, chunk):
+    decoder = FrameDecoder(1024)
+    try:
+        for start in range(0, len(garbage), chunk):
+            decoder.receive_data(garbage[start : start + chunk])
+        assert decoder.pending_bytes <= 1024
+        decoder.next_message()
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.data())
+def test_fuzz_mutated_frames(message, data):
+    wire = bytearray(encode_to_bytes(message))
+    for _ in range(data.draw(st.integers(1, 4))):
+        position = data.draw(st.integers(0, len(wire) - 1))
+        wire[position] = data.draw(st.integers(0, 255))
+    truncate = data.draw(st.integers(0, len(wire)))
+    decoder = FrameDecoder(MAX_FRAME)
+    try:
+        decoded = decoder.receive_data(bytes(wire[:truncate]))
+        for m in decoded:
+            encode(m)  # whatever decodes is a well-formed message again
+        decoder.close()
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(FRAME_HEADER_LENGTH + 27, (1 << 32) - 1))
+def test_fuzz_declared_lengths_never_allocate_beyond_the_maximum(length):
+    decoder = FrameDecoder(MAX_FRAME)
+    try:
+        result = decoder.receive_data(struct.pack(">IIBB", length, MAGIC_NUMBER, PROTOCOL_VERSION, 0))
+        assert result == [] and length <= MAX_FRAME
+        assert decoder.pending_bytes == FRAME_HEADER_LENGTH
+    except ProtocolError:
+        assert length > MAX_FRAME

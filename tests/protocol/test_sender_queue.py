@@ -1,0 +1,278 @@
+"""§10 #24-#30: PartitionRequestQueueTest and CreditBasedSequenceNumberingViewReaderTest."""
+
+from __future__ import annotations
+
+import pytest
+from protocol_helpers import data_buffer_consumer, event_consumer, filled_finished_consumer
+
+from spark_credit_shuffle.buffers.buffer import DataType
+from spark_credit_shuffle.config import NetworkConfig
+from spark_credit_shuffle.errors import ProtocolError
+from spark_credit_shuffle.protocol import (
+    BacklogAnnouncement,
+    BlockingResultPartition,
+    BoundedBlockingSubpartitionReader,
+    BufferResponse,
+    CreditBasedSequenceNumberingViewReader,
+    ErrorResponse,
+    Hello,
+    NetworkBufferPool,
+    NewBufferSize,
+    PartitionRequest,
+    PartitionRequestQueue,
+    PartitionRequestServerHandler,
+    PipelinedSubpartition,
+    ResultPartitionManager,
+    StoredBuffer,
+)
+from spark_credit_shuffle.protocol.partition import DEFAULT_BUFFER_SIZE
+
+
+class SingleView:
+    """A partition provider that serves one given view, as Flink's tests do with a lambda."""
+
+    def __init__(self, subpartition: PipelinedSubpartition | None = None, view=None) -> None:
+        self.subpartition = subpartition
+        self.view = view
+
+    def create_subpartition_view(self, partition_id, subpartition, listener):
+        if self.view is not None:
+            if hasattr(self.view, "set_listener"):
+                self.view.set_listener(listener)
+            return self.view
+        return self.subpartition.create_read_view(listener)
+
+
+def drain(queue: PartitionRequestQueue) -> list:
+    out = []
+    while (message := queue.next_message()) is not None:
+        out.append(message)
+    return out
+
+
+def test_enqueue_reader_by_notifying_event_buffer():
+    subpartition = PipelinedSubpartition(0)
+    queue = PartitionRequestQueue()
+    reader = CreditBasedSequenceNumberingViewReader(7, 0, queue)
+    reader.request_subpartition_view(SingleView(subpartition), 0, 0)
+    queue.notify_reader_created(reader)
+    assert not queue.available_readers
+    subpartition.add(event_consumer())  # notifies the reader
+    assert list(queue.available_readers) == [reader]  # enqueued although it has no credit
+    assert reader.num_credits_available == 0
+    (message,) = drain(queue)
+    assert isinstance(message, BufferResponse) and message.data_type is DataType.EVENT_BUFFER
+    assert not queue.available_readers
+    assert reader.num_credits_available == 0
+
+
+def test_enqueue_reader_by_notifying_buffer_and_credit():
+    subpartition = PipelinedSubpartition(0)
+    for _ in range(10):
+        subpartition.add(data_buffer_consumer(64))
+    queue = PartitionRequestQueue()
+    reader = CreditBasedSequenceNumberingViewReader(7, 2, queue)
+    queue.notify_reader_created(reader)
+    reader.request_subpartition_view(SingleView(subpartition), 0, 0)
+    assert len(drain(queue)) == 2  # the initial credit
+    assert reader.num_credits_available == 0
+    for _ in range(5):
+        reader.notify_data_available()
+    assert not queue.available_readers  # no credit, data next: not enqueued
+    for credit in (1, 2, 3):
+        queue.add_credit_or_resume_consumption(7, lambda r: r.add_credit(1))
+        assert list(queue.available_readers) == [reader]  # once only
+        assert reader.num_credits_available == credit
+    sent = drain(queue)  # the link becomes writable
+    assert len(sent) == 3
+    assert all(isinstance(m, BufferResponse) and m.is_buffer for m in sent)
+    assert reader.num_credits_available == 0
+
+
+def test_enqueue_reader_by_resuming_consumption():
+    subpartition = PipelinedSubpartition(0)
+    subpartition.add(event_consumer(DataType.ALIGNED_CHECKPOINT_BARRIER, bytes(4096)))
+    subpartition.add(data_buffer_consumer(4096))
+    queue = PartitionRequestQueue()
+    reader = CreditBasedSequenceNumberingViewReader(7, 2, queue)
+    queue.notify_reader_created(reader)
+    reader.request_subpartition_view(SingleView(subpartition), 0, 0)
+    assert reader.get_availability_and_backlog().is_available
+    first = queue.next_message()
+    assert first.data_type is DataType.ALIGNED_CHECKPOINT_BARRIER
+    assert queue.next_message() is None
+    assert not reader.get_availability_and_backlog().is_available
+    assert subpartition.queue_length() == 1
+    queue.add_credit_or_resume_consumption(7, lambda r: r.resume_consumption())
+    second = queue.next_message()
+    assert second.data_type is DataType.DATA_BUFFER
+    assert subpartition.queue_length() == 0
+    assert not reader.get_availability_and_backlog().is_available
+
+
+def test_announce_backlog():
+    subpartition = PipelinedSubpartition(0, receiver_exclusive_buffers=0)
+    subpartition.add(data_buffer_consumer(4096))
+    subpartition.add(data_buffer_consumer(4096))
+    queue = PartitionRequestQueue()
+    reader = CreditBasedSequenceNumberingViewReader(7, 0, queue)
+    queue.notify_reader_created(reader)
+    reader.request_subpartition_view(SingleView(subpartition), 0, 0)
+    message = queue.next_message()
+    assert isinstance(message, BacklogAnnouncement)  # not data: the channel has no credit
+    assert message.receiver_id == 7
+    assert message.backlog == subpartition.get_buffers_in_backlog() > 0
+    assert queue.next_message() is None
+
+
+def test_notify_new_buffer_size():
+    """NewBufferSize reaches the subpartition, whose ``add`` then returns the size the writer trims to."""
+    subpartition = PipelinedSubpartition(0)
+    manager = ResultPartitionManager()
+    manager.register_partition(SinglePartition(subpartition))
+    handler = PartitionRequestServerHandler(manager)
+    handler.receive_message(PartitionRequest(7, 0, 2))
+    assert subpartition.add(filled_finished_consumer(128)) == DEFAULT_BUFFER_SIZE
+    handler.receive_message(NewBufferSize(7, 65))
+    assert subpartition.add(filled_finished_consumer(10)) == 65
+
+
+class SinglePartition:
+    partition_id = 0
+
+    def __init__(self, subpartition):
+        self.subpartition = subpartition
+
+    def create_subpartition_view(self, index, listener):
+        return self.subpartition.create_read_view(listener)
+
+
+def test_cancel_partition_request():
+    config = NetworkConfig()
+    network = NetworkBufferPool(100)
+    blocking = BlockingResultPartition.create(network, 1, config)
+    blocking.add_event(0, event_consumer().build())
+    blocking.finish()
+    queue = PartitionRequestQueue()
+    reader = CreditBasedSequenceNumberingViewReader(7, 2, queue)
+    queue.notify_reader_created(reader)
+    reader.request_subpartition_view(SingleView(view=blocking.create_subpartition_view(0, None)), 0, 0)
+    assert list(queue.available_readers) == [reader]
+    queue.cancel(7)
+    assert not queue.available_readers
+    assert 7 not in queue.all_readers
+    assert reader.view.is_released
+    assert not blocking.is_released  # a blocking partition outlives its readers
+
+    subpartition = PipelinedSubpartition(0)
+    subpartition.add(data_buffer_consumer(10))
+    subpartition.add(data_buffer_consumer(10))
+    reader = CreditBasedSequenceNumberingViewReader(8, 2, queue)
+    queue.notify_reader_created(reader)
+    reader.request_subpartition_view(SingleView(subpartition), 0, 0)
+    queue.cancel(8)
+    assert not queue.available_readers and subpartition.is_released
+
+
+def test_resume_consumption_credit():
+    reader = CreditBasedSequenceNumberingViewReader(1, 2, PartitionRequestQueue())
+    reader.view = BoundedBlockingSubpartitionReader([])
+    reader.resume_consumption()
+    assert reader.num_credits_available == 2
+    reader.add_credit(2)
+    reader.resume_consumption()
+    assert reader.num_credits_available == 4
+
+    reader = CreditBasedSequenceNumberingViewReader(2, 0, PartitionRequestQueue())
+    reader.view = BoundedBlockingSubpartitionReader([])
+    reader.add_credit(2)
+    assert reader.num_credits_available == 2
+    reader.resume_consumption()
+    assert reader.num_credits_available == 0
+
+
+def test_need_announce_backlog():
+    reader = CreditBasedSequenceNumberingViewReader(1, 2, PartitionRequestQueue())
+    assert not reader.need_announce_backlog()
+    reader.num_credits_available = 0
+    assert not reader.need_announce_backlog()  # it has exclusive buffers: backlog rides on data
+    reader = CreditBasedSequenceNumberingViewReader(2, 0, PartitionRequestQueue())
+    assert reader.need_announce_backlog()
+    reader.add_credit(1)
+    assert not reader.need_announce_backlog()
+
+
+def test_data_without_credit_is_a_protocol_violation():
+    subpartition = PipelinedSubpartition(0)
+    subpartition.add(data_buffer_consumer(10))
+    subpartition.add(data_buffer_consumer(10))
+    reader = CreditBasedSequenceNumberingViewReader(1, 0, PartitionRequestQueue())
+    reader.view = subpartition.create_read_view(reader)
+    with pytest.raises(ProtocolError, match="no credit"):
+        reader.get_next_buffer()
+
+
+def test_round_robin_between_readers():
+    """A reader that can send more is re-queued at the tail: channels take turns on a connection."""
+    queue = PartitionRequestQueue()
+    subpartitions = [PipelinedSubpartition(i) for i in range(2)]
+    for index, subpartition in enumerate(subpartitions):
+        for _ in range(3):
+            subpartition.add(data_buffer_consumer(10))
+        reader = CreditBasedSequenceNumberingViewReader(index, 10, queue)
+        queue.notify_reader_created(reader)
+        reader.request_subpartition_view(SingleView(subpartition), 0, index)
+    order = [m.receiver_id for m in drain(queue)]
+    assert order == [0, 1, 0, 1, 0, 1]
+
+
+def test_blocking_reader_backlog_and_availability():
+    stored = [
+        StoredBuffer(DataType.DATA_BUFFER, b"a"),
+        StoredBuffer(DataType.DATA_BUFFER, b"bb"),
+        StoredBuffer(DataType.END_OF_PARTITION, b""),
+    ]
+    reader = BoundedBlockingSubpartitionReader(iter(stored), num_data_buffers=2)
+    assert reader.get_availability_and_backlog(True) == (True, 2)
+    assert reader.get_availability_and_backlog(False) == (False, 2)  # data next needs credit
+    first = reader.get_next_buffer()
+    assert (first.buffer.data, first.backlog, first.sequence_number) == (b"a", 1, 0)
+    second = reader.get_next_buffer()
+    assert (second.backlog, second.next_data_type) == (0, DataType.END_OF_PARTITION)
+    assert reader.get_availability_and_backlog(False).is_available  # an event needs none
+    assert reader.get_next_buffer().buffer.data_type is DataType.END_OF_PARTITION
+    assert reader.get_next_buffer() is None
+
+
+def test_server_requires_the_secret_first():
+    manager = ResultPartitionManager()
+    handler = PartitionRequestServerHandler(manager, secret=b"s3cret")
+    with pytest.raises(ProtocolError, match="not authenticated"):
+        handler.receive_message(PartitionRequest(1, 0, 2))
+    handler = PartitionRequestServerHandler(manager, secret=b"s3cret")
+    with pytest.raises(ProtocolError, match="wrong secret"):
+        handler.receive_message(Hello(b"guess"))
+    handler = PartitionRequestServerHandler(manager, secret=b"s3cret")
+    handler.receive_message(Hello(b"s3cret"))
+    assert handler.is_authenticated
+
+
+def test_request_for_unregistered_partition_waits_then_fails():
+    manager = ResultPartitionManager()
+    handler = PartitionRequestServerHandler(manager)
+    handler.receive_message(PartitionRequest(1, 0, 2, partition_id=5))
+    assert [r.receiver_id for r in handler.pending_partition_requests] == [1]
+    handler.fail_pending_requests()
+    message = handler.next_message()
+    assert isinstance(message, ErrorResponse) and message.receiver_id == 1
+    assert "PartitionNotFound" in message.message
+
+    handler = PartitionRequestServerHandler(manager)
+    handler.receive_message(PartitionRequest(2, 0, 2, partition_id=6))
+    subpartition = PipelinedSubpartition(0)
+    subpartition.add(event_consumer())
+    partition = SinglePartition(subpartition)
+    partition.partition_id = 6
+    manager.register_partition(partition)  # the waiting request is served now
+    assert not handler.pending_partition_requests
+    assert isinstance(handler.next_message(), BufferResponse)
