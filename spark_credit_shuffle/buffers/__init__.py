@@ -3,5 +3,35 @@
 from __future__ import annotations
 
 from .buffer import Buffer, BufferConsumer, ByteBufferBuilder, DataType, FinishedBufferConsumer, SegmentLease
+from .format import (
+    CheckpointBarrier,
+    EndOfPartition,
+    Event,
+    IpcSizeModel,
+    LatencyMarker,
+    SchemaEvent,
+    decode_event,
+    encode_event,
+)
+from .reader import RecordReader
+from .writer import BufferBuilder, RecordWriter
 
-__all__ = ["Buffer", "BufferConsumer", "ByteBufferBuilder", "DataType", "FinishedBufferConsumer", "SegmentLease"]
+__all__ = [
+    "Buffer",
+    "BufferBuilder",
+    "BufferConsumer",
+    "ByteBufferBuilder",
+    "CheckpointBarrier",
+    "DataType",
+    "EndOfPartition",
+    "Event",
+    "FinishedBufferConsumer",
+    "IpcSizeModel",
+    "LatencyMarker",
+    "RecordReader",
+    "RecordWriter",
+    "SchemaEvent",
+    "SegmentLease",
+    "decode_event",
+    "encode_event",
+]

@@ -1,0 +1,677 @@
+"""RecordWriter: Arrow record batches into segment-sized network buffers, with Flink's flush rules.
+
+One :class:`RecordWriter` per producer subtask and output. ``emit(batch)`` routes every row with the
+channel selector, groups the rows per subpartition (one stable ``take``), and appends each group to
+the open :class:`BufferBuilder` of its subpartition. Buffers are cut where the next row would not
+fit, from a vectorised per-row size model (:class:`~.format.IpcSizeModel`), so no payload ever
+exceeds the segment. As in Flink (``BufferWritingResultPartition``):
+
+- a builder is *finished* when the next row does not fit, before an event, when the writing mode
+  switches between unicast and broadcast, and at ``finish()``; ``numBuffersOut`` and
+  ``numBytesOut`` count finished builders (a broadcast builder counts once per subpartition);
+- a *flush* hands the consumer a slice of the open builder without finishing it: the consumer's
+  ``build()`` serialises the rows added since its last build as one Arrow message, and the writer
+  keeps filling the rest of the same segment;
+- a row larger than a segment spans several buffers (fragments), starting in the remaining space
+  of the open builder; continuation builders are queued with ``partial_record_length``;
+- broadcast rows are serialised once into one shared builder whose consumers (one per
+  subpartition) return the same bytes objects.
+
+The builder is the only state shared with the consumer side; it takes a lock around its pending
+rows, so a subpartition may build slices from another thread while the writer appends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from ..config import MIN_SEGMENT_SIZE
+from ..errors import ConfigError
+from .buffer import Buffer, BufferConsumer, DataType, SegmentLease
+from .format import (
+    CHUNK_HEADER,
+    CheckpointBarrier,
+    EndOfPartition,
+    Event,
+    IpcSizeModel,
+    LatencyMarker,
+    SchemaEvent,
+    compact,
+    encode_event,
+    pack_chunk_header,
+)
+
+if TYPE_CHECKING:
+    from ..partitioners import ChannelSelector
+    from ..protocol.partition import ResultPartitionWriter
+
+__all__ = ["BufferBuilder", "RecordWriter"]
+
+_HEADER = CHUNK_HEADER.size
+_EMPTY = b""
+#: Target of the shared broadcast builder in the writer's bookkeeping.
+_BROADCAST = -1
+
+
+class BufferBuilder:
+    """The writer half of one segment holding Arrow rows (Flink's ``BufferBuilder``).
+
+    Rows are appended as record-batch slices and serialised lazily: a consumer's ``build()`` (after
+    a flush) or :meth:`finish` turns the rows added since the last serialisation into one *chunk*
+    (header + Arrow message). ``capacity`` bounds the bytes of all chunks together; ``model``
+    serialises the rows. The writer appends rows with the bits and chunk overhead the size model
+    gives them, so the open chunk's estimate is known.
+
+    If a chunk turns out larger than the space left (the size model was wrong), the builder
+    serialises the longest prefix that fits and keeps the rest as *overflow*, which the writer
+    moves to a new builder; a payload never exceeds ``capacity``.
+    """
+
+    __slots__ = (
+        "_chunks",
+        "_consumers",
+        "_finished",
+        "_lease",
+        "_lock",
+        "_open_consumers",
+        "_overflow",
+        "_pending",
+        "_pending_bits",
+        "_pending_overhead",
+        "_written",
+        "capacity",
+        "model",
+    )
+
+    def __init__(self, capacity: int, model: IpcSizeModel, recycler: Callable[[], None] | None = None) -> None:
+        self.capacity = capacity
+        self.model = model
+        self._lock = threading.Lock()
+        self._chunks: list[bytes] = []
+        self._written = 0
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_bits = 0
+        self._pending_overhead = 0
+        self._overflow: list[pa.RecordBatch] = []
+        self._finished = False
+        self._lease = SegmentLease(recycler)
+        self._consumers = 0
+        self._open_consumers = 0
+
+    # -- writer side ------------------------------------------------------------------------------
+
+    def free_bits(self, overhead: int) -> int:
+        """Bits of rows with chunk ``overhead`` the size model lets the writer still append here."""
+        with self._lock:
+            pending_overhead = self._pending_overhead
+            if overhead < pending_overhead:
+                overhead = pending_overhead
+            return (self.capacity - self._written - overhead) * 8 - self._pending_bits
+
+    @property
+    def written(self) -> int:
+        """Bytes serialised into the segment so far."""
+        return self._written
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes not yet taken by serialised chunks (pending rows not counted)."""
+        return self.capacity - self._written
+
+    def is_empty(self) -> bool:
+        """No rows or chunks were written to this segment yet."""
+        return not self._written and not self._pending
+
+    def append(self, rows: pa.RecordBatch, bits: int, overhead: int) -> None:
+        """Add ``rows`` to the open chunk; the size model says they cost ``bits`` and ``overhead``."""
+        with self._lock:
+            self._pending.append(rows)
+            self._pending_bits += bits
+            if overhead > self._pending_overhead:
+                self._pending_overhead = overhead
+
+    def append_chunk(self, chunk: bytes) -> None:
+        """Add a ready chunk (a fragment or an exactly measured message) behind what is written.
+
+        The caller called :meth:`seal` first and checked that it fits in :attr:`free_bytes`.
+        """
+        with self._lock:
+            if self._pending:
+                raise RuntimeError("append_chunk with unserialised rows; seal() first")
+            if len(chunk) > self.capacity - self._written:
+                raise RuntimeError(f"chunk of {len(chunk)} bytes does not fit in {self.capacity - self._written}")
+            self._chunks.append(chunk)
+            self._written += len(chunk)
+
+    def seal(self) -> None:
+        """Serialise the pending rows now (before a ready chunk goes behind them)."""
+        with self._lock:
+            if self._pending:
+                self._materialise()
+
+    def take_overflow(self) -> list[pa.RecordBatch]:
+        """Rows a serialisation could not fit; the writer moves them to a new builder."""
+        with self._lock:
+            rows, self._overflow = self._overflow, []
+        return rows
+
+    @property
+    def has_overflow(self) -> bool:
+        return bool(self._overflow)
+
+    def finish(self) -> int:
+        """Serialise what is pending and mark the segment finished (idempotent); return its bytes."""
+        with self._lock:
+            if self._pending:
+                self._materialise()
+            if not self._finished:
+                self._finished = True
+                if self._open_consumers == 0:
+                    self._lease.finish()
+        return self._written
+
+    def is_finished(self) -> bool:
+        return self._finished
+
+    def create_buffer_consumer(self) -> BufferConsumer:
+        """A new reader of this segment; a broadcast builder has one per subpartition."""
+        with self._lock:
+            self._consumers += 1
+            self._open_consumers += 1
+        return _RecordConsumer(self)
+
+    # -- serialisation (lock held) ----------------------------------------------------------------
+
+    def _materialise(self) -> None:
+        pending = self._pending
+        rows = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+        bound = self._pending_overhead + -(-self._pending_bits // 8)
+        self._pending = []
+        self._pending_bits = 0
+        self._pending_overhead = 0
+        room = self.capacity - self._written
+        message = self.model.serialize(rows, bound)
+        if _HEADER + message.size <= room:
+            self._add_chunk(rows.num_rows, message)
+            return
+        # The size model under-estimated: keep the longest prefix that fits, hand the rest back.
+        if self.model.has_nested_lists:
+            rows = compact(rows)
+        lo, hi = 0, rows.num_rows - 1  # the largest k in [lo, hi] whose k rows fit
+        best = None
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            candidate = rows.slice(0, mid).serialize()
+            if _HEADER + candidate.size <= room:
+                lo, best = mid, candidate
+            else:
+                hi = mid - 1
+        if best is not None:
+            self._add_chunk(lo, best)
+        self._overflow.append(rows.slice(lo))
+
+    def _add_chunk(self, num_rows: int, message: pa.Buffer) -> None:
+        chunk = b"".join((pack_chunk_header(num_rows, message.size), message))
+        self._chunks.append(chunk)
+        self._written += len(chunk)
+
+    def _consumer_done(self) -> None:
+        with self._lock:
+            self._open_consumers -= 1
+            release = self._finished and self._open_consumers == 0
+        if release:
+            self._lease.finish()
+
+
+class _RecordConsumer:
+    """The reader half of a :class:`BufferBuilder` (Flink's ``BufferConsumer``).
+
+    ``build()`` returns the chunks written since its last call as one buffer: usually one chunk
+    (one Arrow message), shared by identity with the other consumers of a broadcast builder.
+    As Flink's cached writer position, :meth:`is_finished` reflects the builder's state as of the
+    last ``build()``: a consumer is finished once a build saw its builder finished, so a poller
+    that checks it after ``build()`` never drops bytes written in between.
+    """
+
+    __slots__ = ("_builder", "_done", "_next")
+
+    def __init__(self, builder: BufferBuilder) -> None:
+        self._builder = builder
+        self._next = 0
+        self._done = False
+
+    @property
+    def data_type(self) -> DataType:
+        return DataType.DATA_BUFFER
+
+    def is_finished(self) -> bool:
+        return self._done
+
+    def is_data_available(self) -> bool:
+        builder = self._builder
+        return bool(builder._pending) or len(builder._chunks) > self._next
+
+    def build(self) -> Buffer:
+        builder = self._builder
+        with builder._lock:
+            if builder._pending:
+                builder._materialise()
+            chunks = builder._chunks
+            end = len(chunks)
+            start, self._next = self._next, end
+            finished = builder._finished
+        if start == end:
+            buffer = Buffer(DataType.DATA_BUFFER, _EMPTY)
+        else:
+            data = chunks[start] if end - start == 1 else b"".join(chunks[start:end])
+            buffer = Buffer(DataType.DATA_BUFFER, data, builder._lease.slice_recycler())
+        if finished and not self._done:
+            self._done = True
+            builder._consumer_done()
+        return buffer
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._builder._consumer_done()
+
+
+class RecordWriter:
+    """Writes Arrow record batches of one producer subtask into a result partition.
+
+    ``partition`` is the producer's ``ResultPartitionWriter``, ``selector`` its ``ChannelSelector``
+    (a broadcast selector makes every ``emit`` a ``broadcast_emit``, as Flink's
+    ``BroadcastRecordWriter``), ``segment_size`` the bytes of one network buffer (at least 4 KiB).
+    ``flush_always`` is buffer timeout 0: every ``emit`` ends with ``flush_all()``. With a timeout
+    > 0 an output flusher calls :meth:`flush_all`; with -1 only full buffers and events go out.
+    ``schema`` fixes the schema; otherwise the first batch's schema is used. Every batch must have
+    the same fields.
+
+    Not thread-safe except for :meth:`flush_all`/:meth:`flush`, which an output flusher may call
+    while no ``emit`` runs (callers serialise them, as Flink's mailbox does).
+    """
+
+    def __init__(
+        self,
+        partition: ResultPartitionWriter,
+        selector: ChannelSelector,
+        segment_size: int,
+        *,
+        flush_always: bool = False,
+        schema: pa.Schema | None = None,
+    ) -> None:
+        if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size < MIN_SEGMENT_SIZE:
+            raise ConfigError("segment_size", segment_size, f"an integer of at least {MIN_SEGMENT_SIZE} bytes")
+        n = partition.num_subpartitions
+        if selector.num_channels != n:
+            raise ConfigError(
+                "selector",
+                selector,
+                f"a channel selector over {n} channels (the partition's subpartitions)",
+                f"it selects among {selector.num_channels}",
+            )
+        self.partition = partition
+        self.selector = selector
+        self.segment_size = segment_size
+        self.flush_always = bool(flush_always)
+        self.num_subpartitions = n
+        self._unicast: list[BufferBuilder | None] = [None] * n
+        self._broadcast: BufferBuilder | None = None
+        self._schema_sent = [False] * n
+        self._schema: pa.Schema | None = None
+        self._model: IpcSizeModel | None = None
+        self._schema_payload = b""
+        self._min_row_bits = 1
+        self._finished = False
+        self._records_out = np.zeros(n, dtype=np.int64)
+        self._bytes_out = [0] * n
+        self._buffers_out = [0] * n
+        if schema is not None:
+            self._set_schema(schema)
+
+    # -- counters (Flink's numRecordsOut, numBytesOut, numBuffersOut, per subpartition) ------------
+
+    @property
+    def num_records_out(self) -> list[int]:
+        """Rows written to each subpartition (a broadcast row counts once per subpartition)."""
+        return [int(v) for v in self._records_out]
+
+    @property
+    def num_bytes_out(self) -> list[int]:
+        """Bytes of the finished buffers of each subpartition."""
+        return list(self._bytes_out)
+
+    @property
+    def num_buffers_out(self) -> list[int]:
+        """Finished buffers of each subpartition; flush slices and events are not counted."""
+        return list(self._buffers_out)
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        return self._schema
+
+    @property
+    def size_model(self) -> IpcSizeModel | None:
+        """The per-row size model of the schema (None before the first batch)."""
+        return self._model
+
+    def is_available(self) -> bool:
+        """Flink's ``RecordWriter.isAvailable``: the partition's buffer pool has a segment free."""
+        return self.partition.is_available()
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def emit(self, batch: pa.RecordBatch) -> None:
+        """Route every row of ``batch`` with the selector and append it to its subpartition."""
+        if self.selector.is_broadcast:
+            self.broadcast_emit(batch)
+            return
+        self._check_batch(batch)
+        n = batch.num_rows
+        if n:
+            channels = self.selector.select_channels(batch)
+            grouped, counts = self._group(batch, channels)
+            self._ensure_unicast_mode()
+            model = self._model
+            cum = model.cumulative_bits(grouped)  # type: ignore[union-attr]
+            overhead = model.overhead(grouped)  # type: ignore[union-attr]
+            lo = 0
+            for sp, count in enumerate(counts.tolist()):
+                if count:
+                    self._write_rows(sp, grouped, lo, lo + count, cum, overhead)
+                    lo += count
+            self._records_out += counts
+        if self.flush_always:
+            self.flush_all()
+
+    def broadcast_emit(self, batch: pa.RecordBatch) -> None:
+        """Append every row of ``batch`` to every subpartition, serialised once in a shared buffer."""
+        self._check_batch(batch)
+        n = batch.num_rows
+        if n:
+            self._ensure_broadcast_mode()
+            cum = self._model.cumulative_bits(batch)  # type: ignore[union-attr]
+            self._write_rows(_BROADCAST, batch, 0, n, cum, self._model.overhead(batch))  # type: ignore[union-attr]
+            self._records_out += n
+        if self.flush_always:
+            self.flush_all()
+
+    def broadcast_event(self, event: Event) -> None:
+        """Finish every open buffer, then append ``event`` to every subpartition behind its data."""
+        self._check_event(event)
+        self._finish_all()
+        for sp in range(self.num_subpartitions):
+            self.partition.add_event(sp, encode_event(event))
+        if self.flush_always:
+            self.flush_all()
+
+    def emit_event(self, event: Event, subpartition: int) -> None:
+        """Append ``event`` to one subpartition behind its data (e.g. a latency marker to a random channel).
+
+        Finishes that subpartition's open buffer and the broadcast buffer, whose data precedes it.
+        """
+        self._check_event(event)
+        if not 0 <= subpartition < self.num_subpartitions:
+            raise ConfigError("subpartition", subpartition, f"an index in [0, {self.num_subpartitions})")
+        if self._broadcast is not None:
+            self._finish(_BROADCAST)
+        if self._unicast[subpartition] is not None:
+            self._finish(subpartition)
+        self.partition.add_event(subpartition, encode_event(event))
+        if self.flush_always:
+            self.flush(subpartition)
+
+    def flush(self, subpartition: int) -> None:
+        """Make the rows written to ``subpartition`` so far consumable, without finishing its buffer."""
+        self._drain_overflow(subpartition)
+        self._drain_overflow(_BROADCAST)
+        self.partition.flush(subpartition)
+
+    def flush_all(self) -> None:
+        """:meth:`flush` every subpartition (the output flusher's call on the buffer timeout)."""
+        for sp in range(self.num_subpartitions):
+            self._drain_overflow(sp)
+        self._drain_overflow(_BROADCAST)
+        self.partition.flush_all()
+
+    def finish(self) -> None:
+        """End of input: finish every buffer, then the partition (which appends end-of-partition)."""
+        if self._finished:
+            return
+        self._finish_all()
+        self._finished = True
+        self.partition.finish()
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _check_event(self, event: Event) -> None:
+        if self._finished:
+            raise RuntimeError("the RecordWriter is finished; no more events can be written")
+        if not isinstance(event, (CheckpointBarrier, LatencyMarker)):
+            hint = " (call finish())" if isinstance(event, EndOfPartition) else ""
+            raise TypeError(f"cannot write event {event!r}{hint}: allowed are CheckpointBarrier and LatencyMarker")
+
+    def _check_batch(self, batch: pa.RecordBatch) -> None:
+        if self._finished:
+            raise RuntimeError("the RecordWriter is finished; no more rows can be written")
+        if not isinstance(batch, pa.RecordBatch):
+            raise TypeError(f"emit takes a pyarrow.RecordBatch, got {type(batch).__name__}")
+        if self._schema is None:
+            self._set_schema(batch.schema)
+        elif batch.schema is not self._schema and not batch.schema.equals(self._schema):
+            raise ValueError(
+                f"batch schema differs from the writer's schema:\n{batch.schema}\nexpected:\n{self._schema}"
+            )
+
+    def _set_schema(self, schema: pa.Schema) -> None:
+        model = IpcSizeModel(schema, self.segment_size)
+        if 2 * model.chunk_overhead > self.segment_size:
+            raise ConfigError(
+                "segment_size",
+                self.segment_size,
+                f"at least {2 * model.chunk_overhead} bytes for this schema (twice the overhead of one buffer of it)",
+            )
+        self._model = model
+        self._schema = schema
+        self._schema_payload = encode_event(SchemaEvent(schema)).data  # type: ignore[assignment]
+        self._min_row_bits = max(1, int(self._model.cumulative_bits(_empty_row_batch(schema))[-1]))
+
+    def _group(self, batch: pa.RecordBatch, channels: np.ndarray) -> tuple[pa.RecordBatch, np.ndarray]:
+        """``batch`` with its rows grouped by channel (stable) and the row count of each channel."""
+        n = self.num_subpartitions
+        channels = np.asarray(channels)
+        if channels.shape != (batch.num_rows,) or channels.dtype.kind not in "iu":
+            raise ValueError(
+                f"{type(self.selector).__name__}.select_channels returned {channels.dtype} of shape "
+                f"{channels.shape}; expected one integer channel per row ({batch.num_rows})"
+            )
+        try:
+            counts = np.bincount(channels, minlength=n)
+        except ValueError:  # negative channel
+            counts = np.zeros(0, dtype=np.int64)
+        if len(counts) != n:
+            raise ValueError(
+                f"{type(self.selector).__name__}.select_channels returned channels outside [0, {n}): "
+                f"min {int(channels.min())}, max {int(channels.max())}"
+            )
+        if n == 1 or np.count_nonzero(counts) == 1:
+            return batch, counts
+        key_type = np.uint8 if n <= 1 << 8 else np.uint16 if n <= 1 << 16 else np.int32
+        order = np.argsort(channels.astype(key_type, copy=False), kind="stable")
+        return batch.take(order), counts
+
+    def _write_rows(self, target: int, batch: pa.RecordBatch, lo: int, hi: int, cum: np.ndarray, overhead: int) -> None:
+        """Append rows ``lo..hi-1`` of ``batch`` to ``target``, cutting buffers where they are full.
+
+        ``cum`` and ``overhead`` are the size model's numbers for ``batch``.
+        """
+        current = self._unicast if target >= 0 else None
+        min_bits = self._min_row_bits
+        max_row_bits = (self.segment_size - overhead) * 8
+        while lo < hi:
+            builder = current[target] if current is not None else self._broadcast
+            if builder is None:
+                builder = self._open(target)
+            elif builder._overflow:
+                self._drain_overflow(target)
+                continue
+            base = cum[lo]
+            end = int(np.searchsorted(cum, base + builder.free_bits(overhead), "right")) - 1
+            if end > hi:
+                end = hi
+            if end > lo:
+                bits = int(cum[end] - base)
+                builder.append(batch.slice(lo, end - lo), bits, overhead)
+                lo = end
+                if builder.free_bits(overhead) < min_bits:  # nothing more fits: it is full
+                    self._finish(target)
+                continue
+            if int(cum[lo + 1] - base) > max_row_bits:
+                self._write_spanning(target, batch.slice(lo, 1))
+                lo += 1
+            else:
+                self._finish(target)
+
+    def _write_spanning(self, target: int, row: pa.RecordBatch) -> None:
+        """Write one row that the size model says is larger than a segment, cut into fragments."""
+        message = self._model.serialize(row)  # type: ignore[union-attr]
+        builder = self._current(target)
+        if builder is not None:
+            builder.seal()
+            self._drain_overflow(target)
+            builder = self._current(target)
+        size = _HEADER + message.size
+        if builder is not None and size <= builder.free_bytes:
+            builder.append_chunk(b"".join((pack_chunk_header(1, message.size), message)))
+            return
+        if size <= self.segment_size:  # the model was pessimistic: it fits a segment of its own
+            if builder is not None:
+                self._finish(target)
+            self._open(target).append_chunk(b"".join((pack_chunk_header(1, message.size), message)))
+            return
+        # Fragments: the first fills what the open builder has left (if worth a header), the rest
+        # take one segment each; piece lengths stay multiples of 8 so messages remain aligned.
+        if builder is not None and builder.free_bytes - _HEADER < 8:
+            self._finish(target)
+            builder = None
+        first = builder.free_bytes - _HEADER if builder is not None else self.segment_size - _HEADER
+        first &= ~7
+        piece = (self.segment_size - _HEADER) & ~7
+        total = message.size
+        count = 1 + -(-(total - first) // piece)
+        view = memoryview(message)
+        if builder is None:
+            builder = self._open(target)
+        builder.append_chunk(b"".join((pack_chunk_header(1, first, 0, count), view[:first])))
+        self._finish(target)
+        offset = first
+        for index in range(1, count):
+            length = min(piece, total - offset)
+            chunk = b"".join((pack_chunk_header(1, length, index, count), view[offset : offset + length]))
+            builder = self._open(target, add=False)
+            builder.append_chunk(chunk)
+            self._add_consumers(target, builder, len(chunk))
+            offset += length
+            if index < count - 1 or builder.free_bits(self._model.chunk_overhead) < self._min_row_bits:  # type: ignore[union-attr]
+                self._finish(target)
+
+    def _write_exact(self, target: int, rows: pa.RecordBatch) -> None:
+        """Write rows whose estimate was wrong, measuring real sizes (halving until they fit)."""
+        message = self._model.serialize(rows)  # type: ignore[union-attr]
+        if _HEADER + message.size > self.segment_size:
+            if rows.num_rows == 1:
+                self._write_spanning(target, rows)
+                return
+            half = rows.num_rows // 2
+            self._write_exact(target, rows.slice(0, half))
+            self._write_exact(target, rows.slice(half))
+            return
+        builder = self._current(target)
+        if builder is not None:
+            builder.seal()
+            self._drain_overflow(target)
+            builder = self._current(target)
+        if builder is None or _HEADER + message.size > builder.free_bytes:
+            if builder is not None:
+                self._finish(target)
+            builder = self._open(target)
+        builder.append_chunk(b"".join((pack_chunk_header(rows.num_rows, message.size), message)))
+
+    def _drain_overflow(self, target: int) -> None:
+        builder = self._current(target)
+        if builder is not None and builder._overflow:
+            self._finish(target)  # finishing writes the overflow into new builders
+
+    def _current(self, target: int) -> BufferBuilder | None:
+        return self._unicast[target] if target >= 0 else self._broadcast
+
+    def _open(self, target: int, add: bool = True) -> BufferBuilder:
+        """Take a segment for ``target`` and open a builder on it (queued unless ``add`` is False)."""
+        recycler = self.partition.request_segment(target if target >= 0 else 0)
+        builder = BufferBuilder(self.segment_size, self._model, recycler)  # type: ignore[arg-type]
+        if target >= 0:
+            self._unicast[target] = builder
+        else:
+            self._broadcast = builder
+        if add:
+            self._add_consumers(target, builder, 0)
+        return builder
+
+    def _add_consumers(self, target: int, builder: BufferBuilder, partial_record_length: int) -> None:
+        targets = range(self.num_subpartitions) if target < 0 else (target,)
+        for sp in targets:
+            if not self._schema_sent[sp]:
+                self._schema_sent[sp] = True
+                self.partition.add_event(sp, Buffer(DataType.EVENT_BUFFER, self._schema_payload))
+            self.partition.add_consumer(sp, builder.create_buffer_consumer(), partial_record_length)
+
+    def _finish(self, target: int) -> None:
+        """Finish the open builder of ``target`` and count it.
+
+        Rows it could not fit (overflow) are written exactly into new builders, which are finished
+        as well, so nothing of ``target`` stays open.
+        """
+        while True:
+            if target >= 0:
+                builder, self._unicast[target] = self._unicast[target], None
+            else:
+                builder, self._broadcast = self._broadcast, None
+            if builder is None:
+                return
+            written = builder.finish()
+            if target >= 0:
+                self._buffers_out[target] += 1
+                self._bytes_out[target] += written
+            else:
+                for sp in range(self.num_subpartitions):
+                    self._buffers_out[sp] += 1
+                    self._bytes_out[sp] += written
+            overflow = builder.take_overflow()
+            if not overflow:
+                return
+            for rows in overflow:
+                self._write_exact(target, rows)
+
+    def _ensure_unicast_mode(self) -> None:
+        if self._broadcast is not None:
+            self._finish(_BROADCAST)
+
+    def _ensure_broadcast_mode(self) -> None:
+        for sp in range(self.num_subpartitions):
+            if self._unicast[sp] is not None:
+                self._finish(sp)
+
+    def _finish_all(self) -> None:
+        self._ensure_broadcast_mode()
+        self._finish(_BROADCAST)
+
+
+def _empty_row_batch(schema: pa.Schema) -> pa.RecordBatch:
+    """One row with the least bytes each column can take (for the size model's minimum row)."""
+    arrays = [pa.nulls(1, field.type) for field in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
