@@ -20,6 +20,7 @@ from .errors import (
     UnknownSettingError,
     UnsupportedKeyTypeError,
 )
+from .exchange import Exchange, ExchangePlan, Injection, exchange, exchanged
 from .partitioners import (
     ChannelSelector,
     Partitioner,
@@ -43,7 +44,10 @@ __all__ = [
     "ChannelSelector",
     "ConfigError",
     "CreditShuffleError",
+    "Exchange",
+    "ExchangePlan",
     "ExchangeTimeoutError",
+    "Injection",
     "InsufficientNetworkBuffersError",
     "InsufficientSlotsError",
     "NetworkConfig",
@@ -57,6 +61,8 @@ __all__ = [
     "broadcast",
     "custom",
     "default_max_parallelism",
+    "exchange",
+    "exchanged",
     "forward",
     "global_",
     "key_by",

@@ -1,0 +1,217 @@
+"""The public exchange: a DataFrame's rows moved to the consumer subtasks Flink would pick.
+
+``exchange(df, partitioner)`` plans the exchange on the driver (settings, parallelism, buffer
+pools: every mistake surfaces here, before any Spark job) and returns an :class:`Exchange` whose
+``df`` is lazy: partition *i* of ``ex.df`` holds exactly the rows consumer subtask *i* received,
+with the input's schema. After an action on ``ex.df`` ran, ``ex.metrics()`` returns the
+network metrics of that run as a DataFrame (schema in :mod:`spark_credit_shuffle.metrics`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from .config import NetworkConfig
+from .errors import ConfigError
+from .metrics import METRICS_DDL, MetricRow
+from .partitioners import Partitioner
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Observation
+
+__all__ = ["MODES", "Exchange", "ExchangePlan", "Injection", "exchange", "exchanged"]
+
+log = logging.getLogger("spark_credit_shuffle")
+
+MODES = ("blocking", "pipelined")
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Injection:
+    """Faults and slowness injected into an exchange, for tests and demos.
+
+    ``consumer_delay_s``: seconds a consumer subtask sleeps per record it receives, by subtask
+    index (``{0: 0.001}`` makes subtask 0 a slow receiver). ``fail_once``: (side, subtask) whose
+    first attempt raises; the marker file in ``marker_dir`` remembers that it failed, so the
+    retried attempt runs normally.
+    """
+
+    consumer_delay_s: tuple[tuple[int, float], ...] = ()
+    fail_once: tuple[str, int] | None = None
+    marker_dir: str | None = None
+
+    def delay_of(self, consumer: int) -> float:
+        return dict(self.consumer_delay_s).get(consumer, 0.0)
+
+    def maybe_fail(self, side: str, subtask: int) -> None:
+        """Raise on the first attempt of the configured (side, subtask); do nothing after that."""
+        if self.fail_once is None or self.fail_once != (side, subtask) or self.marker_dir is None:
+            return
+        import os
+
+        marker = os.path.join(self.marker_dir, f"failed-{side}-{subtask}")
+        if not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write("failed once\n")
+            raise RuntimeError(f"injected failure of {side} subtask {subtask} (first attempt)")
+
+
+@dataclass(frozen=True)
+class ExchangePlan:
+    """Everything a task needs to play its part; built and checked on the driver, shipped to tasks."""
+
+    name: str
+    mode: str
+    partitioner: Partitioner
+    num_producers: int
+    num_consumers: int
+    max_parallelism: int
+    config: NetworkConfig
+    schema: pa.Schema
+    injection: Injection | None = None
+
+    def describe(self) -> str:
+        return (
+            f"credit shuffle {self.name}: {self.partitioner.name} {self.mode} exchange, "
+            f"{self.num_producers} -> {self.num_consumers} subtasks"
+        )
+
+
+class Exchange:
+    """One planned exchange: its output DataFrame and, after an action, its metrics."""
+
+    def __init__(self, plan: ExchangePlan, df: DataFrame, observation: Observation) -> None:
+        self.plan = plan
+        self.df = df
+        self._observation = observation
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    def metric_rows(self) -> list[MetricRow]:
+        """The metrics of the first action that ran ``df``, as plain rows.
+
+        Blocks until that action finished; call it after an action (``count()``, ``write``...).
+        """
+        observed = self._observation.get
+        rows = []
+        for cell in observed.get("metrics") or []:
+            for r in cell or []:
+                rows.append(MetricRow(r["side"], r["subtask"], r["channel"], r["metric"], r["stat"], r["value"]))
+        return rows
+
+    def metrics(self) -> DataFrame:
+        """The metrics as a DataFrame (see :mod:`spark_credit_shuffle.metrics` for the schema)."""
+        spark = self.df.sparkSession
+        data = [
+            (self.plan.name, self.plan.mode, r.side, r.subtask, r.channel, r.metric, r.stat, r.value)
+            for r in self.metric_rows()
+        ]
+        return spark.createDataFrame(data, METRICS_DDL)
+
+    def __repr__(self) -> str:
+        return f"Exchange({self.plan.describe()})"
+
+
+def _num_partitions(df: DataFrame) -> int:
+    try:
+        return df.rdd.getNumPartitions()
+    except Exception as e:  # Spark Connect: no RDDs
+        raise ConfigError(
+            "num_producers",
+            None,
+            "an explicit producer count on Spark Connect",
+            f"the input's partition count cannot be read here ({type(e).__name__})",
+        ) from None
+
+
+def exchange(
+    df: DataFrame,
+    partitioner: Partitioner,
+    parallelism: int | None = None,
+    mode: str = "blocking",
+    config: NetworkConfig | None = None,
+    *,
+    num_producers: int | None = None,
+    injection: Injection | None = None,
+    **settings: Any,
+) -> Exchange:
+    """Move ``df``'s rows through Flink's network stack to ``parallelism`` consumer subtasks.
+
+    The input's partitions are the producer subtasks (``num_producers`` repartitions it first,
+    round robin, when given). ``parallelism`` defaults to the number of producers. ``config``
+    defaults to the session's ``spark.creditShuffle.*`` settings; keyword ``settings`` override
+    single values (``buffer_timeout_ms=10``). Raises :class:`ConfigError`,
+    :class:`PartitionerError` or :class:`InsufficientNetworkBuffersError` before any job runs.
+    """
+    if mode not in MODES:
+        raise ConfigError("mode", mode, " or ".join(repr(m) for m in MODES))
+    if not isinstance(partitioner, Partitioner):
+        raise ConfigError("partitioner", partitioner, "a partitioner such as key_by('k'), rebalance() or broadcast()")
+    spark = df.sparkSession
+    if config is None:
+        config = NetworkConfig.from_spark(spark, **settings)
+    elif settings:
+        config = config.replace(**settings)
+    if num_producers is not None:
+        if isinstance(num_producers, bool) or not isinstance(num_producers, int) or num_producers < 1:
+            raise ConfigError("num_producers", num_producers, "an integer >= 1")
+        df = df.repartition(num_producers)
+    producers = num_producers or _num_partitions(df)
+    consumers = producers if parallelism is None else parallelism
+    if isinstance(consumers, bool) or not isinstance(consumers, int) or consumers < 1:
+        raise ConfigError("parallelism", parallelism, "an integer >= 1")
+    max_parallelism = config.resolve_max_parallelism(consumers)
+    own = getattr(partitioner, "resolve_max_parallelism", None)
+    if own is not None:  # key_by(..., max_parallelism=P) wins over the config's
+        max_parallelism = own(consumers, config.max_parallelism)
+    partitioner.validate(producers, consumers)
+    name = f"{partitioner.name.lower()}-{mode}-{next(_ids)}"
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    plan = ExchangePlan(
+        name=name,
+        mode=mode,
+        partitioner=partitioner,
+        num_producers=producers,
+        num_consumers=consumers,
+        max_parallelism=max_parallelism,
+        config=config,
+        schema=to_arrow_schema(df.schema),
+        injection=injection,
+    )
+    from .planner import check_fits
+
+    check_fits(plan, spark)
+    log.info("%s; %s", plan.describe(), config)
+    if mode == "blocking":
+        from .runtime.blocking import build
+    else:
+        from .runtime.pipelined import build
+    out, observation = build(plan, df)
+    return Exchange(plan, out, observation)
+
+
+def exchanged(
+    partitioner: Partitioner, parallelism: int | None = None, mode: str = "blocking", **kwargs: Any
+) -> Callable[[DataFrame], DataFrame]:
+    """``df.transform(exchanged(key_by("k"), 4))``: the exchange as a DataFrame -> DataFrame step."""
+
+    def step(df: DataFrame) -> DataFrame:
+        return exchange(df, partitioner, parallelism, mode, **kwargs).df
+
+    return step
+
+
+def job_label(plan: ExchangePlan) -> str:
+    """The label of the Spark jobs that run ``plan``; also names the stages' Python functions."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", f"credit_shuffle_{plan.name}")

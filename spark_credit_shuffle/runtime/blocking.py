@@ -1,0 +1,147 @@
+"""The blocking exchange (Flink's BLOCKING result partitions) as two Spark stages.
+
+Producer stage: each input partition is a producer subtask; ``mapInArrow`` runs its rows through
+the RecordWriter into a blocking result partition, whose finished buffers are written, as they
+complete, to Spark's shuffle: one row per network buffer (consumer channel, producer, sequence
+number, data type, payload), placed by ``repartitionById`` so that shuffle partition *i* holds
+exactly the buffers for consumer subtask *i*.
+
+Consumer stage: each shuffle partition is a consumer subtask. It replays the stored buffers of
+each producer through the credit-based protocol core, in process: a subpartition per producer
+channel on the sending side, a remote input channel with exclusive buffers and the gate's floating
+pool on the receiving side, credits, backlog and AddCredit as on the wire. A data buffer moves
+only into a receiver buffer reserved for it, and the RecordReader turns received buffers back into
+rows. The storage order of Spark's shuffle is the only thing that differs from Flink: the whole
+result is produced before any consumer starts, which is the point of blocking mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from ..buffers.writer import RecordWriter
+from ..metrics import PRODUCER, MetricRow, TaskMetrics
+from ..protocol.partition import BlockingResultPartition, StoredBuffer
+from ..protocol.pools import UNBOUNDED, NetworkBufferPool
+from .common import finish_plan, output_struct_type
+from .consumer import consume_partition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Observation
+
+    from ..exchange import ExchangePlan
+
+__all__ = ["STORAGE_SCHEMA", "build", "consume_partition", "produce_partition"]
+
+#: One row per stored network buffer.
+STORAGE_SCHEMA = pa.schema(
+    [
+        ("channel", pa.int32()),  # consumer subtask the buffer is for
+        ("producer", pa.int32()),  # producer subtask that wrote it
+        ("seq", pa.int32()),  # sequence number within (producer, channel)
+        ("data_type", pa.int8()),  # DataType ordinal; METRICS_TYPE for the producer's metrics
+        ("payload", pa.binary()),
+    ]
+)
+STORAGE_DDL = "channel int, producer int, seq int, data_type tinyint, payload binary"
+#: Not a Flink data type: the row that carries a producer's metrics to a consumer of its output.
+METRICS_TYPE = -1
+
+
+def _storage_batch(rows: list[tuple[int, int, int, int, object]]) -> pa.RecordBatch:
+    channel, producer, seq, data_type, payloads = zip(*rows)
+    lengths = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
+    offsets = np.zeros(len(payloads) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    data = pa.py_buffer(b"".join(payloads))
+    payload = pa.Array.from_buffers(pa.binary(), len(payloads), [None, pa.py_buffer(offsets), data])
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(channel, pa.int32()),
+            pa.array(producer, pa.int32()),
+            pa.array(seq, pa.int32()),
+            pa.array(data_type, pa.int8()),
+            payload,
+        ],
+        schema=STORAGE_SCHEMA,
+    )
+
+
+def produce_partition(batches: Iterator[pa.RecordBatch], producer: int, plan: ExchangePlan) -> Iterator[pa.RecordBatch]:
+    """Producer subtask ``producer``: its rows in, its stored network buffers out (STORAGE_SCHEMA)."""
+    if plan.injection is not None:
+        plan.injection.maybe_fail(PRODUCER, producer)
+    num_producers, num_consumers = plan.num_producers, plan.num_consumers
+    consumers = plan.partitioner.consumers_of(producer, num_producers, num_consumers)
+    selector = plan.partitioner.selector(producer, num_producers, num_consumers, plan.max_parallelism)
+    n = len(consumers)
+    config = plan.config
+    network = NetworkBufferPool.from_config(config)
+    pool = network.create_buffer_pool(
+        n + 1,
+        UNBOUNDED,
+        num_subpartitions=n,
+        max_buffers_per_channel=config.max_buffers_per_channel,
+        max_overdraft_buffers=config.max_overdraft_buffers_per_gate,
+    )
+    out: list[tuple[int, int, int, int, object]] = []
+    seqs = [0] * n
+
+    def store(subpartition: int, buffer: StoredBuffer) -> None:
+        seq = seqs[subpartition]
+        seqs[subpartition] = seq + 1
+        out.append((consumers[subpartition], producer, seq, int(buffer.data_type), bytes(buffer.payload)))
+
+    partition = BlockingResultPartition(n, pool, partition_id=producer, sink=store)
+    writer = RecordWriter(partition, selector, config.segment_size)
+    emit = writer.broadcast_emit if selector.is_broadcast else writer.emit
+    metrics = TaskMetrics(PRODUCER, producer)
+    for batch in batches:
+        if batch.num_rows:
+            emit(batch)
+            metrics.sample("outPoolUsage", partition.out_pool_usage)
+        if out:
+            yield _storage_batch(out)
+            out.clear()
+    writer.finish()
+    metrics.sample("outPoolUsage", partition.out_pool_usage)
+    for sp, consumer in enumerate(consumers):
+        metrics.count("numRecordsOut", writer.num_records_out[sp], consumer)
+        metrics.count("numBytesOut", writer.num_bytes_out[sp], consumer)
+        metrics.count("numBuffersOut", writer.num_buffers_out[sp], consumer)
+    rows = [dataclasses.asdict(r) for r in metrics.rows()]
+    out.append((consumers[0], producer, -1, METRICS_TYPE, json.dumps(rows).encode()))
+    yield _storage_batch(out)
+    partition.release()
+
+
+def _producer_metrics(payload: bytes) -> list[MetricRow]:
+    return [MetricRow(**row) for row in json.loads(payload)]
+
+
+def build(plan: ExchangePlan, df: DataFrame) -> tuple[DataFrame, Observation]:
+    """The lazy Spark plan of a blocking exchange: (user-facing DataFrame, metrics Observation)."""
+
+    def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        yield from produce_partition(batches, TaskContext.get().partitionId(), plan)
+
+    def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        yield from consume_partition(batches, TaskContext.get().partitionId(), plan)
+
+    label = plan.name.replace("-", "_")
+    produce.__name__ = f"credit_shuffle_produce_{label}"
+    consume.__name__ = f"credit_shuffle_consume_{label}"
+    stored = df.mapInArrow(produce, STORAGE_DDL)
+    placed = stored.repartitionById(plan.num_consumers, "channel")
+    consumed = placed.mapInArrow(consume, output_struct_type(df))
+    return finish_plan(plan, consumed)

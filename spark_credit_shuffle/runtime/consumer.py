@@ -1,0 +1,147 @@
+"""A blocking consumer subtask: stored buffers in, through the credit protocol, rows out.
+
+The buffers of each producer arrive from Spark's shuffle in the order they were stored. Each
+producer's buffers are queued in a subpartition on the sending side of an in-process connection
+(the storage plays the producer, as Flink's blocking subpartition reader does), and reach the
+input gate only as BufferResponses that a credit allowed: the gate's exclusive and floating
+buffers bound what is held on the receiving side, backlog and AddCredit flow as on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from ..buffers import Buffer, DataType, FinishedBufferConsumer
+from ..buffers.reader import RecordReader
+from ..errors import ProtocolError
+from ..metrics import CONSUMER, MetricRow, TaskMetrics
+from ..protocol.partition import PipelinedSubpartition, ResultPartitionManager
+from ..protocol.pools import NetworkBufferPool
+from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, SingleInputGate
+from ..protocol.sender import PartitionRequestServerHandler
+from ..transport.memory import MemoryConnection
+from .common import metrics_batch, with_metrics_column
+
+if TYPE_CHECKING:
+    from ..exchange import ExchangePlan
+
+__all__ = ["consume_partition"]
+
+#: Output batches are combined up to about this many bytes before they go back to Spark.
+_OUTPUT_BATCH_BYTES = 4 << 20
+_METRICS_TYPE = -1
+
+
+class _StoredSubpartition:
+    """The stored output of one producer for this consumer, served as it arrives from storage."""
+
+    def __init__(self, producer: int, receiver_exclusive_buffers: int) -> None:
+        self.partition_id = producer
+        self.subpartition = PipelinedSubpartition(0, None, receiver_exclusive_buffers)
+
+    def create_subpartition_view(self, subpartition: int, listener: object) -> object:
+        return self.subpartition.create_read_view(listener)  # type: ignore[arg-type]
+
+    def add(self, data_type: DataType, payload: bytes) -> None:
+        if data_type is DataType.END_OF_PARTITION:
+            self.subpartition.finish()
+        else:
+            self.subpartition.add(FinishedBufferConsumer(Buffer(data_type, payload)))
+
+
+def consume_partition(batches: Iterator[pa.RecordBatch], consumer: int, plan: ExchangePlan) -> Iterator[pa.RecordBatch]:
+    """Consumer subtask ``consumer``: stored buffers in (STORAGE_SCHEMA), its received rows out."""
+    injection = plan.injection
+    if injection is not None:
+        injection.maybe_fail(CONSUMER, consumer)
+    delay = injection.delay_of(consumer) if injection is not None else 0.0
+    config = plan.config
+    producers = plan.partitioner.producers_of(consumer, plan.num_producers, plan.num_consumers)
+
+    network = NetworkBufferPool.from_config(config)
+    gate = SingleInputGate(network, len(producers), config, blocking=True)
+    client = CreditBasedPartitionRequestClientHandler(credit_based=config.credit_based)
+    manager = ResultPartitionManager()
+    server = PartitionRequestServerHandler(manager, credit_based=config.credit_based)
+    connection = MemoryConnection(client, server)
+    stored: dict[int, _StoredSubpartition] = {}
+    for i, p in enumerate(producers):
+        stored[p] = _StoredSubpartition(p, gate.spec.exclusive_per_channel)
+        manager.register_partition(stored[p], partition_id=p)
+        gate.remote_channel(i, p, client, partition_id=p, subpartition=0)
+    gate.request_partitions()
+    readers = [RecordReader(plan.schema, channel=p) for p in producers]
+
+    metrics = TaskMetrics(CONSUMER, consumer)
+    producer_metrics: list[MetricRow] = []
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+    started = time.perf_counter()
+
+    def pump() -> Iterator[pa.RecordBatch]:
+        nonlocal pending_bytes
+        while True:
+            moved = connection.pump()
+            polled = 0
+            while (item := gate.poll_next()) is not None:
+                polled += 1
+                metrics.sample("inPoolUsage", gate.in_pool_usage)
+                metrics.sample("inputExclusiveBuffersUsage", gate.input_exclusive_buffers_usage)
+                metrics.sample("inputFloatingBuffersUsage", gate.input_floating_buffers_usage)
+                for out in readers[item.channel_index].feed(item.buffer, item.sequence_number):
+                    if isinstance(out, pa.RecordBatch) and out.num_rows:
+                        if delay:
+                            time.sleep(delay * out.num_rows)
+                        pending.append(out)
+                        pending_bytes += out.nbytes
+                if pending_bytes >= _OUTPUT_BATCH_BYTES:
+                    yield _combine(pending)
+                    pending.clear()
+                    pending_bytes = 0
+            if not moved and not polled:
+                return
+
+    try:
+        for batch in batches:
+            columns = batch.to_pydict() if batch.num_rows else None
+            if columns is None:
+                continue
+            for producer, data_type, payload in zip(columns["producer"], columns["data_type"], columns["payload"]):
+                if data_type == _METRICS_TYPE:
+                    producer_metrics.extend(MetricRow(**row) for row in json.loads(payload))
+                    continue
+                target = stored.get(producer)
+                if target is None:
+                    raise ProtocolError(f"consumer {consumer} got a buffer from producer {producer}, not an input")
+                target.add(DataType(data_type), payload)
+            yield from pump()
+        yield from pump()
+        if not gate.is_finished:
+            missing = [producers[i] for i, r in enumerate(readers) if not r.is_finished]
+            raise ProtocolError(
+                f"consumer {consumer}: no end of partition from producers {missing}; their output is incomplete"
+            )
+        if pending:
+            yield _combine(pending)
+    finally:
+        gate.close()
+
+    for i, p in enumerate(producers):
+        reader = readers[i]
+        metrics.count("numRecordsIn", reader.num_records_in, p)
+        metrics.count("numBytesIn", reader.num_bytes_in, p)
+        metrics.count("numBuffersIn", reader.num_buffers_in, p)
+    metrics.set("accumulateBusyTimeMs", (time.perf_counter() - started) * 1000.0)
+    yield metrics_batch(plan.schema, [*producer_metrics, *metrics.rows()])
+
+
+def _combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return with_metrics_column(batches[0])
+    table = pa.Table.from_batches(batches).combine_chunks()
+    return with_metrics_column(table.to_batches()[0])

@@ -1,0 +1,156 @@
+"""The exchange on local Spark: every row arrives once, on the subtask Flink would pick."""
+
+from __future__ import annotations
+
+import collections
+
+import pyarrow as pa
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+
+import spark_credit_shuffle as scs
+from spark_credit_shuffle.errors import ConfigError, InsufficientNetworkBuffersError, PartitionerError
+
+pytestmark = pytest.mark.spark
+
+MODES = ["blocking"]
+
+
+def rows_df(spark, n=2000, partitions=3):
+    return spark.range(0, n, 1, partitions).select(
+        F.col("id").alias("id"),
+        (F.col("id") % 17).cast("int").alias("k"),
+        F.when(F.col("id") % 5 == 0, None).otherwise(F.concat(F.lit("v"), F.col("id").cast("string"))).alias("s"),
+    )
+
+
+def placed(ex_df):
+    return ex_df.withColumn("_subtask", F.spark_partition_id())
+
+
+def flink_channels(keys, parallelism):
+    array = pa.array(keys, pa.int32())
+    return scs.key_group_channels(array, parallelism, scs.default_max_parallelism(parallelism)).tolist()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "partitioner",
+    [
+        scs.key_by("k"),
+        scs.rebalance(seed=3),
+        scs.rescale(),
+        scs.shuffle(seed=5),
+        scs.global_(),
+        scs.custom(lambda k, n: k.to_numpy() % n, "k"),
+    ],
+    ids=lambda p: p.name,
+)
+def test_output_equals_input_as_multiset(spark, mode, partitioner):
+    df = rows_df(spark)
+    ex = scs.exchange(df, partitioner, parallelism=4, mode=mode)
+    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert ex.df.rdd.getNumPartitions() == 4
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_broadcast_delivers_every_row_to_every_consumer(spark, mode):
+    df = rows_df(spark, n=500)
+    ex = scs.exchange(df, scs.broadcast(), parallelism=3, mode=mode)
+    out = placed(ex.df)
+    for subtask in range(3):
+        assert_df_equality(out.where(F.col("_subtask") == subtask).drop("_subtask"), df, ignore_row_order=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_key_by_places_each_row_on_flinks_operator_index(spark, mode):
+    df = rows_df(spark)
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode=mode)
+    got = placed(ex.df).select("k", "_subtask").distinct().collect()
+    keys = [r["k"] for r in got]
+    assert [r["_subtask"] for r in got] == flink_channels(keys, 4)
+    assert len(keys) == len(set(keys)) == 17
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rebalance_spreads_each_producers_rows_within_one(spark, mode):
+    df = rows_df(spark, n=1001, partitions=3).withColumn("_producer", F.spark_partition_id())
+    ex = scs.exchange(df, scs.rebalance(), parallelism=4, mode=mode)
+    counts = placed(ex.df).groupBy("_producer", "_subtask").count().collect()
+    per_producer = collections.defaultdict(list)
+    for r in counts:
+        per_producer[r["_producer"]].append(r["count"])
+    assert len(per_producer) == 3
+    for values in per_producer.values():
+        assert len(values) == 4 and max(values) - min(values) <= 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("producers,consumers", [(1, 1), (2, 5), (5, 2), (4, 4)])
+def test_parallelism_shapes(spark, mode, producers, consumers):
+    df = rows_df(spark, n=700, partitions=producers)
+    for partitioner in (scs.key_by("k"), scs.rebalance(), scs.rescale()):
+        ex = scs.exchange(df, partitioner, parallelism=consumers, mode=mode)
+        assert_df_equality(ex.df, df, ignore_row_order=True)
+        assert ex.df.rdd.getNumPartitions() == consumers
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_skew_empty_partitions_and_large_rows(spark, mode):
+    big = "x" * (100 * 1024)  # three segments per row
+    df = spark.createDataFrame(
+        [(1, big + str(i)) for i in range(7)] + [(1, None), (1, "")], "k int, s string"
+    ).repartition(6)  # some producers get no rows
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode=mode)
+    assert_df_equality(ex.df, df, ignore_row_order=True)
+    sizes = placed(ex.df).groupBy("_subtask").count().collect()
+    assert [(r["_subtask"], r["count"]) for r in sizes] == [(flink_channels([1], 4)[0], 9)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_metrics_count_every_record_and_buffer_once(spark, mode):
+    df = rows_df(spark, n=3000)
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode=mode)
+    assert ex.df.count() == 3000
+    m = {(r.side, r.subtask, r.channel, r.metric, r.stat): r.value for r in ex.metric_rows()}
+    records_out = sum(v for (side, _, _, metric, _), v in m.items() if metric == "numRecordsOut")
+    records_in = sum(v for (side, _, _, metric, _), v in m.items() if metric == "numRecordsIn")
+    buffers_out = sum(v for (side, _, _, metric, _), v in m.items() if metric == "numBuffersOut")
+    buffers_in = sum(v for (side, _, _, metric, _), v in m.items() if metric == "numBuffersIn")
+    assert records_out == records_in == 3000
+    assert buffers_out > 0 and buffers_in >= buffers_out
+    for side, metric in [("producer", "outPoolUsage"), ("consumer", "inPoolUsage")]:
+        values = [v for (s, _, _, name, stat), v in m.items() if s == side and name == metric and stat == "max"]
+        assert values and all(v > 0.0 for v in values), (side, metric, values)
+    frame = ex.metrics()
+    assert frame.columns == ["exchange", "mode", "side", "subtask", "channel", "metric", "stat", "value"]
+    assert frame.where(F.col("metric") == "numRecordsIn").agg(F.sum("value")).first()[0] == 3000
+
+
+def test_errors_before_launch(spark):
+    df = rows_df(spark, n=10)
+    with pytest.raises(ConfigError, match="max_parallelism"):
+        scs.exchange(df, scs.key_by("k", max_parallelism=8), parallelism=16)
+    with pytest.raises(PartitionerError, match="rebalance"):
+        scs.exchange(df, scs.forward(), parallelism=5)
+    with pytest.raises(InsufficientNetworkBuffersError, match="networkMemory"):
+        scs.exchange(df, scs.key_by("k"), parallelism=400, network_memory="4 MiB", max_parallelism=1024)
+    with pytest.raises(ConfigError, match="mode"):
+        scs.exchange(df, scs.key_by("k"), mode="streaming")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("side", ["producer", "consumer"])
+def test_task_failing_once_is_retried_and_output_and_metrics_stay_exact(spark, tmp_path, mode, side):
+    df = rows_df(spark, n=1500)
+    injection = scs.Injection(fail_once=(side, 1), marker_dir=str(tmp_path))
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=3, mode=mode, injection=injection)
+    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert (tmp_path / f"failed-{side}-1").exists()  # the first attempt really failed
+    rows = ex.metric_rows()
+    assert sum(r.value for r in rows if r.metric == "numRecordsOut") == 1500
+    assert sum(r.value for r in rows if r.metric == "numRecordsIn") == 1500
+    consumers = {r.subtask for r in rows if r.side == "consumer"}
+    producers = {r.subtask for r in rows if r.side == "producer"}
+    assert consumers == {0, 1, 2} and producers == {0, 1, 2}
