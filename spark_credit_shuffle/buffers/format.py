@@ -314,10 +314,14 @@ class _Node:
             return self.const_bits + self.type.list_size * self.children[0].constant_bits()
         return self.const_bits
 
+    def has_offsets(self) -> bool:
+        """This node or one below it has an offsets buffer."""
+        return bool(self.offset_width) or any(child.has_offsets() for child in self.children)
+
     def has_nested_list(self) -> bool:
-        """A list-like node sits at or below this one with offsets-bearing descendants."""
-        if self.kind in ("list", "fixed_list"):
-            return any(child.offset_width or child.has_nested_list() for child in self.children)
+        """A list-like node sits at or below this one with an offsets buffer below it."""
+        if self.kind in ("list", "fixed_list") and any(child.has_offsets() for child in self.children):
+            return True
         return any(child.has_nested_list() for child in self.children)
 
     def count_buffers(self) -> tuple[int, int]:

@@ -39,7 +39,8 @@ _HEADER = CHUNK_HEADER.size
 _unpack_header = CHUNK_HEADER.unpack_from
 _PREFIX = struct.Struct("<Ii")  # Arrow IPC: continuation marker, metadata length
 _CONTINUATION = 0xFFFFFFFF
-_DATA_TYPES = (DataType.DATA_BUFFER, DataType.DATA_BUFFER_WITH_CLEAR_END)
+_DATA = DataType.DATA_BUFFER
+_DATA_CLEAR_END = DataType.DATA_BUFFER_WITH_CLEAR_END
 
 
 class RecordReader:
@@ -86,24 +87,24 @@ class RecordReader:
         spanning row is incomplete, the row when its last fragment arrives.
         """
         try:
-            return self._feed(buffer)
+            if self._ended:
+                raise MalformedPayload(f"{buffer.data_type.name} buffer after the end of partition")
+            data_type = buffer.data_type
+            data = buffer.data
+            size = len(data)  # type: ignore[arg-type]
+            self.num_buffers_in += 1
+            self.num_bytes_in += size
+            if data_type is _DATA or data_type is _DATA_CLEAR_END:
+                if self._schema is None:
+                    raise MalformedPayload("data buffer before the channel's schema event")
+                return self._decode_data(_immutable(data), size) if size else []
+            return self._decode_event(data_type, data)
         except MalformedPayload as exc:
             raise BufferDecodeError(str(exc), self.channel, sequence_number) from None
         finally:
             buffer.recycle()
 
-    def _feed(self, buffer: Buffer) -> list[pa.RecordBatch | Event]:
-        if self._ended:
-            raise MalformedPayload(f"{buffer.data_type.name} buffer after the end of partition")
-        data_type = buffer.data_type
-        data = buffer.data
-        size = len(data)  # type: ignore[arg-type]
-        self.num_buffers_in += 1
-        self.num_bytes_in += size
-        if data_type in _DATA_TYPES:
-            if self._schema is None:
-                raise MalformedPayload("data buffer before the channel's schema event")
-            return self._decode_data(_immutable(data), size) if size else []
+    def _decode_event(self, data_type: DataType, data: object) -> list[pa.RecordBatch | Event]:
         if not data_type.is_event:
             raise MalformedPayload(f"buffer of data type {data_type.name} carries neither data nor an event")
         if self._pieces:

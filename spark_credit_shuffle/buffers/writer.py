@@ -35,6 +35,8 @@ from ..errors import ConfigError
 from .buffer import Buffer, BufferConsumer, DataType, SegmentLease
 from .format import (
     CHUNK_HEADER,
+    FORMAT_VERSION,
+    MAGIC,
     CheckpointBarrier,
     EndOfPartition,
     Event,
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["BufferBuilder", "RecordWriter"]
 
 _HEADER = CHUNK_HEADER.size
+_PACK = CHUNK_HEADER.pack
 _EMPTY = b""
 #: Target of the shared broadcast builder in the writer's bookkeeping.
 _BROADCAST = -1
@@ -195,7 +198,8 @@ class BufferBuilder:
         self._pending_bits = 0
         self._pending_overhead = 0
         room = self.capacity - self._written
-        message = self.model.serialize(rows, bound)
+        model = self.model
+        message = model.serialize(rows, bound) if model.has_nested_lists else rows.serialize()
         if _HEADER + message.size <= room:
             self._add_chunk(rows.num_rows, message)
             return
@@ -216,7 +220,8 @@ class BufferBuilder:
         self._overflow.append(rows.slice(lo))
 
     def _add_chunk(self, num_rows: int, message: pa.Buffer) -> None:
-        chunk = b"".join((pack_chunk_header(num_rows, message.size), message))
+        size = message.size
+        chunk = b"".join((_PACK(MAGIC, FORMAT_VERSION, 0, num_rows, 0, 1, size, 0), message))
         self._chunks.append(chunk)
         self._written += len(chunk)
 
@@ -513,6 +518,8 @@ class RecordWriter:
         current = self._unicast if target >= 0 else None
         min_bits = self._min_row_bits
         max_row_bits = (self.segment_size - overhead) * 8
+        searchsorted = cum.searchsorted
+        item = cum.item
         while lo < hi:
             builder = current[target] if current is not None else self._broadcast
             if builder is None:
@@ -520,26 +527,31 @@ class RecordWriter:
             elif builder._overflow:
                 self._drain_overflow(target)
                 continue
-            base = cum[lo]
-            end = int(np.searchsorted(cum, base + builder.free_bits(overhead), "right")) - 1
-            if end > hi:
-                end = hi
-            if end > lo:
-                bits = int(cum[end] - base)
-                builder.append(batch.slice(lo, end - lo), bits, overhead)
-                lo = end
-                if builder.free_bits(overhead) < min_bits:  # nothing more fits: it is full
+            free = builder.free_bits(overhead)
+            base = item(lo)
+            end = int(searchsorted(base + free, "right")) - 1  # rows lo..end-1 fit
+            if end >= hi:
+                bits = item(hi) - base
+                builder.append(batch.slice(lo, hi - lo), bits, overhead)
+                if free - bits < min_bits:  # nothing more fits: it is full
                     self._finish(target)
-                continue
-            if int(cum[lo + 1] - base) > max_row_bits:
+                return
+            if end > lo:
+                builder.append(batch.slice(lo, end - lo), item(end) - base, overhead)
+                lo = end
+            # row lo does not fit in this builder
+            if item(lo + 1) - item(lo) > max_row_bits:
                 self._write_spanning(target, batch.slice(lo, 1))
                 lo += 1
             else:
                 self._finish(target)
 
     def _write_spanning(self, target: int, row: pa.RecordBatch) -> None:
-        """Write one row that the size model says is larger than a segment, cut into fragments."""
-        message = self._model.serialize(row)  # type: ignore[union-attr]
+        """Write one row that the size model says is larger than a segment, cut into fragments.
+
+        The row is compacted first: a slice may carry whole small buffers of its batch.
+        """
+        message = compact(row).serialize()
         builder = self._current(target)
         if builder is not None:
             builder.seal()
@@ -582,7 +594,8 @@ class RecordWriter:
 
     def _write_exact(self, target: int, rows: pa.RecordBatch) -> None:
         """Write rows whose estimate was wrong, measuring real sizes (halving until they fit)."""
-        message = self._model.serialize(rows)  # type: ignore[union-attr]
+        rows = compact(rows)
+        message = rows.serialize()
         if _HEADER + message.size > self.segment_size:
             if rows.num_rows == 1:
                 self._write_spanning(target, rows)
@@ -651,10 +664,9 @@ class RecordWriter:
                 for sp in range(self.num_subpartitions):
                     self._buffers_out[sp] += 1
                     self._bytes_out[sp] += written
-            overflow = builder.take_overflow()
-            if not overflow:
+            if not builder._overflow:
                 return
-            for rows in overflow:
+            for rows in builder.take_overflow():
                 self._write_exact(target, rows)
 
     def _ensure_unicast_mode(self) -> None:
