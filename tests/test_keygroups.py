@@ -305,6 +305,11 @@ def test_sliced_dictionary_chunked_and_view_arrays_hash_like_plain_ones():
     plain = java_hash_codes(pa.array(words))
     assert java_hash_codes(pa.array(words).slice(37, 100)).tolist() == plain[37:137].tolist()
     assert java_hash_codes(pa.array(words).dictionary_encode()).tolist() == plain.tolist()
+    assert java_hash_codes(pa.array(words).dictionary_encode().slice(9, 50)).tolist() == plain[9:59].tolist()
+    null_in_dictionary = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int8()), pa.array(["x", None]))
+    assert java_hash_codes(null_in_dictionary, null_keys="zero").tolist() == [120, 0, 120]
+    with pytest.raises(NullKeyError, match=r"1 null value\(s\), the first at row 1"):
+        java_hash_codes(null_in_dictionary)
     assert java_hash_codes(pa.array(words, type=pa.large_string()).slice(5)).tolist() == plain[5:].tolist()
     assert java_hash_codes(pa.array(words, type=pa.string_view())).tolist() == plain.tolist()
     chunked = pa.chunked_array([pa.array(words[:50]), pa.array(words[50:])])
