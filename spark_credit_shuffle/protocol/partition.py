@@ -475,7 +475,7 @@ class PipelinedResultPartition:
             num_subpartitions,
             pool,
             partition_id=partition_id,
-            receiver_exclusive_buffers=config.buffers_per_channel if config.credit_based else 0,
+            receiver_exclusive_buffers=config.buffers_per_channel if config.credit_based else 1,
         )
 
     # -- ResultPartitionWriter --

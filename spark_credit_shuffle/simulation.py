@@ -1,0 +1,687 @@
+"""A virtual clock and a discrete-event simulation of an exchange through the real protocol core.
+
+Producers write records at a given rate through real :class:`PipelinedResultPartition`\\ s (with their
+LocalBufferPools, max buffers per channel and overdraft, and a buffer-timeout flusher); consumers read
+their :class:`SingleInputGate` and spend ``size / rate`` virtual seconds on each buffer before they
+recycle it. Remote channels travel over :class:`~spark_credit_shuffle.transport.memory.MemoryConnection`\\ s
+with an optional latency and bandwidth, one connection per host pair (Flink's multiplexing: every channel
+between two hosts shares it) or per task pair; a consumer on the producer's host reads it through a
+:class:`LocalInputChannel`. Everything runs on virtual time, so results are deterministic and
+independent of the machine, which makes the simulation usable for what-if questions ("what does one slow
+consumer do to the others, with and without credits?") and for tests.
+
+The report gives per-channel and per-subtask bytes and throughput, the time producers spent back-pressured,
+and samples over virtual time of the Flink metrics (outPoolUsage, inPoolUsage, exclusive and floating
+buffer usage, backlog, queue lengths).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .buffers.buffer import Buffer, ByteBufferBuilder
+from .config import NetworkConfig
+from .errors import ConfigError, SimulationStalledError
+from .protocol.partition import PipelinedResultPartition, ResultPartitionManager
+from .protocol.pools import NetworkBufferPool, input_gate_buffers_spec, result_partition_pool_size
+from .protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
+from .protocol.sender import PartitionRequestServerHandler
+from .transport.memory import MemoryConnection
+
+__all__ = [
+    "ChannelStats",
+    "ConsumerStats",
+    "ProducerStats",
+    "Simulation",
+    "SimulationReport",
+    "VirtualClock",
+    "simulate",
+]
+
+
+class VirtualClock:
+    """Virtual time and a queue of timed callbacks, run in (time, insertion) order."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[[float], None]]] = []
+        self._sequence = 0
+
+    def schedule(self, at: float, callback: Callable[[float], None]) -> None:
+        """Run ``callback(time)`` at virtual time ``at`` (never before now)."""
+        self._sequence += 1
+        heapq.heappush(self._events, (max(at, self.now), self._sequence, callback))
+
+    def next_time(self) -> float | None:
+        return self._events[0][0] if self._events else None
+
+    def run_next(self) -> bool:
+        """Advance to the next event and run it; False if there is none."""
+        if not self._events:
+            return False
+        at, _, callback = heapq.heappop(self._events)
+        self.now = at
+        callback(at)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+
+# -- per-subtask actors --------------------------------------------------------------------------------
+
+
+def _per_subtask(value: float | Sequence[float] | None, count: int, name: str) -> list:
+    if value is None or isinstance(value, (int, float)):
+        return [value] * count
+    values = list(value)
+    if len(values) != count:
+        raise ConfigError(name, value, f"one value per subtask ({count} values) or a single value")
+    return values
+
+
+class _Producer:
+    """Writes records of ``record_size`` bytes at ``rate`` bytes per virtual second, round robin over its
+    subpartitions, in batches of ``batch_records``; waits while its partition is unavailable."""
+
+    def __init__(
+        self,
+        sim: Simulation,
+        index: int,
+        partition: PipelinedResultPartition,
+        rate: float,
+        total_bytes: float,
+        record_size: int,
+        batch_records: int,
+    ) -> None:
+        self.sim = sim
+        self.index = index
+        self.partition = partition
+        self.rate = rate
+        self.record_size = record_size
+        self.batch_records = batch_records
+        self.remaining_records = math.inf if math.isinf(total_bytes) else int(total_bytes // record_size)
+        self.n = partition.num_subpartitions
+        self.builders: list[ByteBufferBuilder | None] = [None] * self.n
+        self.digests = [hashlib.blake2b(digest_size=16) for _ in range(self.n)]
+        self.bytes_written = [0] * self.n
+        self.next_channel = 0
+        self.batch_counter = 0
+        self.waiting_since: float | None = None
+        self.back_pressured_time = 0.0
+        self.finished = False
+        self.finish_time: float | None = None
+        partition.buffer_pool.add_availability_listener(self._on_available)
+
+    def start(self) -> None:
+        clock = self.sim.clock
+        clock.schedule(0.0, self.emit)
+        timeout = self.sim.config.buffer_timeout_ms
+        if timeout > 0:
+            clock.schedule(timeout / 1000.0, self._flush)
+
+    def _flush(self, now: float) -> None:
+        if self.finished:
+            return
+        self.partition.flush_all()
+        self.sim.clock.schedule(now + self.sim.config.buffer_timeout_ms / 1000.0, self._flush)
+
+    def _on_available(self) -> None:
+        if self.waiting_since is not None and not self.finished:
+            now = self.sim.clock.now
+            self.back_pressured_time += now - self.waiting_since
+            self.waiting_since = None
+            self.sim.clock.schedule(now, self.emit)
+
+    def emit(self, now: float) -> None:
+        if self.finished or self.waiting_since is not None:
+            return
+        if not self.partition.is_available():
+            self.waiting_since = now
+            return
+        count = min(self.batch_records, self.remaining_records)
+        count = int(count)
+        if count > 0:
+            n = self.n
+            base, extra = divmod(count, n)
+            first = self.next_channel
+            for k in range(n):
+                records = base + (1 if (k - first) % n < extra else 0)
+                if records:
+                    self._write(k, records)
+            self.next_channel = (first + count) % n
+            self.remaining_records -= count
+            self.batch_counter += 1
+            if self.sim.config.buffer_timeout_ms == 0:
+                self.partition.flush_all()
+        if self.remaining_records <= 0:
+            self._finish(now)
+            return
+        self.sim.clock.schedule(now + count * self.record_size / self.rate, self.emit)
+
+    def _payload(self, subpartition: int, size: int) -> bytes:
+        block = struct.pack(">IIQ", self.index, subpartition, self.batch_counter)
+        return (block * (size // len(block) + 1))[:size]
+
+    def _write(self, subpartition: int, records: int) -> None:
+        data = self._payload(subpartition, records * self.record_size)
+        self.digests[subpartition].update(data)
+        self.bytes_written[subpartition] += len(data)
+        partition = self.partition
+        segment_size = self.sim.config.segment_size
+        view = memoryview(data)
+        while view:
+            builder = self.builders[subpartition]
+            if builder is None:
+                builder = ByteBufferBuilder(segment_size, partition.request_segment(subpartition))
+                partition.add_consumer(subpartition, builder.create_buffer_consumer())
+                self.builders[subpartition] = builder
+            taken = builder.append(bytes(view[: segment_size - builder.written]))
+            view = view[taken:]
+            if builder.is_full():
+                builder.finish()
+                self.builders[subpartition] = None
+
+    def _finish(self, now: float) -> None:
+        for k, builder in enumerate(self.builders):
+            if builder is not None:
+                builder.finish()
+                self.builders[k] = None
+        self.partition.finish()
+        self.partition.close()
+        self.finished = True
+        self.finish_time = now
+
+
+class _Consumer:
+    """Reads its gate and spends ``size / rate`` virtual seconds on each data buffer before recycling it."""
+
+    def __init__(self, sim: Simulation, index: int, gate: SingleInputGate, rate: float, producers: list[int]) -> None:
+        self.sim = sim
+        self.index = index
+        self.gate = gate
+        self.rate = rate
+        self.producers = producers
+        self.digests = [hashlib.blake2b(digest_size=16) for _ in producers]
+        self.bytes_per_channel = [0] * len(producers)
+        self.buffers_per_channel = [0] * len(producers)
+        self.channel_finish_time: list[float | None] = [None] * len(producers)
+        self.busy = False
+        self.finished = False
+        self.finish_time: float | None = None
+        self.scheduled = False
+        gate.listener = self._on_data
+
+    @property
+    def bytes_consumed(self) -> int:
+        return sum(self.bytes_per_channel)
+
+    def _on_data(self) -> None:
+        if not self.busy and not self.finished and not self.scheduled:
+            self.scheduled = True
+            self.sim.clock.schedule(self.sim.clock.now, self.consume)
+
+    def consume(self, now: float) -> None:
+        self.scheduled = False
+        while not self.busy and not self.finished:
+            boe = self.gate.poll_next()
+            if boe is None:
+                return
+            buffer = boe.buffer
+            channel = boe.channel_index
+            if buffer.data_type.is_buffer:
+                size = buffer.size
+                self.digests[channel].update(buffer.data)  # type: ignore[arg-type]
+                self.bytes_per_channel[channel] += size
+                self.buffers_per_channel[channel] += 1
+                self.busy = True
+                self.sim.clock.schedule(now + size / self.rate, lambda t, b=buffer: self._done(t, b))
+                return
+            buffer.recycle()
+            if self.gate.channels[channel].received_end_of_partition:  # type: ignore[union-attr]
+                self.channel_finish_time[channel] = now
+            if self.gate.is_finished:
+                self._finish(now)
+
+    def _done(self, now: float, buffer: Buffer) -> None:
+        buffer.recycle()
+        self.busy = False
+        self.consume(now)
+
+    def _finish(self, now: float) -> None:
+        self.finished = True
+        self.finish_time = now
+        self.gate.close()
+
+
+# -- report --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChannelStats:
+    """One channel: producer ``producer``'s subpartition ``subpartition`` read by consumer ``consumer``."""
+
+    consumer: int
+    channel: int
+    producer: int
+    subpartition: int
+    local: bool
+    bytes_sent: int
+    bytes_received: int
+    buffers_received: int
+    intact: bool  # the bytes received equal the bytes written, in order
+    finish_time: float | None
+
+
+@dataclass(frozen=True)
+class ProducerStats:
+    subtask: int
+    host: int
+    bytes_written: int
+    back_pressured_time: float
+    finish_time: float | None
+
+
+@dataclass(frozen=True)
+class ConsumerStats:
+    subtask: int
+    host: int
+    bytes_consumed: int
+    buffers_consumed: int
+    finish_time: float | None
+    throughput: float  # bytes per virtual second over the measured window
+
+
+@dataclass
+class SimulationReport:
+    """What a simulation run measured. Times are virtual seconds, throughputs bytes per virtual second."""
+
+    end_time: float
+    window: float
+    steps: int
+    finished: bool
+    producers: list[ProducerStats]
+    consumers: list[ConsumerStats]
+    channels: list[ChannelStats]
+    samples: list[dict] = field(default_factory=list)
+    buffers_returned: bool = False
+    connection_pauses: int = 0
+    messages: int = 0
+
+    @property
+    def data_intact(self) -> bool:
+        """Every channel received exactly what was written to it, in order."""
+        return all(c.intact for c in self.channels)
+
+    def consumer_throughput(self, subtask: int) -> float:
+        return self.consumers[subtask].throughput
+
+    def back_pressure_ratio(self, subtask: int) -> float:
+        """Share of the window producer ``subtask`` spent waiting for buffers (backPressuredTime / time)."""
+        return self.producers[subtask].back_pressured_time / self.window if self.window else 0.0
+
+    def channel_rows(self) -> list[dict]:
+        return [dict(c.__dict__) for c in self.channels]
+
+
+# -- the simulation ------------------------------------------------------------------------------------
+
+
+class Simulation:
+    """An exchange of ``num_producers`` -> ``num_consumers`` subtasks on virtual time.
+
+    ``consumers_of(p)`` lists the consumer of each subpartition of producer ``p`` (default all-to-all;
+    ``"forward"`` for p -> p). Rates are per subtask, in bytes per virtual second (``rate_unit="records"``
+    multiplies by ``record_size``). ``bytes_per_producer`` ends the run when all is consumed; otherwise
+    give ``duration``. Hosts place subtasks; ``connections="host_pair"`` multiplexes every channel between
+    two hosts over one connection, ``"task_pair"`` gives each (consumer, producer) pair its own.
+    ``network_buffers`` per host default to ``config.total_network_buffers``;
+    ``extra_buffers_per_host`` instead sizes each host at exactly its minimum plus that many.
+    """
+
+    def __init__(
+        self,
+        config: NetworkConfig,
+        *,
+        num_producers: int,
+        num_consumers: int,
+        producer_rate: float | Sequence[float],
+        consumer_rate: float | Sequence[float],
+        consumers_of: str | Callable[[int], list[int]] = "all_to_all",
+        bytes_per_producer: float | Sequence[float] | None = None,
+        duration: float | None = None,
+        record_size: int = 1024,
+        batch_records: int = 32,
+        rate_unit: str = "bytes",
+        producer_hosts: Sequence[int] | None = None,
+        consumer_hosts: Sequence[int] | None = None,
+        connections: str = "host_pair",
+        latency: float = 0.0,
+        bandwidth: float | None = None,
+        socket_buffer_bytes: int | None = 256 * 1024,
+        encode: bool = False,
+        network_buffers: int | None = None,
+        extra_buffers_per_host: int | None = None,
+        sample_interval: float | None = None,
+        check_invariants: bool = False,
+        max_steps: int = 2_000_000,
+    ) -> None:
+        if num_producers < 1 or num_consumers < 1:
+            raise ConfigError("parallelism", (num_producers, num_consumers), "at least 1 producer and 1 consumer")
+        if bytes_per_producer is None and duration is None:
+            raise ConfigError("duration", None, "a duration when bytes_per_producer is not given")
+        if rate_unit not in ("bytes", "records"):
+            raise ConfigError("rate_unit", rate_unit, "'bytes' or 'records'")
+        if connections not in ("host_pair", "task_pair"):
+            raise ConfigError("connections", connections, "'host_pair' or 'task_pair'")
+        if record_size < 1 or batch_records < 1:
+            raise ConfigError("record_size", (record_size, batch_records), "record_size and batch_records >= 1")
+        self.config = config
+        self.duration = duration
+        self.check_invariants = check_invariants
+        self.max_steps = max_steps
+        self.sample_interval = sample_interval
+        self.clock = VirtualClock()
+        scale = record_size if rate_unit == "records" else 1
+        producer_rates = [r * scale for r in _per_subtask(producer_rate, num_producers, "producer_rate")]
+        consumer_rates = [r * scale for r in _per_subtask(consumer_rate, num_consumers, "consumer_rate")]
+        for name, rates in (("producer_rate", producer_rates), ("consumer_rate", consumer_rates)):
+            if any(not (r > 0 and math.isfinite(r)) for r in rates):
+                raise ConfigError(name, rates, "finite rates > 0")
+        totals = _per_subtask(bytes_per_producer, num_producers, "bytes_per_producer")
+        totals = [math.inf if t is None else t for t in totals]
+        if consumers_of == "all_to_all":
+            wiring = [list(range(num_consumers)) for _ in range(num_producers)]
+        elif consumers_of == "forward":
+            if num_producers != num_consumers:
+                raise ConfigError("consumers_of", "forward", "equal producer and consumer parallelism")
+            wiring = [[p] for p in range(num_producers)]
+        elif callable(consumers_of):
+            wiring = [list(consumers_of(p)) for p in range(num_producers)]
+        else:
+            raise ConfigError("consumers_of", consumers_of, "'all_to_all', 'forward' or a function")
+        producers_of: list[list[tuple[int, int]]] = [[] for _ in range(num_consumers)]
+        for p, consumers in enumerate(wiring):
+            if not consumers:
+                raise ConfigError("consumers_of", p, "at least one consumer per producer")
+            for sp, c in enumerate(consumers):
+                producers_of[c].append((p, sp))
+        if any(not channels for channels in producers_of):
+            raise ConfigError("consumers_of", consumers_of, "at least one producer per consumer")
+        self.producer_hosts = list(producer_hosts) if producer_hosts is not None else [0] * num_producers
+        self.consumer_hosts = list(consumer_hosts) if consumer_hosts is not None else [1] * num_consumers
+        if len(self.producer_hosts) != num_producers or len(self.consumer_hosts) != num_consumers:
+            raise ConfigError("hosts", (producer_hosts, consumer_hosts), "one host per subtask")
+
+        # network memory per host
+        hosts = sorted(set(self.producer_hosts) | set(self.consumer_hosts))
+        required = dict.fromkeys(hosts, 0)
+        for p, consumers in enumerate(wiring):
+            required[self.producer_hosts[p]] += result_partition_pool_size(len(consumers), config)[0]
+        for c, channels in enumerate(producers_of):
+            remote = sum(1 for p, _ in channels if self.producer_hosts[p] != self.consumer_hosts[c])
+            required[self.consumer_hosts[c]] += input_gate_buffers_spec(
+                len(channels), config, num_remote_channels=remote
+            ).required
+        self.required_buffers_per_host = required
+        self.network_pools: dict[int, NetworkBufferPool] = {}
+        for host in hosts:
+            if extra_buffers_per_host is not None:
+                total = required[host] + extra_buffers_per_host
+            else:
+                total = network_buffers if network_buffers is not None else config.total_network_buffers
+            self.network_pools[host] = NetworkBufferPool(total, config.segment_size)
+        self.managers = {host: ResultPartitionManager() for host in hosts}
+
+        # producers
+        self.producers: list[_Producer] = []
+        for p, consumers in enumerate(wiring):
+            host = self.producer_hosts[p]
+            partition = PipelinedResultPartition.create(
+                self.network_pools[host], len(consumers), config, partition_id=p
+            )
+            self.managers[host].register_partition(partition)
+            self.producers.append(
+                _Producer(self, p, partition, producer_rates[p], totals[p], record_size, batch_records)
+            )
+
+        # consumers, channels, connections
+        self.connections: dict[tuple, MemoryConnection] = {}
+        self._dirty: dict[MemoryConnection, None] = {}
+        self._pump_at: dict[MemoryConnection, float] = {}
+        self.consumers: list[_Consumer] = []
+        self._remote: list[tuple[RemoteInputChannel, MemoryConnection]] = []
+        self._channel_origin: list[list[tuple[int, int, bool]]] = []
+        link = {
+            "latency": latency,
+            "bandwidth": bandwidth,
+            "socket_buffer_bytes": socket_buffer_bytes,
+            "encode": encode,
+        }
+        receiver_id = 0
+        for c, channels in enumerate(producers_of):
+            host = self.consumer_hosts[c]
+            remote_count = sum(1 for p, _ in channels if self.producer_hosts[p] != host)
+            gate = SingleInputGate(self.network_pools[host], len(channels), config, num_remote_channels=remote_count)
+            origins = []
+            for index, (p, sp) in enumerate(channels):
+                producer_host = self.producer_hosts[p]
+                if producer_host == host:
+                    gate.local_channel(index, self.managers[host], partition_id=p, subpartition=sp)
+                    origins.append((p, sp, True))
+                    continue
+                key = (producer_host, host) if connections == "host_pair" else (p, c)
+                connection = self.connections.get(key)
+                if connection is None:
+                    client = CreditBasedPartitionRequestClientHandler(credit_based=config.credit_based)
+                    server = PartitionRequestServerHandler(
+                        self.managers[producer_host], credit_based=config.credit_based
+                    )
+                    connection = MemoryConnection(client, server, **link)  # type: ignore[arg-type]
+                    client.listener = server.queue.listener = self._marker(connection)
+                    self.connections[key] = connection
+                receiver_id += 1
+                channel = gate.remote_channel(index, receiver_id, connection.client, partition_id=p, subpartition=sp)
+                self._remote.append((channel, connection))
+                origins.append((p, sp, False))
+            self._channel_origin.append(origins)
+            self.consumers.append(_Consumer(self, c, gate, consumer_rates[c], [p for p, _ in channels]))
+        self.samples: list[dict] = []
+        self.steps = 0
+        self.invariant_checks = 0
+
+    # -- driving --
+
+    def _marker(self, connection: MemoryConnection) -> Callable[[], None]:
+        dirty = self._dirty
+
+        def mark() -> None:
+            dirty[connection] = None
+
+        return mark
+
+    def _settle(self, now: float) -> None:
+        dirty = self._dirty
+        while dirty:
+            connection = next(iter(dirty))
+            del dirty[connection]
+            connection.pump(now)
+            at = connection.next_event_time(now)
+            if at is not None:
+                scheduled = self._pump_at.get(connection)
+                if scheduled is None or scheduled <= now or at < scheduled:
+                    self._pump_at[connection] = at
+                    self.clock.schedule(at, lambda t, c=connection: self._wake(t, c))
+        if self.check_invariants:
+            self._check_invariants()
+
+    def _wake(self, now: float, connection: MemoryConnection) -> None:
+        self._dirty[connection] = None
+
+    def _sample(self, now: float) -> None:
+        for producer in self.producers:
+            partition = producer.partition
+            self.samples.append(
+                {
+                    "time": now,
+                    "role": "producer",
+                    "subtask": producer.index,
+                    "outPoolUsage": partition.out_pool_usage,
+                    "outputQueueLength": partition.output_queue_length(),
+                    "backlog": sum(partition.backlogs()),
+                    "isBackPressured": not partition.is_available() and not producer.finished,
+                    "bytes": sum(producer.bytes_written),
+                }
+            )
+        for consumer in self.consumers:
+            gate = consumer.gate
+            closed = gate.is_closed
+            self.samples.append(
+                {
+                    "time": now,
+                    "role": "consumer",
+                    "subtask": consumer.index,
+                    "inPoolUsage": 0.0 if closed else gate.in_pool_usage,
+                    "inputExclusiveBuffersUsage": 0.0 if closed else gate.input_exclusive_buffers_usage,
+                    "inputFloatingBuffersUsage": 0.0 if closed else gate.input_floating_buffers_usage,
+                    "inputQueueLength": 0 if closed else gate.input_queue_length(),
+                    "bytes": consumer.bytes_consumed,
+                }
+            )
+        if not all(c.finished for c in self.consumers) and self.sample_interval:
+            self.clock.schedule(now + self.sample_interval, self._sample)
+
+    def _check_invariants(self) -> None:
+        """No data buffer is in flight or sendable without a receiver buffer reserved for it."""
+        self.invariant_checks += 1
+        if not self.config.credit_based:
+            return
+        for channel, connection in self._remote:
+            if channel.is_released:
+                continue
+            if channel.unannounced_credit < 0:
+                raise AssertionError(f"negative unannounced credit on {channel!r}")
+            reader = connection.server.queue.all_readers.get(channel.receiver_id)
+            if reader is None:
+                continue
+            credits = reader.num_credits_available
+            if credits < 0:
+                raise AssertionError(f"negative credit on {reader!r}")
+            in_flight = connection.data_in_flight(channel.receiver_id)
+            if credits + in_flight > channel.num_available_buffers:
+                raise AssertionError(
+                    f"channel {channel.receiver_id}: sender credit {credits} + {in_flight} data buffers in flight "
+                    f"exceed the {channel.num_available_buffers} buffers the receiver reserved"
+                )
+
+    def run(self) -> SimulationReport:
+        """Run to completion (or to ``duration``); raises :class:`SimulationStalledError` on a deadlock."""
+        for consumer in self.consumers:
+            consumer.gate.request_partitions()
+        for producer in self.producers:
+            producer.start()
+        for connection in self.connections.values():
+            self._dirty[connection] = None
+        if self.sample_interval:
+            self.clock.schedule(0.0, self._sample)
+        clock = self.clock
+        self._settle(0.0)
+        while True:
+            at = clock.next_time()
+            if at is None:
+                break
+            if self.duration is not None and at > self.duration:
+                clock.now = self.duration
+                break
+            clock.run_next()
+            self._settle(clock.now)
+            self.steps += 1
+            if self.steps > self.max_steps:
+                raise SimulationStalledError(
+                    f"simulation exceeded {self.max_steps} steps at virtual time {clock.now:.6f}s; "
+                    f"{self._describe_state()}"
+                )
+        finished = all(c.finished for c in self.consumers)
+        if not finished and self.duration is None:
+            raise SimulationStalledError(
+                f"simulation deadlocked at virtual time {clock.now:.6f}s: nothing left to happen, "
+                f"{self._describe_state()}"
+            )
+        return self._report(finished)
+
+    def _describe_state(self) -> str:
+        waiting = [p.index for p in self.producers if p.waiting_since is not None]
+        open_consumers = [c.index for c in self.consumers if not c.finished]
+        paused = sum(1 for c in self.connections.values() if not c.client.is_reading)
+        return f"producers waiting for buffers {waiting}, consumers not finished {open_consumers}, paused {paused}"
+
+    def _report(self, finished: bool) -> SimulationReport:
+        end = self.clock.now
+        window = self.duration if self.duration is not None else end
+        producers = [
+            ProducerStats(
+                p.index,
+                self.producer_hosts[p.index],
+                sum(p.bytes_written),
+                p.back_pressured_time + ((end - p.waiting_since) if p.waiting_since is not None else 0.0),
+                p.finish_time,
+            )
+            for p in self.producers
+        ]
+        consumers = []
+        channels = []
+        for consumer in self.consumers:
+            consumed = consumer.bytes_consumed
+            consumers.append(
+                ConsumerStats(
+                    consumer.index,
+                    self.consumer_hosts[consumer.index],
+                    consumed,
+                    sum(consumer.buffers_per_channel),
+                    consumer.finish_time,
+                    consumed / window if window else 0.0,
+                )
+            )
+            for index, (p, sp, local) in enumerate(self._channel_origin[consumer.index]):
+                producer = self.producers[p]
+                channels.append(
+                    ChannelStats(
+                        consumer.index,
+                        index,
+                        p,
+                        sp,
+                        local,
+                        producer.bytes_written[sp],
+                        consumer.bytes_per_channel[index],
+                        consumer.buffers_per_channel[index],
+                        consumer.digests[index].digest() == producer.digests[sp].digest(),
+                        consumer.channel_finish_time[index],
+                    )
+                )
+        returned = finished and all(
+            pool.num_available == pool.total and pool.num_total_required_buffers == 0 and not pool.buffer_pools
+            for pool in self.network_pools.values()
+        )
+        return SimulationReport(
+            end_time=end,
+            window=window,
+            steps=self.steps,
+            finished=finished,
+            producers=producers,
+            consumers=consumers,
+            channels=channels,
+            samples=self.samples,
+            buffers_returned=returned,
+            connection_pauses=sum(c.client.num_times_paused for c in self.connections.values()),
+            messages=sum(c.upstream.messages_sent + c.downstream.messages_sent for c in self.connections.values()),
+        )
+
+
+def simulate(config: NetworkConfig | None = None, **kwargs) -> SimulationReport:
+    """Build a :class:`Simulation` with ``kwargs`` and run it."""
+    return Simulation(config or NetworkConfig(), **kwargs).run()
