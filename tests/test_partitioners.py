@@ -294,6 +294,9 @@ def test_custom_vectorised_scalar_and_numpy_forms_agree():
     assert both.channels(batch, 4).tolist() == [2, 3, 3, 0]
     arrays = custom(lambda keys, n: (keys[0].to_numpy() + 1) % n, "k", "s")
     assert arrays.channels(batch, 4).tolist() == [2, 2, 1, 1]
+    # a function of the key alone (key -> int) is accepted too
+    assert custom(lambda k: abs(k) % 2, "k", vectorized=False).channels(batch, 3).tolist() == [1, 1, 0, 0]
+    assert custom(lambda k: np.abs(k) % 2, "k", as_numpy=True).channels(batch, 3).tolist() == [1, 1, 0, 0]
 
 
 def test_custom_channels_out_of_range_or_malformed_are_refused():

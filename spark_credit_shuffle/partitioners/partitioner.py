@@ -397,7 +397,7 @@ def custom(fn: Callable[..., Any], *columns: Column, vectorized: bool = True, as
     Vectorised (default): ``fn(keys, num_partitions)`` gets the whole batch's key column (a tuple of columns
     for several) as pyarrow arrays (numpy with ``as_numpy=True``) and returns a channel per row.
     ``vectorized=False``: ``fn(key, num_partitions)`` is called per row with Python values, exactly like
-    Flink's ``Partitioner.partition`` — slower, one Python call per row. Channels outside
-    ``[0, num_partitions)`` raise :class:`PartitionerError`.
+    Flink's ``Partitioner.partition`` — slower, one Python call per row. A function of one argument is
+    called as ``fn(keys)`` / ``fn(key)``. Channels outside ``[0, num_partitions)`` raise :class:`PartitionerError`.
     """
     return CustomPartitionerWrapper(fn, tuple(columns), vectorized, as_numpy)

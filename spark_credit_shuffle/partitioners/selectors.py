@@ -9,6 +9,7 @@ batch, so splitting the input into batches never changes the sequence of channel
 from __future__ import annotations
 
 import abc
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -141,6 +142,19 @@ class ConstantSelector(ChannelSelector):
         return np.full(batch.num_rows, self.channel, dtype=np.int32)
 
 
+def _takes_two_arguments(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` can be called as ``fn(key, num_partitions)``; a one-argument ``fn(key)`` is accepted too."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature: call them as Flink would
+        return True
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        return False
+    return True
+
+
 class CustomSelector(ChannelSelector):
     """Flink's ``CustomPartitionerWrapper``: a user function picks the channel from the key.
 
@@ -148,7 +162,8 @@ class CustomSelector(ChannelSelector):
     columns for several key columns), as pyarrow arrays or, with ``as_numpy``, numpy arrays, and returns one
     channel per row. Scalar (``vectorized=False``): ``fn(key, num_partitions)`` per row with Python values
     (a tuple for several columns), exactly Flink's ``Partitioner.partition`` — a slower path, one Python call
-    per row. Either way every channel must be in ``[0, num_partitions)``.
+    per row. A function of one argument is called without ``num_partitions``. Either way every channel must
+    be in ``[0, num_partitions)``.
     """
 
     def __init__(
@@ -164,6 +179,7 @@ class CustomSelector(ChannelSelector):
         self.columns = tuple(columns)
         self.vectorized = vectorized
         self.as_numpy = as_numpy
+        self.takes_num_partitions = _takes_two_arguments(fn)
 
     def _describe_fn(self) -> str:
         return getattr(self.fn, "__qualname__", None) or repr(self.fn)
@@ -176,7 +192,7 @@ class CustomSelector(ChannelSelector):
             if self.as_numpy:
                 arrays = [a.to_numpy(zero_copy_only=False) for a in arrays]
             keys = arrays[0] if len(arrays) == 1 else tuple(arrays)
-            result = self.fn(keys, n)
+            result = self.fn(keys, n) if self.takes_num_partitions else self.fn(keys)
             if isinstance(result, (pa.Array, pa.ChunkedArray)):
                 if result.null_count:
                     raise PartitionerError(f"custom partitioner {self._describe_fn()} returned null channels")
@@ -186,7 +202,8 @@ class CustomSelector(ChannelSelector):
             values = [a.to_pylist() for a in arrays]
             keys_per_row = values[0] if len(values) == 1 else list(zip(*values, strict=True))
             try:
-                channels = np.fromiter((self.fn(key, n) for key in keys_per_row), dtype=np.int64, count=rows)
+                fn = self.fn if self.takes_num_partitions else lambda key, _: self.fn(key)
+                channels = np.fromiter((fn(key, n) for key in keys_per_row), dtype=np.int64, count=rows)
             except (TypeError, ValueError) as exc:
                 raise PartitionerError(
                     f"custom partitioner {self._describe_fn()} must return an int channel per key: {exc}"
