@@ -12,77 +12,57 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .config import NetworkConfig
 from .errors import InsufficientNetworkBuffersError
+from .protocol.pools import NETWORK_MEMORY_SETTING, PartitionType, input_gate_buffers_spec, result_partition_pool_size
 
 if TYPE_CHECKING:
     from .exchange import ExchangePlan
 
-__all__ = ["TaskBuffers", "check_fits", "executor_slots", "gate_buffers", "partition_buffers", "task_buffers"]
+__all__ = ["TaskBuffers", "check_fits", "executor_slots", "partition_type", "task_buffers"]
 
 _LOCAL = re.compile(r"^local(?:-cluster)?\[(\*|\d+)(?:\s*,\s*\d+)?\]$|^local$")
 
 
-def partition_buffers(num_subpartitions: int, config: NetworkConfig, mode: str) -> tuple[int, int | None]:
-    """(min, max) buffers of a result partition's LocalBufferPool; max None means unbounded.
-
-    Pipelined (PIPELINED_BOUNDED): min N + 1, max N * buffers_per_channel + floating_buffers_per_gate.
-    Blocking (hash BLOCKING): min N + 1, unbounded.
-    """
-    minimum = num_subpartitions + 1
-    if mode == "blocking":
-        return minimum, None
-    return minimum, max(minimum, num_subpartitions * config.buffers_per_channel + config.floating_buffers_per_gate)
-
-
-def gate_buffers(num_channels: int, num_local_channels: int, config: NetworkConfig, mode: str) -> tuple[int, int, int]:
-    """(exclusive per remote channel, floating pool min, floating pool max) of one input gate.
-
-    Follows ``InputGateSpecUtils.createGateBuffersSpec``: required = C * bpc + 1 (capped at 1000 for
-    blocking), exclusive per channel = min(bpc, (required - 1) / C), floating min = required -
-    C * exclusive, floating max = C * bpc + fpg - C * exclusive. Local channels get no exclusive buffers.
-    """
-    channels = num_channels
-    bpc, fpg = config.buffers_per_channel, config.floating_buffers_per_gate
-    target_required = channels * bpc + 1
-    max_required = 1000 if mode == "blocking" else target_required
-    required = min(max_required, target_required)
-    exclusive = min(bpc, (required - 1) // channels) if channels else 0
-    floating_min = required - channels * exclusive
-    floating_max = channels * bpc + fpg - channels * exclusive
-    del num_local_channels  # local channels take no exclusive buffers; see task_buffers
-    return exclusive, floating_min, max(floating_min, floating_max)
-
-
 @dataclass(frozen=True)
 class TaskBuffers:
-    """Network buffers one task reserves at set-up (the minimums Flink checks)."""
+    """Network buffers one task's result partition and input gate take (the minimums Flink reserves)."""
 
     partition_min: int
-    partition_max: int | None
+    partition_max: int
     exclusive: int
     floating_min: int
     floating_max: int
 
     @property
     def required(self) -> int:
+        """Buffers reserved at set-up: the partition pool's minimum, exclusive buffers, floating minimum."""
         return self.partition_min + self.exclusive + self.floating_min
 
 
+_NONE = TaskBuffers(0, 0, 0, 0, 0)
+
+
+def partition_type(mode: str) -> str:
+    """Flink's partition type of an exchange mode: PIPELINED_BOUNDED or (hash) BLOCKING."""
+    return PartitionType.BLOCKING if mode == "blocking" else PartitionType.PIPELINED_BOUNDED
+
+
 def task_buffers(plan: ExchangePlan, subtask: int) -> tuple[TaskBuffers, TaskBuffers]:
-    """(producer subtask's buffers, consumer subtask's buffers) of ``subtask`` in ``plan``."""
-    p = plan.partitioner
-    n_sub = len(p.consumers_of(subtask, plan.num_producers, plan.num_consumers)) if subtask < plan.num_producers else 0
-    producer = TaskBuffers(*partition_buffers(n_sub, plan.config, plan.mode), 0, 0, 0) if n_sub else None
+    """(producer half, consumer half) of subtask ``subtask`` of ``plan``: the pools the runtime creates."""
+    p, config = plan.partitioner, plan.config
+    producer = consumer = _NONE
+    if subtask < plan.num_producers:
+        n = len(p.consumers_of(subtask, plan.num_producers, plan.num_consumers))
+        lo, hi = result_partition_pool_size(n, config, partition_type(plan.mode))
+        producer = TaskBuffers(lo, hi, 0, 0, 0)
     if subtask < plan.num_consumers:
         channels = p.producers_of(subtask, plan.num_producers, plan.num_consumers)
         local = 1 if plan.mode == "pipelined" and subtask in channels else 0
-        excl, fmin, fmax = gate_buffers(len(channels), local, plan.config, plan.mode)
-        consumer = TaskBuffers(0, 0, excl * (len(channels) - local), fmin, fmax)
-    else:
-        consumer = None
-    empty = TaskBuffers(0, 0, 0, 0, 0)
-    return producer or empty, consumer or empty
+        spec = input_gate_buffers_spec(
+            len(channels), config, num_remote_channels=len(channels) - local, blocking=plan.mode == "blocking"
+        )
+        consumer = TaskBuffers(0, 0, spec.exclusive_total, spec.floating_min, spec.floating_max)
+    return producer, consumer
 
 
 def executor_slots(spark: Any) -> int:
@@ -121,5 +101,5 @@ def check_fits(plan: ExchangePlan, spark: Any) -> None:
             available=total,
             total=total,
             segment_size=plan.config.segment_size,
-            setting="spark.creditShuffle.networkMemory (network_memory)",
+            setting=f"{NETWORK_MEMORY_SETTING} (network_memory)",
         )

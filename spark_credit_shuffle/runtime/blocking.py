@@ -28,7 +28,7 @@ import pyarrow as pa
 from ..buffers.writer import RecordWriter
 from ..metrics import PRODUCER, MetricRow, TaskMetrics
 from ..protocol.partition import BlockingResultPartition, StoredBuffer
-from ..protocol.pools import UNBOUNDED, NetworkBufferPool
+from ..protocol.pools import NetworkBufferPool, PartitionType, result_partition_pool_size
 from .common import finish_plan, output_struct_type
 from .consumer import consume_partition
 
@@ -84,8 +84,7 @@ def produce_partition(batches: Iterator[pa.RecordBatch], producer: int, plan: Ex
     config = plan.config
     network = NetworkBufferPool.from_config(config)
     pool = network.create_buffer_pool(
-        n + 1,
-        UNBOUNDED,
+        *result_partition_pool_size(n, config, PartitionType.BLOCKING),
         num_subpartitions=n,
         max_buffers_per_channel=config.max_buffers_per_channel,
         max_overdraft_buffers=config.max_overdraft_buffers_per_gate,
