@@ -408,7 +408,7 @@ class IpcSizeModel:
             slack += 8 * buffers + 8 * offsets
         if not self._variable and self._const_bits == 0:
             self._const_bits = 1  # rows without bytes: still bound the rows per buffer
-        self.metadata_bytes = measure_metadata(schema)
+        self.metadata_bytes = measure_metadata(schema) + 8  # 8 bytes of margin
         #: Bytes every chunk costs beyond its rows: header, metadata and per-buffer slack.
         self.chunk_overhead = CHUNK_HEADER.size + self.metadata_bytes + slack
         #: Source buffers up to this size may be written whole into a chunk of a segment.
@@ -477,12 +477,13 @@ def compact(rows: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def measure_metadata(schema: pa.Schema) -> int:
-    """Bytes of a record-batch message of ``schema`` before its body, plus a 16-byte margin.
+    """Bytes of a record-batch message of ``schema`` before its body.
 
     Continuation marker, metadata length and the padded flatbuffer; the flatbuffer has the same
-    size for every row count of a schema (scalar fields at 0 are left out, hence the margin).
+    size for every non-empty record batch of a schema (a scalar field at 0, such as the body
+    length of a batch without buffers, is left out and makes it smaller).
     """
     arrays = [pa.nulls(1, field.type) for field in schema]
     message = pa.RecordBatch.from_arrays(arrays, schema=schema).serialize()
     body = pa.ipc.read_message(message).body
-    return message.size - (body.size if body is not None else 0) + 16  # +16: scalar fields left out at 0
+    return message.size - (body.size if body is not None else 0)

@@ -129,6 +129,7 @@ class RecordReader:
             if problem is not None:
                 raise MalformedPayload(f"schema event carries an unsupported {problem}")
             self._schema = expected if expected is not None else schema
+            # an exact bound: body compression or any other extra table makes the metadata longer
             self._max_metadata = measure_metadata(self._schema)
 
     def _decode_data(self, payload: pa.Buffer, size: int) -> list[pa.RecordBatch | Event]:

@@ -475,11 +475,12 @@ class RecordWriter:
 
     def _set_schema(self, schema: pa.Schema) -> None:
         model = IpcSizeModel(schema, self.segment_size)
-        if 2 * model.chunk_overhead > self.segment_size:
+        fixed = CHUNK_HEADER.size + model.metadata_bytes
+        if fixed >= self.segment_size:
             raise ConfigError(
                 "segment_size",
                 self.segment_size,
-                f"at least {2 * model.chunk_overhead} bytes for this schema (twice the overhead of one buffer of it)",
+                f"more than {fixed} bytes for this schema (the header and Arrow metadata of one buffer of it)",
             )
         self._model = model
         self._schema = schema
