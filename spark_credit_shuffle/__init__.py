@@ -5,6 +5,7 @@ Public API only; see README.md for a tour.
 
 from __future__ import annotations
 
+from .buffers import CheckpointBarrier, EndOfPartition, LatencyMarker, RecordReader, RecordWriter
 from .config import NetworkConfig, default_max_parallelism
 from .dataframe import rdd_with_channel, with_channel
 from .errors import (
@@ -42,19 +43,24 @@ __version__ = "0.1.0"
 __all__ = [
     "BufferDecodeError",
     "ChannelSelector",
+    "CheckpointBarrier",
     "ConfigError",
     "CreditShuffleError",
+    "EndOfPartition",
     "Exchange",
     "ExchangePlan",
     "ExchangeTimeoutError",
     "Injection",
     "InsufficientNetworkBuffersError",
     "InsufficientSlotsError",
+    "LatencyMarker",
     "NetworkConfig",
     "NullKeyError",
     "Partitioner",
     "PartitionerError",
     "ProtocolError",
+    "RecordReader",
+    "RecordWriter",
     "UnknownSettingError",
     "UnsupportedKeyTypeError",
     "__version__",
