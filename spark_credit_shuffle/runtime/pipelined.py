@@ -1,0 +1,1071 @@
+"""The pipelined exchange (Flink's PIPELINED_BOUNDED result partitions) as one Spark barrier stage.
+
+Every subtask runs at once: task *i* of a ``mapInArrow(..., barrier=True)`` stage is producer subtask *i*
+(its input partition through the RecordWriter into a :class:`PipelinedResultPartition`) and consumer
+subtask *i* (a :class:`SingleInputGate` over all its producers) at the same time. Buffers stream from
+producers to consumers as soon as they are handed on (full, buffer timeout, event), under credit-based
+flow control, with real backpressure: a producer whose buffer pool is exhausted stops reading its input
+until its consumers return credit, and the time it waits is measured.
+
+**Wiring.** Each task listens on its own address (the executor's host as Spark reports it; 127.0.0.1 in
+local mode) and publishes ``host:port`` with ONE ``allGather`` (each barrier call costs about a second);
+after that tasks talk only over their own sockets. A consumer opens one TCP connection per remote producer
+task, carrying every channel between the two (framed with the protocol codec, authenticated with a random
+per-exchange secret generated on the driver); its own subpartition is read through a local channel, with
+no credit and no copy. Threads per task: the Spark task thread is the consumer (it yields the received
+rows as they arrive), one producer thread feeds the input batches to the RecordWriter, one I/O thread
+drives every socket (:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread is
+the output flusher (``buffer_timeout_ms``), sends latency markers and samples memory. All protocol objects
+of a task are guarded by one re-entrant lock.
+
+**Placement.** The stage has max(S, T) tasks. With S == T (the common case) the input's partitions feed
+the stage directly. With S < T the input is first placed by an identity shuffle (``repartitionById`` on
+the producer index), one extra shuffle of the input rows. With S > T the stage's output (S partitions,
+the last S - T holding only metrics) is placed on T partitions by an identity shuffle of the output rows.
+
+**Faults.** Every wait has a timeout and raises :class:`ExchangeTimeoutError` naming what it waited for
+and from whom: connecting (``partition_request_timeout_ms``), data on a channel (a live producer sends a
+latency marker on every channel at least every quarter of ``partition_request_timeout_ms``, so silence
+means a stalled peer), a network buffer while back-pressured (``buffers_request_timeout_ms`` without a
+single buffer coming back), and the end of the exchange. A failure in one task fails the barrier stage.
+Spark never retries a failed barrier *result* stage; a barrier stage whose output feeds a shuffle is re-run
+whole. ``retryable=True`` adds an identity ``repartitionById`` after the stage so that a retry is possible
+(one shuffle of the output rows); it is on automatically when the plan injects a failure. Output after a
+retry is exact, because the whole stage, every producer and consumer, runs again.
+
+**Metrics** are the blocking mode's (same schema), plus Flink's time metrics per side:
+``accumulateBackPressuredTimeMs``, ``accumulateIdleTimeMs``, ``accumulateBusyTimeMs`` (stat ``total``) and
+``backPressuredTimeMsPerSecond``, ``idleTimeMsPerSecond``, ``busyTimeMsPerSecond`` (stat ``mean``: averaged
+over the side's life, Flink averages over the last minute). A producer is back-pressured while it waits for
+a buffer and idle while it waits for its next input batch; a consumer is idle while its gate has nothing.
+Producers also report ``outputQueueLength`` per channel (max, mean); consumers report ``latencyMs`` of the
+latency markers they received (p50, p99, max, mean) and ``numLatencyMarkersIn``; each task reports its
+resident memory ``taskRssBytes`` and Arrow memory ``taskArrowAllocatedBytes`` (max, mean), sampled by the
+timer thread. The producer half hands its rows to the consumer half of the same task, whose last output
+row carries both.
+
+Latency markers here are events: like any event they finish the open buffer of their subpartition, so they
+measure queueing and transit, not the time a row waits in a partly filled buffer (Flink's markers travel as
+records). That wait is bounded by the buffer timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import secrets as _secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..buffers.buffer import Buffer
+from ..buffers.format import LatencyMarker
+from ..buffers.reader import RecordReader
+from ..buffers.writer import RecordWriter
+from ..errors import CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
+from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics
+from ..protocol.codec import default_max_frame_length
+from ..protocol.messages import BufferResponse, Message
+from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
+from ..protocol.pools import NetworkBufferPool
+from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, SingleInputGate
+from ..protocol.sender import PartitionRequestServerHandler
+from ..transport.tcp import Connection, TcpTransport, resolve_host
+from .common import metrics_batch, output_struct_type, with_metrics_column
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Observation
+
+    from ..exchange import ExchangePlan
+
+__all__ = [
+    "TaskOptions",
+    "available_slots",
+    "build",
+    "check_slots",
+    "run_barrier_task",
+    "run_in_threads",
+]
+
+log = logging.getLogger("spark_credit_shuffle")
+
+#: Hidden column used by the identity placements around the barrier stage.
+_TAG = "__credit_shuffle_subtask"
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_MAX_LATENCY_SAMPLES = 100_000
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """Knobs of a pipelined task that are not network settings.
+
+    ``latency_interval_ms``: a producer sends a latency marker to one random channel this often (0: only
+    the liveness markers every quarter of the partition request timeout). ``output_batch_rows``: the
+    consumer joins decoded batches that are ready at the same moment up to this many rows before handing
+    them to Spark (0: one output batch per network buffer). ``sample_memory_ms``: how often the timer
+    thread samples the task's memory (0: never). ``announce_address_dir``: if set, each task writes its
+    listening address there (``task-<i>.addr``) for tests and demos.
+    """
+
+    latency_interval_ms: int = 0
+    output_batch_rows: int = 8192
+    sample_memory_ms: int = 50
+    announce_address_dir: str | None = None
+
+
+# -- the Spark side ------------------------------------------------------------------------------------
+
+
+def _local_cluster(master: str) -> tuple[int, int] | None:
+    if not master.startswith("local-cluster["):
+        return None
+    parts = master[len("local-cluster[") : -1].split(",")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def available_slots(spark: Any) -> tuple[int, int, int] | None:
+    """(total task slots, executors, slots per executor) of the session's cluster; None if unknown.
+
+    Local mode: one executor with ``local[N]`` slots. A cluster: the registered executors (the driver
+    excluded) times ``planner.executor_slots``; on Spark Connect, ``spark.executor.instances``.
+    """
+    from ..planner import executor_slots
+
+    master = (spark.conf.get("spark.master", "") or "").strip()
+    task_cpus = int(spark.conf.get("spark.task.cpus", "1") or 1)
+    cluster = _local_cluster(master)
+    if cluster is not None:
+        executors, cores = cluster
+        per = max(1, cores // task_cpus)
+        return executors * per, executors, per
+    per = executor_slots(spark)
+    if master.startswith("local"):
+        return per, 1, per
+    executors = 0
+    with contextlib.suppress(Exception):  # classic session: the executors registered now
+        executors = int(spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()) - 1
+    if executors <= 0:
+        with contextlib.suppress(Exception):
+            executors = int(spark.conf.get("spark.executor.instances", "0") or 0)
+    if executors <= 0:
+        return None
+    return executors * per, executors, per
+
+
+def check_slots(plan: ExchangePlan, spark: Any) -> None:
+    """Raise :class:`InsufficientSlotsError` if the cluster cannot run all max(S, T) tasks at once."""
+    needed = max(plan.num_producers, plan.num_consumers)
+    slots = available_slots(spark)
+    if slots is None:
+        log.info("%s: cannot tell how many task slots the cluster has; not checking %d", plan.name, needed)
+        return
+    total, executors, per = slots
+    if needed > total:
+        raise InsufficientSlotsError(
+            f"pipelined exchange {plan.name} runs {needed} barrier tasks at once (one per subtask: "
+            f"max({plan.num_producers} producers, {plan.num_consumers} consumers)), but the cluster has only "
+            f"{total} task slots ({executors} executor(s) x {per} slots); lower the parallelism, add executors "
+            f"or cores, or use mode='blocking'"
+        )
+
+
+def build(
+    plan: ExchangePlan,
+    df: DataFrame,
+    *,
+    retryable: bool | None = None,
+    options: TaskOptions | None = None,
+) -> tuple[DataFrame, Observation]:
+    """The lazy Spark plan of a pipelined exchange: (user-facing DataFrame, metrics Observation).
+
+    Raises :class:`InsufficientSlotsError` before launch if the cluster has fewer task slots than the
+    exchange has tasks. ``retryable`` (default: the plan's ``retryable`` attribute if it has one, else
+    whether it injects a failure) adds an identity shuffle after the barrier stage so that Spark can re-run
+    the stage after a task failure; without it a task failure fails the job, as Spark never retries a failed
+    barrier result stage.
+    """
+    from pyspark.sql import functions as F
+
+    from .common import finish_plan
+
+    check_slots(plan, df.sparkSession)
+    if retryable is None:
+        retryable = getattr(plan, "retryable", None)
+    if retryable is None:
+        retryable = plan.injection is not None and plan.injection.fail_once is not None
+    options = options or TaskOptions()
+    producers, consumers = plan.num_producers, plan.num_consumers
+    width = max(producers, consumers)
+    secret = _secrets.token_bytes(32)
+    source = df
+    if producers < consumers:  # place producer p's rows on task p of `width` tasks
+        source = df.withColumn(_TAG, F.spark_partition_id()).repartitionById(width, _TAG).drop(_TAG)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from run_barrier_task(batches, plan, secret, options)
+
+    run.__name__ = f"credit_shuffle_{plan.name.replace('-', '_')}"
+    consumed = source.mapInArrow(run, output_struct_type(df), barrier=True)
+    if producers > consumers or retryable:
+        consumed = consumed.withColumn(_TAG, F.spark_partition_id()).repartitionById(consumers, _TAG).drop(_TAG)
+    return finish_plan(plan, consumed)
+
+
+def run_barrier_task(
+    batches: Iterator[pa.RecordBatch], plan: ExchangePlan, secret: bytes, options: TaskOptions
+) -> Iterator[pa.RecordBatch]:
+    """The body of one barrier task: its subtasks, addresses published with one ``allGather``."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    index = ctx.partitionId()
+    infos = ctx.getTaskInfos()
+    width = max(plan.num_producers, plan.num_consumers)
+    if len(infos) != width:
+        raise CreditShuffleError(
+            f"pipelined exchange {plan.name} needs a barrier stage of {width} tasks, Spark launched "
+            f"{len(infos)}: the input's partitioning changed after planning (adaptive query execution "
+            f"coalescing?); repartition the input to {plan.num_producers} partitions first"
+        )
+    address = infos[index].address
+    host = resolve_host(address.rsplit(":", 1)[0] if ":" in address else address)
+    task = PipelinedTask(plan, index, secret, host, options, attempt_id=ctx.taskAttemptId())
+    yield from task.run(batches, ctx.allGather)
+
+
+# -- in-process runs (tests, demos) -------------------------------------------------------------------
+
+
+def run_in_threads(
+    plan: ExchangePlan,
+    partitions: list[list[pa.RecordBatch]],
+    *,
+    secret: bytes | None = None,
+    options: TaskOptions | None = None,
+    host: str = "127.0.0.1",
+    timeout_s: float = 60.0,
+) -> tuple[list[list[pa.RecordBatch]], list[MetricRow]]:
+    """Run a pipelined exchange between threads of this process over real TCP sockets, without Spark.
+
+    ``partitions[p]`` are producer p's input batches. Returns (the data batches each consumer received,
+    every metric row). Raises the first task's error.
+    """
+    width = max(plan.num_producers, plan.num_consumers)
+    if len(partitions) != plan.num_producers:
+        raise ValueError(f"{len(partitions)} input partitions for {plan.num_producers} producers")
+    secret = secret if secret is not None else _secrets.token_bytes(32)
+    options = options or TaskOptions()
+    gather = _ThreadAllGather(width, timeout_s)
+    outputs: list[list[pa.RecordBatch]] = [[] for _ in range(width)]
+    errors: list[tuple[float, BaseException] | None] = [None] * width
+    metric_rows: list[list[MetricRow]] = [[] for _ in range(width)]
+
+    def task_main(i: int) -> None:
+        data = partitions[i] if i < plan.num_producers else []
+        task = PipelinedTask(plan, i, secret, host, options, attempt_id=i)
+        try:
+            for batch in task.run(iter(data), gather.all_gather):
+                outputs[i].append(batch)
+        except BaseException as exc:
+            errors[i] = (time.monotonic(), exc)
+            gather.abort()
+
+    threads = [threading.Thread(target=task_main, args=(i,), name=f"task-{i}", daemon=True) for i in range(width)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in threads if t.is_alive()]
+    failures = sorted((e for e in errors if e is not None), key=lambda e: e[0])
+    if failures:  # the first failure is the cause; the others follow from it
+        raise failures[0][1]
+    if stuck:
+        raise ExchangeTimeoutError(f"tasks {stuck} still running after {timeout_s:.0f} s")
+    received: list[list[pa.RecordBatch]] = [[] for _ in range(plan.num_consumers)]
+    for i, batches in enumerate(outputs):
+        for batch in batches:
+            cells = batch.column(batch.num_columns - 1)
+            if cells.null_count == batch.num_rows:
+                received[i].append(batch.drop_columns([batch.schema.names[-1]]))
+            else:
+                for cell in cells.to_pylist():
+                    for r in cell or []:
+                        metric_rows[i].append(MetricRow(**r))
+    return received, [r for rows in metric_rows for r in rows]
+
+
+class _ThreadAllGather:
+    """``allGather`` between threads: everyone's message, in task order, once all have called."""
+
+    def __init__(self, parties: int, timeout_s: float) -> None:
+        self._barrier = threading.Barrier(parties, timeout=timeout_s)
+        self._messages: list[str] = [""] * parties
+        self._lock = threading.Lock()
+
+    def all_gather(self, message: str) -> list[str]:
+        index = json.loads(message)["task"]
+        with self._lock:
+            self._messages[index] = message
+        try:
+            self._barrier.wait()
+        except threading.BrokenBarrierError:
+            raise CreditShuffleError("another task failed before the addresses were exchanged") from None
+        return list(self._messages)
+
+    def abort(self) -> None:
+        self._barrier.abort()
+
+
+# -- one task -----------------------------------------------------------------------------------------
+
+
+class _LockedPartition:
+    """The ``ResultPartitionWriter`` the RecordWriter writes to: the partition, called under the task lock.
+
+    The writer's heavy work (channel selection, grouping, size model) runs outside the lock; only the
+    partition calls take it. A recycled segment also records the time of the last progress, which the
+    back-pressure timeout is measured from.
+    """
+
+    def __init__(self, partition: PipelinedResultPartition, lock: threading.RLock, on_recycle: Callable[[], None]):
+        self.partition = partition
+        self.num_subpartitions = partition.num_subpartitions
+        self._lock = lock
+        self._on_recycle = on_recycle
+
+    def request_segment(self, subpartition: int) -> Callable[[], None]:
+        with self._lock:
+            recycler = self.partition.request_segment(subpartition)
+        lock, on_recycle = self._lock, self._on_recycle
+
+        def recycle() -> None:
+            with lock:
+                recycler()
+                on_recycle()
+
+        return recycle
+
+    def add_consumer(self, subpartition: int, consumer: Any, partial_record_length: int = 0) -> None:
+        with self._lock:
+            self.partition.add_consumer(subpartition, consumer, partial_record_length)
+
+    def add_event(self, subpartition: int, buffer: Buffer) -> None:
+        with self._lock:
+            self.partition.add_event(subpartition, buffer)
+
+    def flush(self, subpartition: int) -> None:
+        with self._lock:
+            self.partition.flush(subpartition)
+
+    def flush_all(self) -> None:
+        with self._lock:
+            self.partition.flush_all()
+
+    def finish(self) -> None:
+        with self._lock:
+            self.partition.finish()
+
+    def is_available(self) -> bool:
+        return self.partition.is_available()
+
+
+class _Clock:
+    """Busy, idle and back-pressured time of one side of a task (Flink's time metrics)."""
+
+    __slots__ = ("back_pressured", "end", "idle", "start")
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.end: float | None = None
+        self.idle = 0.0
+        self.back_pressured = 0.0
+
+    def stop(self) -> None:
+        if self.end is None:
+            self.end = time.monotonic()
+
+    def rows(self, side: str, subtask: int) -> list[MetricRow]:
+        life = max(1e-9, (self.end or time.monotonic()) - self.start)
+        idle = min(self.idle, life)
+        bp = min(self.back_pressured, life - idle)
+        busy = max(0.0, life - idle - bp)
+        out = []
+        for name, seconds in (("BackPressured", bp), ("Idle", idle), ("Busy", busy)):
+            out.append(MetricRow(side, subtask, None, f"accumulate{name}TimeMs", "total", seconds * 1000.0))
+            per_second = min(1000.0, max(0.0, seconds / life * 1000.0))
+            out.append(
+                MetricRow(side, subtask, None, f"{name[0].lower()}{name[1:]}TimeMsPerSecond", "mean", per_second)
+            )
+        return out
+
+
+class PipelinedTask:
+    """Producer subtask ``index`` and consumer subtask ``index`` of a pipelined exchange, in one task.
+
+    ``host`` is the address to listen on; ``attempt_id`` distinguishes attempts of the same task (it
+    becomes the partition id that consumers request). :meth:`run` does everything: set-up, one address
+    exchange through ``all_gather``, streaming, and the final metrics row; it closes every socket and joins
+    every thread before it returns or raises.
+    """
+
+    def __init__(
+        self,
+        plan: ExchangePlan,
+        index: int,
+        secret: bytes,
+        host: str,
+        options: TaskOptions | None = None,
+        *,
+        attempt_id: int = 0,
+    ) -> None:
+        self.plan = plan
+        self.index = index
+        self.secret = secret
+        self.host = host
+        self.options = options or TaskOptions()
+        config = plan.config
+        self.config = config
+        producers, consumers = plan.num_producers, plan.num_consumers
+        self.is_producer = index < producers
+        self.is_consumer = index < consumers
+        self.partition_id = int(attempt_id) & 0xFFFF_FFFF_FFFF
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.writer_lock = threading.Lock()
+        self.max_frame_length = default_max_frame_length(config.segment_size)
+        self._failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.transport: TcpTransport | None = None
+        self.network = NetworkBufferPool.from_config(config)
+        self.peers: dict[int, str] = {}
+        self._last_progress = time.monotonic()
+        self.producer_metrics = TaskMetrics(PRODUCER, index)
+        self.consumer_metrics = TaskMetrics(CONSUMER, index)
+        self._memory = TaskMetrics(CONSUMER if self.is_consumer else PRODUCER, index)
+        self.producer_clock = _Clock()
+        self.consumer_clock = _Clock()
+        # producer half
+        self.partition: PipelinedResultPartition | None = None
+        self.writer: RecordWriter | None = None
+        self.manager = ResultPartitionManager()
+        self.subpartition_consumers: list[int] = []
+        self._producer_done = not self.is_producer
+        self._writer_finished = False
+        self._queue_max: list[int] = []
+        self._queue_sum: list[int] = []
+        self._queue_samples = 0
+        if self.is_producer:
+            self._setup_producer()
+        # consumer half
+        self.gate: SingleInputGate | None = None
+        self.channel_producers: list[int] = []
+        self.readers: list[RecordReader] = []
+        self._last_delivery: list[float] = []
+        self._latencies_ms: list[float] = []
+        self._client_connections: dict[int, Connection] = {}
+        if self.is_consumer:
+            self._setup_consumer()
+
+    # -- set-up --
+
+    def _setup_producer(self) -> None:
+        plan, config, index = self.plan, self.config, self.index
+        consumers = plan.partitioner.consumers_of(index, plan.num_producers, plan.num_consumers)
+        self.subpartition_consumers = consumers
+        n = len(consumers)
+        self.partition = PipelinedResultPartition.create(
+            self.network, n, config, partition_id=self.partition_id, bounded=True
+        )
+        self.partition.buffer_pool.add_availability_listener(self._notify)
+        self.manager.register_partition(self.partition)
+        selector = plan.partitioner.selector(index, plan.num_producers, plan.num_consumers, plan.max_parallelism)
+        self.writer = RecordWriter(
+            _LockedPartition(self.partition, self.lock, self._on_recycle),
+            selector,
+            config.segment_size,
+            flush_always=config.buffer_timeout_ms == 0,
+            schema=plan.schema,
+        )
+        self._queue_max = [0] * n
+        self._queue_sum = [0] * n
+
+    def _setup_consumer(self) -> None:
+        plan, index = self.plan, self.index
+        producers = plan.partitioner.producers_of(index, plan.num_producers, plan.num_consumers)
+        self.channel_producers = producers
+        if not producers:
+            return
+        remote = sum(1 for p in producers if p != index)
+        self.gate = SingleInputGate(self.network, len(producers), self.config, num_remote_channels=remote)
+        self.gate.listener = self._notify
+        self.readers = [RecordReader(plan.schema, channel=p, validate=p != index) for p in producers]
+
+    # -- notifications (lock held) --
+
+    def _notify(self) -> None:
+        with self.cond:  # re-entrant: usually called with the lock already held
+            self.cond.notify_all()
+
+    def _on_recycle(self) -> None:
+        self._last_progress = time.monotonic()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self.cond:
+            if self._failure is None:
+                self._failure = exc
+            self.cond.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self.transport is not None and self.transport.error is not None:
+            raise CreditShuffleError(
+                f"task {self.index}: the network I/O thread failed: {self.transport.error!r}"
+            ) from self.transport.error
+
+    # -- the task --
+
+    def run(
+        self, batches: Iterable[pa.RecordBatch], all_gather: Callable[[str], list[str]]
+    ) -> Iterator[pa.RecordBatch]:
+        """Set up, exchange addresses, stream; yields the received rows, then one metrics row."""
+        try:
+            self.transport = TcpTransport(
+                self.host,
+                self.lock,
+                server_handler_factory=self._server_handler if self.is_producer else None,
+                handshake_timeout_s=self.config.partition_request_timeout_ms / 1000.0,
+                on_event=self._notify,
+                on_send=self._on_send,
+                on_closed=self._on_connection_closed,
+                name=f"{self.plan.name} task {self.index}",
+            )
+            self.transport.start()
+            self._announce_address()
+            self._start_thread(self._timer, "timer")
+            if self.is_producer:
+                self._start_thread(lambda: self._produce(batches), "producer")
+            messages = all_gather(
+                json.dumps(
+                    {
+                        "task": self.index,
+                        "host": self.transport.address[0],
+                        "port": self.transport.address[1],
+                        "partition": self.partition_id,
+                    }
+                )
+            )
+            self._connect([json.loads(m) for m in messages])
+            injection = self.plan.injection
+            if injection is not None and self.is_consumer:
+                injection.maybe_fail(CONSUMER, self.index)
+            if self.gate is not None:
+                yield from self._consume()
+            self.consumer_clock.stop()
+            self._await_end()
+            yield metrics_batch(self.plan.schema, self._metric_rows())
+        finally:
+            self._close()
+
+    def _announce_address(self) -> None:
+        directory = self.options.announce_address_dir
+        if directory and self.transport is not None:
+            host, port = self.transport.address
+            path = os.path.join(directory, f"task-{self.index}.addr")
+            with open(path + ".tmp", "w") as f:
+                f.write(f"{host}:{port}\n")
+            os.replace(path + ".tmp", path)
+
+    def _start_thread(self, target: Callable[[], None], role: str) -> None:
+        thread = threading.Thread(target=target, name=f"credit-shuffle-{role}-{self.index}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _server_handler(self, wakeup: Callable[[], None]) -> PartitionRequestServerHandler:
+        handler = PartitionRequestServerHandler(
+            self.manager,
+            credit_based=self.config.credit_based,
+            secret=self.secret,
+            max_frame_length=self.max_frame_length,
+        )
+        handler.queue.listener = wakeup
+        return handler
+
+    def _connect(self, peers: list[dict[str, Any]]) -> None:
+        """Open one connection per remote producer task and request every channel's subpartition."""
+        by_task = {int(p["task"]): p for p in peers}
+        for task, peer in by_task.items():
+            self.peers[task] = f"{peer['host']}:{peer['port']}"
+        if self.gate is None:
+            return
+        plan, gate = self.plan, self.gate
+        timeout_s = self.config.partition_request_timeout_ms / 1000.0
+        for channel, producer in enumerate(self.channel_producers):
+            subpartition = plan.partitioner.consumers_of(producer, plan.num_producers, plan.num_consumers).index(
+                self.index
+            )
+            if producer == self.index:
+                with self.lock:
+                    gate.local_channel(
+                        channel, self.partition, partition_id=self.partition_id, subpartition=subpartition
+                    )
+                continue
+            peer = by_task.get(producer)
+            if peer is None:
+                raise CreditShuffleError(
+                    f"consumer subtask {self.index}: producer subtask {producer} published no address"
+                )
+            conn = self._client_connections.get(producer)
+            if conn is None:
+                handler = CreditBasedPartitionRequestClientHandler(
+                    credit_based=self.config.credit_based, secret=self.secret, max_frame_length=self.max_frame_length
+                )
+                conn = self.transport.connect(  # type: ignore[union-attr]
+                    (str(peer["host"]), int(peer["port"])),
+                    handler,
+                    peer=f"producer subtask {producer} at {peer['host']}:{peer['port']}",
+                    timeout_s=timeout_s,
+                )
+                self._client_connections[producer] = conn
+            with self.lock:
+                gate.remote_channel(
+                    channel,
+                    receiver_id=channel + 1,
+                    connection=conn.handler,
+                    partition_id=int(peer["partition"]),
+                    subpartition=subpartition,
+                )
+        with self.lock:
+            gate.setup()
+            gate.request_partitions()
+            now = time.monotonic()
+            self._last_delivery = [now] * len(self.channel_producers)
+        self.transport.wakeup()  # type: ignore[union-attr]
+
+    # -- producer half (producer thread) --
+
+    def _produce(self, batches: Iterable[pa.RecordBatch]) -> None:
+        clock = self.producer_clock
+        writer = self.writer
+        assert writer is not None
+        emit = writer.broadcast_emit if writer.selector.is_broadcast else writer.emit
+        schema = self.plan.schema
+        try:
+            injection = self.plan.injection
+            if injection is not None:
+                injection.maybe_fail(PRODUCER, self.index)
+            iterator = iter(batches)
+            while not self._stop.is_set():
+                waited = time.monotonic()
+                batch = next(iterator, None)
+                clock.idle += time.monotonic() - waited
+                if batch is None:
+                    break
+                if not batch.num_rows:
+                    continue
+                if batch.schema is not schema and not batch.schema.equals(schema):
+                    batch = batch.cast(schema)
+                self._await_buffer()
+                with self.writer_lock:
+                    emit(batch)
+                with self.lock:
+                    self._sample_output()
+            with self.writer_lock:
+                writer.finish()
+                self._writer_finished = True
+            with self.cond:
+                self._sample_output()
+                self.partition.close()  # type: ignore[union-attr]
+                self._producer_done = True
+                clock.stop()
+                self.cond.notify_all()
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _await_buffer(self) -> None:
+        """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``)."""
+        partition = self.partition
+        assert partition is not None
+        if partition.is_available():
+            return
+        timeout = self.config.buffers_request_timeout_ms / 1000.0
+        started = time.monotonic()
+        with self.cond:
+            try:
+                while not partition.is_available():
+                    self._raise_if_failed()
+                    if self._stop.is_set():
+                        raise CreditShuffleError("task stopping")
+                    now = time.monotonic()
+                    since = now - max(self._last_progress, started)
+                    if since >= timeout:
+                        raise ExchangeTimeoutError(self._describe_buffer_wait(now - started))
+                    self.cond.wait(timeout - since)
+            finally:
+                self.producer_clock.back_pressured += time.monotonic() - started
+
+    def _describe_buffer_wait(self, waited: float) -> str:
+        partition = self.partition
+        assert partition is not None
+        pool = partition.buffer_pool
+        stuck = []
+        for sp, sub in enumerate(partition.subpartitions):
+            queued = sub.queue_length()
+            if queued:
+                consumer = self.subpartition_consumers[sp]
+                where = "local" if consumer == self.index else self.peers.get(consumer, "?")
+                stuck.append(
+                    (
+                        queued,
+                        f"consumer subtask {consumer} ({where}): {queued} buffers queued, "
+                        f"backlog {sub.get_buffers_in_backlog()}",
+                    )
+                )
+        stuck.sort(reverse=True)
+        names = "; ".join(text for _, text in stuck[:4]) or "no subpartition holds buffers"
+        return (
+            f"producer subtask {self.index} waited {waited * 1000:.0f} ms for a network buffer "
+            f"(buffers_request_timeout_ms={self.config.buffers_request_timeout_ms}; pool of "
+            f"{pool.current_pool_size} buffers, {pool.num_used} in use, none returned meanwhile): "
+            f"its consumers are not reading: {names}"
+        )
+
+    def _sample_output(self) -> None:
+        """outPoolUsage and the queue length of every subpartition (lock held)."""
+        partition = self.partition
+        if partition is None:
+            return
+        self.producer_metrics.sample("outPoolUsage", partition.out_pool_usage)
+        self._queue_samples += 1
+        for sp, sub in enumerate(partition.subpartitions):
+            q = sub.queue_length()
+            self._queue_sum[sp] += q
+            if q > self._queue_max[sp]:
+                self._queue_max[sp] = q
+
+    def _on_send(self, conn: Connection, message: Message) -> None:
+        if type(message) is BufferResponse:
+            self._last_progress = time.monotonic()
+            if message.data_type.is_buffer:
+                self._sample_output()
+
+    def _on_connection_closed(self, conn: Connection) -> None:
+        """A connection ended (lock held): a client connection that fails channels fails the task."""
+        if conn.role != "client" or conn.error is None:
+            return
+        handler = conn.handler
+        open_channels = [c for c in handler.input_channels.values() if not c.received_end_of_partition]
+        if open_channels and self._failure is None:
+            self._failure = CreditShuffleError(
+                f"consumer subtask {self.index}: connection to {conn.peer} failed before the end of its "
+                f"partition: {conn.error}"
+            )
+
+    # -- timer thread: output flusher, latency markers, memory samples --
+
+    def _timer(self) -> None:
+        config, options = self.config, self.options
+        flush_every = config.buffer_timeout_ms / 1000.0 if config.buffer_timeout_ms > 0 else None
+        heartbeat_every = max(0.01, config.partition_request_timeout_ms / 4000.0)
+        marker_every = options.latency_interval_ms / 1000.0 if options.latency_interval_ms > 0 else None
+        sample_every = options.sample_memory_ms / 1000.0 if options.sample_memory_ms > 0 else None
+        now = time.monotonic()
+        next_flush = now + flush_every if flush_every else float("inf")
+        next_heartbeat = now
+        next_marker = now + marker_every if marker_every else float("inf")
+        next_sample = now if sample_every else float("inf")
+        rng = random.Random(self.index)
+        try:
+            while True:
+                producing = self.is_producer and not self._writer_finished
+                due = min((next_sample, *((next_flush, next_heartbeat, next_marker) if producing else ())))
+                if due == float("inf"):
+                    due = now + 1.0
+                if self._stop.wait(max(0.0, due - time.monotonic())):
+                    return
+                now = time.monotonic()
+                if now >= next_sample:
+                    self._sample_memory()
+                    next_sample = max(next_sample + sample_every, now)  # type: ignore[operator]
+                if not producing:
+                    continue
+                with self.writer_lock:
+                    if self._writer_finished:
+                        continue
+                    writer = self.writer
+                    assert writer is not None
+                    if now >= next_flush:
+                        writer.flush_all()
+                        next_flush = max(next_flush + flush_every, now)  # type: ignore[operator]
+                    if now >= next_heartbeat:
+                        stamp = time.time_ns()
+                        for sp in range(writer.num_subpartitions):
+                            writer.emit_event(LatencyMarker(stamp, self.index), sp)
+                        next_heartbeat = now + heartbeat_every
+                    if now >= next_marker:
+                        sp = rng.randrange(writer.num_subpartitions)
+                        writer.emit_event(LatencyMarker(time.time_ns(), self.index), sp)
+                        next_marker = max(next_marker + marker_every, now)  # type: ignore[operator]
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _sample_memory(self) -> None:
+        rss = _rss_bytes()
+        if rss:
+            self._memory.sample("taskRssBytes", float(rss))
+        self._memory.sample("taskArrowAllocatedBytes", float(pa.total_allocated_bytes()))
+
+    # -- consumer half (the task thread) --
+
+    def _consume(self) -> Iterator[pa.RecordBatch]:
+        self.consumer_clock = _Clock()  # the consumer's life starts once its channels are requested
+        readers = self.readers
+        delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
+        target = self.options.output_batch_rows
+        pending: list[pa.RecordBatch] = []
+        pending_rows = 0
+        lock = self.lock
+        while True:
+            polled = self._next_buffer()
+            if polled is None:
+                break
+            buffer = polled.buffer
+            recycle = buffer.recycle
+
+            def locked_recycle(recycle: Callable[[], None] = recycle) -> None:
+                with lock:
+                    recycle()
+
+            channel = polled.channel_index
+            items = readers[channel].feed(Buffer(buffer.data_type, buffer.data, locked_recycle), polled.sequence_number)
+            for item in items:
+                if isinstance(item, pa.RecordBatch):
+                    if delay:
+                        time.sleep(delay * item.num_rows)
+                    pending.append(item)
+                    pending_rows += item.num_rows
+                elif isinstance(item, LatencyMarker) and len(self._latencies_ms) < _MAX_LATENCY_SAMPLES:
+                    self._latencies_ms.append((time.time_ns() - item.timestamp) / 1e6)
+            if pending and (pending_rows >= target or not polled.more_available):
+                batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                pending, pending_rows = [], 0
+                yield with_metrics_column(batch)
+        if pending:
+            yield with_metrics_column(pending[0] if len(pending) == 1 else pa.concat_batches(pending))
+
+    def _next_buffer(self) -> Any:
+        """The gate's next buffer or event, waiting for one; None once every channel ended."""
+        gate = self.gate
+        assert gate is not None
+        timeout = self.config.partition_request_timeout_ms / 1000.0
+        waited_since: float | None = None
+        with self.cond:
+            try:
+                while True:
+                    self._raise_if_failed()
+                    try:
+                        polled = gate.poll_next()
+                    except Exception as exc:
+                        raise self._channel_error(exc) from exc
+                    now = time.monotonic()
+                    if polled is not None:
+                        self._last_delivery[polled.channel_index] = now
+                        if polled.buffer.is_buffer:
+                            metrics = self.consumer_metrics
+                            metrics.sample("inPoolUsage", gate.in_pool_usage)
+                            metrics.sample("inputExclusiveBuffersUsage", gate.input_exclusive_buffers_usage)
+                            metrics.sample("inputFloatingBuffersUsage", gate.input_floating_buffers_usage)
+                        return polled
+                    if gate.is_finished:
+                        return None
+                    if waited_since is None:
+                        waited_since = now
+                    silent = [
+                        (now - last, ch)
+                        for ch, last in enumerate(self._last_delivery)
+                        if not gate.channels[ch].is_released and now - last >= timeout  # type: ignore[union-attr]
+                    ]
+                    if silent:
+                        raise ExchangeTimeoutError(self._describe_silence(max(silent)[1], max(silent)[0]))
+                    oldest = min(
+                        (last for ch, last in enumerate(self._last_delivery) if not gate.channels[ch].is_released),  # type: ignore[union-attr]
+                        default=now,
+                    )
+                    self.cond.wait(max(0.001, oldest + timeout - now))
+            finally:
+                if waited_since is not None:
+                    self.consumer_clock.idle += time.monotonic() - waited_since
+
+    def _describe_silence(self, channel: int, seconds: float) -> str:
+        producer = self.channel_producers[channel]
+        where = "the local channel" if producer == self.index else f"{self.peers.get(producer, '?')}"
+        conn = self._client_connections.get(producer)
+        detail = ""
+        if conn is not None:
+            detail = (
+                f"; its connection received {conn.bytes_in} bytes, the last "
+                f"{(time.monotonic() - conn.last_received) * 1000:.0f} ms ago"
+            )
+        return (
+            f"consumer subtask {self.index} waited {seconds * 1000:.0f} ms for data from producer subtask "
+            f"{producer} ({where}): nothing arrived on that channel within partition_request_timeout_ms="
+            f"{self.config.partition_request_timeout_ms}{detail}"
+        )
+
+    def _channel_error(self, exc: Exception) -> Exception:
+        gate = self.gate
+        assert gate is not None
+        failed = [ch for ch, c in enumerate(gate.channels) if c is not None and getattr(c, "error", None) is not None]
+        channel = failed[0] if failed else None
+        if channel is None:
+            return exc
+        producer = self.channel_producers[channel]
+        conn = self._client_connections.get(producer)
+        cause = f" ({conn.error})" if conn is not None and conn.error is not None else ""
+        where = "local" if producer == self.index else self.peers.get(producer, "?")
+        return CreditShuffleError(
+            f"consumer subtask {self.index}, channel {channel} from producer subtask {producer} ({where}): {exc}{cause}"
+        )
+
+    # -- the end --
+
+    def _await_end(self) -> None:
+        """Wait until the producer finished, every subpartition was consumed and every connection closed."""
+        timeout = self.config.partition_request_timeout_ms / 1000.0
+        with self.cond:
+            self._last_progress = time.monotonic()
+            while True:
+                self._raise_if_failed()
+                pending = self._pending_end()
+                if not pending:
+                    return
+                since = time.monotonic() - self._last_progress
+                if since >= timeout:
+                    raise ExchangeTimeoutError(
+                        f"task {self.index} waited {since * 1000:.0f} ms for the end of the exchange "
+                        f"(partition_request_timeout_ms={self.config.partition_request_timeout_ms}): {pending}"
+                    )
+                self.cond.wait(min(timeout - since, 0.5))
+
+    def _pending_end(self) -> str:
+        if not self._producer_done:
+            return "its producer has not finished its input"
+        partition = self.partition
+        if partition is not None and not all(sub.is_released for sub in partition.subpartitions):
+            waiting = [
+                self._consumer_name(self.subpartition_consumers[sp])
+                for sp, sub in enumerate(partition.subpartitions)
+                if not sub.is_released
+            ]
+            return "subpartitions not yet consumed by " + ", ".join(waiting)
+        open_clients = [c.peer for c in self._client_connections.values() if not c.closed]
+        if open_clients:
+            return "connections not yet closed by " + ", ".join(open_clients)
+        return ""
+
+    def _consumer_name(self, consumer: int) -> str:
+        where = "local" if consumer == self.index else self.peers.get(consumer, "?")
+        return f"consumer subtask {consumer} ({where})"
+
+    def _metric_rows(self) -> list[MetricRow]:
+        rows: list[MetricRow] = []
+        self._sample_memory()
+        if self.is_producer:
+            writer = self.writer
+            assert writer is not None
+            metrics = self.producer_metrics
+            for sp, consumer in enumerate(self.subpartition_consumers):
+                metrics.count("numRecordsOut", writer.num_records_out[sp], consumer)
+                metrics.count("numBytesOut", writer.num_bytes_out[sp], consumer)
+                metrics.count("numBuffersOut", writer.num_buffers_out[sp], consumer)
+            rows.extend(metrics.rows())
+            samples = max(1, self._queue_samples)
+            for sp, consumer in enumerate(self.subpartition_consumers):
+                rows.append(
+                    MetricRow(PRODUCER, self.index, consumer, "outputQueueLength", "max", float(self._queue_max[sp]))
+                )
+                rows.append(
+                    MetricRow(
+                        PRODUCER, self.index, consumer, "outputQueueLength", "mean", self._queue_sum[sp] / samples
+                    )
+                )
+            rows.extend(self.producer_clock.rows(PRODUCER, self.index))
+        if self.is_consumer:
+            metrics = self.consumer_metrics
+            for channel, reader in enumerate(self.readers):
+                producer = self.channel_producers[channel]
+                metrics.count("numRecordsIn", reader.num_records_in, producer)
+                metrics.count("numBytesIn", reader.num_bytes_in, producer)
+                metrics.count("numBuffersIn", reader.num_buffers_in, producer)
+            metrics.count("numLatencyMarkersIn", len(self._latencies_ms))
+            rows.extend(metrics.rows())
+            if self._latencies_ms:
+                values = np.asarray(self._latencies_ms)
+                for stat, value in (
+                    ("p50", np.percentile(values, 50)),
+                    ("p99", np.percentile(values, 99)),
+                    ("max", values.max()),
+                    ("mean", values.mean()),
+                ):
+                    rows.append(MetricRow(CONSUMER, self.index, None, "latencyMs", stat, float(value)))
+            rows.extend(self.consumer_clock.rows(CONSUMER, self.index))
+        rows.extend(self._memory.rows())
+        return rows
+
+    def _close(self) -> None:
+        """Stop the timer, join the threads, close the sockets, release the partition and the gate."""
+        self._stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        failed = self._failure is not None
+        current = threading.current_thread()
+        stuck = []
+        for thread in self._threads:
+            if thread is current:
+                continue
+            # A producer blocked on Spark's input cannot be interrupted; after a failure the worker exits.
+            thread.join(0.5 if failed else self.config.partition_request_timeout_ms / 1000.0)
+            if thread.is_alive():
+                stuck.append(thread.name)
+        transport_error: BaseException | None = None
+        if self.transport is not None:
+            try:
+                self.transport.close(self.config.partition_request_timeout_ms / 1000.0)
+            except ExchangeTimeoutError as exc:
+                transport_error = exc
+        with self.lock:
+            if self.gate is not None:
+                self.gate.close()
+            if self.partition is not None:
+                self.partition.release()
+        if stuck and not failed and transport_error is None:
+            log.warning("task %d: threads %s did not stop in time", self.index, stuck)
+        if transport_error is not None and not failed:
+            raise transport_error
+
+
+def _rss_bytes() -> int:
+    """Resident memory of this process in bytes (0 if it cannot be read)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        try:
+            import resource
+
+            return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        except Exception:
+            return 0

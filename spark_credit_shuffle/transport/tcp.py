@@ -1,0 +1,552 @@
+"""The TCP transport: the sans-IO protocol core driven over real sockets by one I/O thread.
+
+One :class:`TcpTransport` per task. It listens on the task's own address (never a wildcard), accepts the
+connections of remote consumers (each served by a
+:class:`~spark_credit_shuffle.protocol.PartitionRequestServerHandler`) and opens the task's connections
+to remote producers (each a :class:`~spark_credit_shuffle.protocol.CreditBasedPartitionRequestClientHandler`).
+All channels between two tasks share one connection, as Flink multiplexes all channels between two
+TaskManagers. One daemon I/O thread runs a selector over every socket; the protocol objects are touched
+only while holding the task's ``lock``, which the runtime shares, so the core stays single-threaded in
+effect. Other threads that make something sendable (a producer adding data, a consumer recycling a buffer
+into credit) reach the I/O thread through the handlers' ``listener`` hooks, which call :meth:`wakeup`.
+
+Writing follows Flink's "write while the channel is writable": messages are pulled from a handler only
+while less than ``high_water`` bytes wait in the connection's output (Netty's write-buffer high
+watermark), so a sender's buffer goes back to its pool only when the socket can take it. Payloads are
+never copied before ``sendmsg``.
+
+Input from the wire is untrusted. Every accepted connection must authenticate with the exchange's secret
+(the protocol's ``Hello``) within ``handshake_timeout_s``; a wrong secret, garbage, an oversized frame
+length or a message out of turn raises :class:`~spark_credit_shuffle.errors.ProtocolError` in the handler,
+and the transport logs it (logger ``spark_credit_shuffle``) and closes that connection only: the exchange
+carries on. Unauthenticated connections are capped (``max_unauthenticated``).
+
+Connections end with a half-close: a client whose handler sent ``CloseRequest`` (every channel on it
+received its end of partition) shuts down its sending side once its output is written; the server sees
+EOF, releases its readers and closes; the client sees that EOF and closes. No side closes a socket with
+unread input, so no data is lost to a reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..errors import ExchangeTimeoutError, ProtocolError
+from ..protocol.codec import encode
+from ..protocol.messages import Message
+
+__all__ = ["Connection", "SansIOConnection", "TcpTransport", "resolve_host"]
+
+log = logging.getLogger("spark_credit_shuffle")
+
+_RECV_SIZE = 256 * 1024
+_MAX_IOV = 64
+_LISTENER = object()
+_WAKEUP = object()
+
+
+class SansIOConnection(Protocol):
+    """What the transport drives: a server or client connection handler of the protocol core."""
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    def next_message(self) -> Message | None: ...
+
+    def has_data(self) -> bool: ...
+
+    def connection_closed(self) -> None: ...
+
+
+def resolve_host(host: str) -> str:
+    """The IPv4 address of ``host`` (a name such as ``localhost`` or an address); raises ``OSError``."""
+    if not host:
+        raise OSError("empty host name")
+    infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    if not infos:
+        raise OSError(f"host {host!r} has no IPv4 address")
+    return str(infos[0][4][0])
+
+
+class Connection:
+    """One TCP connection: its socket, its protocol handler and its output queue.
+
+    ``role`` is ``"server"`` (accepted from a consumer) or ``"client"`` (opened to a producer); ``peer``
+    names the other side in logs and errors. Counters and timestamps (``time.monotonic()``) let the runtime
+    say what it waited for and from whom.
+    """
+
+    __slots__ = (
+        "accepted_at",
+        "bytes_in",
+        "bytes_out",
+        "closed",
+        "error",
+        "handler",
+        "id",
+        "last_received",
+        "messages_out",
+        "out",
+        "out_bytes",
+        "peer",
+        "role",
+        "sock",
+        "write_shut",
+    )
+
+    def __init__(self, sock: socket.socket, handler: Any, role: str, peer: str, conn_id: int) -> None:
+        now = time.monotonic()
+        self.sock = sock
+        self.handler = handler
+        self.role = role
+        self.peer = peer
+        self.id = conn_id
+        self.out: deque[memoryview] = deque()
+        self.out_bytes = 0
+        self.closed = False
+        self.write_shut = False
+        self.error: BaseException | None = None
+        self.accepted_at = now
+        self.last_received = now
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.messages_out = 0
+
+    @property
+    def is_authenticated(self) -> bool:
+        """A server connection whose client presented the secret (client connections always are)."""
+        return bool(getattr(self.handler, "is_authenticated", True))
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"Connection({self.role} {self.peer}, {state}, in={self.bytes_in}, out={self.bytes_out})"
+
+
+class TcpTransport:
+    """The listening socket, the connections and the I/O thread of one task.
+
+    ``host`` is the task's own address; the listener binds to it only (port 0 picks a free port, see
+    :attr:`address`). ``lock`` (a ``threading.RLock``) guards every protocol object the handlers reach
+    (pass the runtime's).
+    ``server_handler_factory(wakeup)`` builds the handler of an accepted connection (None: accept nothing).
+    ``on_event()`` runs, with ``lock`` held, after input was processed or a connection closed, so waiting
+    threads can look again; ``on_send(connection, message)`` runs, with ``lock`` held, for every message
+    pulled from a handler (metrics). ``on_closed(connection)`` runs, with ``lock`` held, when a connection
+    ends (its ``error`` tells why, None for a clean close).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        lock: Any,
+        *,
+        server_handler_factory: Callable[[Callable[[], None]], SansIOConnection] | None = None,
+        handshake_timeout_s: float = 10.0,
+        high_water: int = 256 * 1024,
+        max_unauthenticated: int = 32,
+        on_event: Callable[[], None] | None = None,
+        on_send: Callable[[Connection, Message], None] | None = None,
+        on_closed: Callable[[Connection], None] | None = None,
+        name: str = "",
+        port: int = 0,
+    ) -> None:
+        if high_water <= 0:
+            raise ValueError(f"high_water must be > 0 bytes, got {high_water}")
+        if handshake_timeout_s <= 0:
+            raise ValueError(f"handshake_timeout_s must be > 0, got {handshake_timeout_s}")
+        self.lock = lock  # re-entrant: handlers' callbacks may run while the transport holds it
+        self.name = name or "transport"
+        self._factory = server_handler_factory
+        self._handshake_timeout = handshake_timeout_s
+        self._high_water = high_water
+        self._max_unauthenticated = max_unauthenticated
+        self._on_event = on_event
+        self._on_send = on_send
+        self._on_closed = on_closed
+        self._ids = itertools.count(1)
+        self._selector = selectors.DefaultSelector()
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((host, port))
+            self._listener.listen(64)
+            self._listener.setblocking(False)
+        except OSError:
+            self._listener.close()
+            self._selector.close()
+            raise
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._woken = False
+        self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKEUP)
+        self._connections: dict[int, Connection] = {}
+        self._interest: dict[int, int] = {}
+        self._pending: list[Connection] = []
+        self._pending_lock = threading.Lock()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        #: The exception that stopped the I/O thread, if any (a bug or an OS failure, not a peer's fault).
+        self.error: BaseException | None = None
+        self.num_rejected = 0
+        self.rejections: list[str] = []
+
+    # -- public API ---------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the listener is bound to."""
+        host, port = self._listener.getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def connections(self) -> list[Connection]:
+        """Every connection not yet closed (a snapshot)."""
+        with self._pending_lock:
+            pending = list(self._pending)
+        return [c for c in list(self._connections.values()) if not c.closed] + pending
+
+    def start(self) -> None:
+        """Start the I/O thread."""
+        if self._thread is not None:
+            raise RuntimeError("transport already started")
+        self._thread = threading.Thread(target=self._run, name=f"credit-shuffle-io-{self.name}", daemon=True)
+        self._thread.start()
+
+    def wakeup(self) -> None:
+        """Make the I/O thread look at every connection again (thread-safe, cheap when already woken)."""
+        if self._woken:
+            return
+        self._woken = True
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._wake_w.send(b"\0")
+
+    def connect(self, address: tuple[str, int], handler: Any, *, peer: str, timeout_s: float) -> Connection:
+        """Open a connection to ``address`` served by client ``handler`` (blocking, in the caller's thread).
+
+        Retries refused connections with back-off until ``timeout_s`` has passed, then raises
+        :class:`ExchangeTimeoutError` naming ``peer`` and the address. The handler's ``listener`` is set to
+        :meth:`wakeup`; whatever it queued (its ``Hello`` first) is sent once the I/O thread picks it up.
+        """
+        host, port = address
+        deadline = time.monotonic() + timeout_s
+        delay = 0.02
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                sock = socket.create_connection((host, port), timeout=max(0.01, min(remaining, 5.0)))
+                break
+            except OSError as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ExchangeTimeoutError(
+                        f"connecting to {peer} at {host}:{port}: no connection within {timeout_s * 1000:.0f} ms "
+                        f"(last error: {exc})"
+                    ) from None
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 2, 0.5)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        conn = Connection(sock, handler, "client", peer, next(self._ids))
+        if hasattr(handler, "listener"):
+            handler.listener = self.wakeup
+        with self._pending_lock:
+            self._pending.append(conn)
+        self.wakeup()
+        return conn
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the I/O thread (joining it within ``timeout_s``) and close every socket.
+
+        Raises :class:`ExchangeTimeoutError` if the thread does not stop in time (its sockets are closed
+        anyway).
+        """
+        self._stopping = True
+        self._woken = False
+        self.wakeup()
+        thread = self._thread
+        alive = False
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            alive = thread.is_alive()
+        self._close_all()
+        if alive:
+            raise ExchangeTimeoutError(
+                f"joining the I/O thread of {self.name}: still running after {timeout_s * 1000:.0f} ms"
+            )
+
+    def __enter__(self) -> TcpTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- I/O thread ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                events = self._selector.select(self._select_timeout())
+                for key, mask in events:
+                    data = key.data
+                    if data is _LISTENER:
+                        self._accept()
+                    elif data is _WAKEUP:
+                        self._drain_wakeup()
+                    elif not data.closed:
+                        if mask & selectors.EVENT_READ:
+                            self._read(data)
+                        if mask & selectors.EVENT_WRITE and not data.closed:
+                            self._write(data)
+                self._adopt_pending()
+                self._pump()
+                self._expire_handshakes()
+        except BaseException as exc:  # a bug or an OS failure: make it visible to the runtime
+            self.error = exc
+            log.exception("I/O thread of %s failed", self.name)
+            with self.lock:
+                self._notify()
+        finally:
+            self._close_all()
+
+    def _select_timeout(self) -> float | None:
+        unauthenticated = [c.accepted_at for c in self._connections.values() if not c.is_authenticated]
+        if not unauthenticated:
+            return None
+        return max(0.0, min(unauthenticated) + self._handshake_timeout - time.monotonic())
+
+    def _drain_wakeup(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while self._wake_r.recv(4096):
+                pass
+        # Cleared after draining: a wakeup racing with this sends one byte more (a spare loop), never one
+        # less; whatever its caller queued before calling it is seen by the _pump that follows.
+        self._woken = False
+
+    def _adopt_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for conn in pending:
+            self._add(conn)
+
+    def _add(self, conn: Connection) -> None:
+        self._connections[conn.id] = conn
+        self._interest[conn.id] = selectors.EVENT_READ
+        self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    log.warning("%s cannot accept a connection: %s", self.name, exc)
+                    return
+                raise
+            peer = f"{addr[0]}:{addr[1]}"
+            if self._factory is None:
+                self._refuse(sock, peer, "this endpoint serves no partitions")
+                continue
+            waiting = sum(1 for c in self._connections.values() if not c.is_authenticated)
+            if waiting >= self._max_unauthenticated:
+                self._refuse(sock, peer, f"{waiting} connections are already waiting to authenticate")
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.lock:
+                handler = self._factory(self.wakeup)
+            self._add(Connection(sock, handler, "server", f"client {peer}", next(self._ids)))
+
+    def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
+        self._record_rejection(f"refused connection from {peer}: {reason}")
+        sock.close()
+
+    def _record_rejection(self, text: str) -> None:
+        self.num_rejected += 1
+        if len(self.rejections) < 100:
+            self.rejections.append(text)
+        log.warning("%s: %s", self.name, text)
+
+    def _read(self, conn: Connection) -> None:
+        try:
+            data = conn.sock.recv(_RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._drop(conn, exc, clean=False)
+            return
+        if not data:
+            self._drop(conn, None, clean=True)
+            return
+        conn.bytes_in += len(data)
+        conn.last_received = time.monotonic()
+        with self.lock:
+            try:
+                conn.handler.receive_data(data)
+            except ProtocolError as exc:
+                self._reject(conn, exc)
+                return
+            finally:
+                self._notify()
+
+    def _reject(self, conn: Connection, exc: ProtocolError) -> None:
+        """A peer broke the protocol (wrong secret, garbage, oversized frame): log it, close it, carry on."""
+        self._record_rejection(f"closing connection with {conn.peer}: {exc}")
+        self._drop(conn, exc, clean=False, logged=True)
+
+    def _drop(self, conn: Connection, exc: BaseException | None, *, clean: bool, logged: bool = False) -> None:
+        """Close ``conn`` and tell its handler (``clean``: the peer closed its side after a complete frame)."""
+        if conn.closed:
+            return
+        conn.closed = True
+        conn.error = exc
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(conn.sock)
+        self._interest.pop(conn.id, None)
+        self._connections.pop(conn.id, None)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        conn.out.clear()
+        conn.out_bytes = 0
+        with self.lock:
+            try:
+                conn.handler.connection_closed()
+            except ProtocolError as closing_error:  # the peer closed inside a frame
+                if conn.error is None:
+                    conn.error = closing_error
+                if conn.is_authenticated and not logged:
+                    log.warning("%s: connection with %s ended badly: %s", self.name, conn.peer, closing_error)
+            if exc is not None and not clean and not logged and conn.is_authenticated:
+                log.warning("%s: connection with %s failed: %s", self.name, conn.peer, exc)
+            if self._on_closed is not None:
+                self._on_closed(conn)
+            self._notify()
+
+    def _notify(self) -> None:
+        """Tell the runtime something happened (call with ``lock`` held)."""
+        if self._on_event is not None:
+            self._on_event()
+
+    def _pump(self) -> None:
+        """Pull messages from every handler while its connection is below the high watermark, then write."""
+        conns = [c for c in self._connections.values() if not c.closed]
+        if not conns:
+            return
+        with self.lock:
+            for conn in conns:
+                self._fill(conn)
+        for conn in conns:
+            if conn.out and not conn.closed:
+                self._write(conn)
+            if not conn.closed:
+                self._maybe_half_close(conn)
+                self._update_interest(conn)
+
+    def _fill(self, conn: Connection) -> None:
+        handler = conn.handler
+        on_send = self._on_send
+        high_water = self._high_water
+        out = conn.out
+        while conn.out_bytes < high_water:
+            message = handler.next_message()
+            if message is None:
+                return
+            for chunk in encode(message):
+                view = memoryview(chunk)  # type: ignore[arg-type]
+                if view.nbytes:
+                    out.append(view)
+                    conn.out_bytes += view.nbytes
+            conn.messages_out += 1
+            if on_send is not None:
+                on_send(conn, message)
+
+    def _write(self, conn: Connection) -> None:
+        out = conn.out
+        sock = conn.sock
+        while out:
+            chunks = list(itertools.islice(out, _MAX_IOV))
+            wanted = sum(c.nbytes for c in chunks)
+            try:
+                sent = sock.sendmsg(chunks)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._drop(conn, exc, clean=False)
+                return
+            conn.bytes_out += sent
+            conn.out_bytes -= sent
+            remaining = sent
+            while remaining:
+                head = out[0]
+                if head.nbytes <= remaining:
+                    remaining -= head.nbytes
+                    out.popleft()
+                else:
+                    out[0] = head[remaining:]
+                    remaining = 0
+            if sent < wanted:
+                return  # the socket is full: wait for EVENT_WRITE
+
+    def _maybe_half_close(self, conn: Connection) -> None:
+        """A client whose handler closed (CloseRequest queued) shuts down its sending side once written."""
+        if conn.role != "client" or conn.write_shut or conn.out:
+            return
+        handler = conn.handler
+        if getattr(handler, "is_closed", False) and not handler.has_data():
+            conn.write_shut = True
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_WR)
+
+    def _update_interest(self, conn: Connection) -> None:
+        interest = 0
+        if getattr(conn.handler, "is_reading", True):
+            interest |= selectors.EVENT_READ
+        if conn.out:
+            interest |= selectors.EVENT_WRITE
+        before = self._interest.get(conn.id, 0)
+        if before == interest:
+            return
+        self._interest[conn.id] = interest
+        if not interest:
+            self._selector.unregister(conn.sock)
+        elif not before:
+            self._selector.register(conn.sock, interest, conn)
+        else:
+            self._selector.modify(conn.sock, interest, conn)
+
+    def _expire_handshakes(self) -> None:
+        now = time.monotonic()
+        for conn in list(self._connections.values()):
+            if not conn.closed and not conn.is_authenticated and now - conn.accepted_at >= self._handshake_timeout:
+                self._record_rejection(
+                    f"closing connection with {conn.peer}: no valid Hello within "
+                    f"{self._handshake_timeout * 1000:.0f} ms"
+                )
+                self._drop(conn, ProtocolError("no Hello within the handshake timeout"), clean=False, logged=True)
+
+    def _close_all(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for conn in [*self._connections.values(), *pending]:
+            if not conn.closed:
+                conn.closed = True
+                with contextlib.suppress(OSError):
+                    conn.sock.close()
+        self._connections.clear()
+        for sock in (self._listener, self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                sock.close()
+        with contextlib.suppress(Exception):
+            self._selector.close()

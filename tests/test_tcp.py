@@ -1,0 +1,334 @@
+"""The TCP transport on 127.0.0.1 with real sockets: credit-based streaming over one multiplexed
+connection, authentication, hostile input, handshake and connect timeouts, and a clean shutdown."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from spark_credit_shuffle import key_by
+from spark_credit_shuffle.buffers import Buffer, RecordReader, RecordWriter
+from spark_credit_shuffle.config import NetworkConfig
+from spark_credit_shuffle.errors import ExchangeTimeoutError
+from spark_credit_shuffle.protocol import (
+    CreditBasedPartitionRequestClientHandler,
+    Hello,
+    NetworkBufferPool,
+    PartitionRequest,
+    PartitionRequestServerHandler,
+    PipelinedResultPartition,
+    ResultPartitionManager,
+    SingleInputGate,
+    default_max_frame_length,
+    encode_to_bytes,
+)
+from spark_credit_shuffle.protocol.codec import MAGIC_NUMBER, PROTOCOL_VERSION
+from spark_credit_shuffle.transport.tcp import TcpTransport, resolve_host
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = b"s" * 32
+CONFIG = NetworkConfig(segment_size=4096, buffer_timeout_ms=-1, partition_request_timeout_ms=2000)
+FRAME = default_max_frame_length(CONFIG.segment_size)
+
+
+def batches(n: int, seed: int = 0) -> list[pa.RecordBatch]:
+    rng = np.random.default_rng(seed)
+    ids = np.arange(n, dtype=np.int64)
+    keys = rng.integers(0, 50, n).astype(np.int32)
+    words = pa.array([f"w{i:018d}" for i in ids])
+    batch = pa.RecordBatch.from_arrays([pa.array(ids), pa.array(keys), words], names=["id", "k", "s"])
+    return [batch.slice(i, 1000) for i in range(0, n, 1000)]
+
+
+class Producer:
+    """One producer subtask serving a pipelined partition over TCP."""
+
+    def __init__(self, num_subpartitions: int, *, handshake_timeout_s: float = 5.0, max_unauthenticated: int = 32):
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.network = NetworkBufferPool.from_config(CONFIG)
+        self.partition = PipelinedResultPartition.create(self.network, num_subpartitions, CONFIG, partition_id=7)
+        self.manager = ResultPartitionManager()
+        self.manager.register_partition(self.partition)
+        self.partition.buffer_pool.add_availability_listener(self.notify)
+        self.transport = TcpTransport(
+            "127.0.0.1",
+            self.lock,
+            server_handler_factory=self.handler,
+            handshake_timeout_s=handshake_timeout_s,
+            max_unauthenticated=max_unauthenticated,
+            on_event=self.notify,
+            name="producer",
+        )
+        self.transport.start()
+
+    def notify(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def handler(self, wakeup):
+        handler = PartitionRequestServerHandler(self.manager, secret=SECRET, max_frame_length=FRAME)
+        handler.queue.listener = wakeup
+        return handler
+
+    def write(self, data: list[pa.RecordBatch], num_consumers: int) -> None:
+        """Write ``data`` keyed by ``k``, waiting for buffers like a back-pressured producer would."""
+        selector = key_by("k").selector(0, 1, num_consumers, 128)
+        writer = RecordWriter(LockedPartition(self.partition, self.lock), selector, CONFIG.segment_size)
+        for batch in data:
+            with self.cond:
+                assert self.cond.wait_for(self.partition.is_available, timeout=10), "producer never got a buffer"
+            writer.emit(batch)
+        writer.finish()
+        self.expected = writer.num_records_out
+
+
+class LockedPartition:
+    """The partition as the RecordWriter sees it, every call under the producer's lock."""
+
+    def __init__(self, partition, lock):
+        self.partition, self.lock = partition, lock
+        self.num_subpartitions = partition.num_subpartitions
+
+    def request_segment(self, sp):
+        with self.lock:
+            recycler = self.partition.request_segment(sp)
+
+        def recycle():
+            with self.lock:
+                recycler()
+
+        return recycle
+
+    def __getattr__(self, name):
+        method = getattr(self.partition, name)
+
+        def locked(*args, **kwargs):
+            with self.lock:
+                return method(*args, **kwargs)
+
+        return locked
+
+
+class Consumer:
+    """One consumer task reading ``channels`` subpartitions of one producer over ONE connection."""
+
+    def __init__(self, address, subpartitions: list[int], *, secret: bytes = SECRET):
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.network = NetworkBufferPool.from_config(CONFIG)
+        self.transport = TcpTransport("127.0.0.1", self.lock, on_event=self.notify, name="consumer")
+        self.transport.start()
+        self.gate = SingleInputGate(self.network, len(subpartitions), CONFIG)
+        self.gate.listener = self.notify
+        self.handler = CreditBasedPartitionRequestClientHandler(secret=secret, max_frame_length=FRAME)
+        self.conn = self.transport.connect(address, self.handler, peer="producer subtask 0", timeout_s=5)
+        with self.lock:
+            for channel, sp in enumerate(subpartitions):
+                self.gate.remote_channel(channel, channel + 1, self.handler, partition_id=7, subpartition=sp)
+            self.gate.request_partitions()
+
+    def notify(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def read_all(self, schema) -> list[list[pa.RecordBatch]]:
+        readers = [RecordReader(schema, channel=c) for c in range(self.gate.num_channels)]
+        out: list[list[pa.RecordBatch]] = [[] for _ in readers]
+        deadline = time.monotonic() + 20
+        while True:
+            with self.cond:
+                polled = None
+                while polled is None and not self.gate.is_finished:
+                    assert time.monotonic() < deadline, "consumer waited too long"
+                    polled = self.gate.poll_next()
+                    if polled is None:
+                        self.cond.wait(0.2)
+                if polled is None:
+                    return out
+                buffer = polled.buffer
+
+                def recycle(r=buffer.recycle):
+                    with self.lock:
+                        r()
+
+                # the reader recycles after decoding, outside this block: under the lock again
+                buffer = Buffer(buffer.data_type, buffer.data, recycle)
+            for item in readers[polled.channel_index].feed(buffer, polled.sequence_number):
+                if isinstance(item, pa.RecordBatch):
+                    out[polled.channel_index].append(item)
+
+
+def wait_until(predicate, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
+    """The server closed ``sock``: a read returns EOF or a reset."""
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_resolve_host_gives_an_ipv4_address():
+    assert resolve_host("localhost") == "127.0.0.1"
+    assert resolve_host("127.0.0.1") == "127.0.0.1"
+    with pytest.raises(OSError):
+        resolve_host("")
+
+
+def test_listens_only_on_the_given_address():
+    producer = Producer(1)
+    try:
+        host, port = producer.transport.address
+        assert host == "127.0.0.1" and port > 0
+    finally:
+        producer.transport.close()
+
+
+def test_all_channels_of_a_task_pair_stream_over_one_connection_under_credit():
+    data = batches(30_000)
+    producer = Producer(3)
+    consumer = Consumer(producer.transport.address, [0, 1, 2])
+    try:
+        writer = threading.Thread(target=producer.write, args=(data, 3))
+        writer.start()
+        received = consumer.read_all(data[0].schema)
+        writer.join(10)
+        got = pa.Table.from_batches([b for channel in received for b in channel]).sort_by("id")
+        assert got.equals(pa.Table.from_batches(data).sort_by("id"))
+        assert [sum(b.num_rows for b in channel) for channel in received] == producer.expected
+        # every channel shares the one connection; the half-close ends it on both sides
+        assert len([c for c in producer.transport.connections if c.role == "server"]) <= 1
+        assert wait_until(lambda: not consumer.transport.connections and not producer.transport.connections)
+        assert consumer.conn.error is None and consumer.conn.bytes_in > 0
+        assert all(sub.is_released for sub in producer.partition.subpartitions)
+    finally:
+        consumer.transport.close()
+        producer.transport.close()
+
+
+def hostile_payloads() -> dict[str, bytes]:
+    header = struct.Struct(">IIBB")
+    return {
+        "wrong secret": encode_to_bytes(Hello(b"x" * 32)),
+        "no hello first": encode_to_bytes(PartitionRequest(1, 0, 2, 7)),
+        "garbage": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        "oversized length": header.pack(1 << 31, MAGIC_NUMBER, PROTOCOL_VERSION, 2),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(hostile_payloads()))
+def test_hostile_connection_is_closed_and_logged_and_the_exchange_carries_on(caplog, kind):
+    caplog.set_level(logging.WARNING, logger="spark_credit_shuffle")
+    data = batches(5000)
+    producer = Producer(1)
+    rogue = socket.create_connection(producer.transport.address)
+    try:
+        rogue.sendall(hostile_payloads()[kind])
+        assert closed_by_peer(rogue), f"the server kept a connection that sent {kind}"
+        consumer = Consumer(producer.transport.address, [0])
+        writer = threading.Thread(target=producer.write, args=(data, 1))
+        writer.start()
+        received = consumer.read_all(data[0].schema)
+        writer.join(10)
+        assert sum(b.num_rows for b in received[0]) == 5000
+        assert producer.transport.num_rejected == 1
+        assert any("closing connection" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+        consumer.transport.close()
+    finally:
+        rogue.close()
+        producer.transport.close()
+
+
+def test_a_client_with_the_wrong_secret_gets_no_data(caplog):
+    caplog.set_level(logging.WARNING, logger="spark_credit_shuffle")
+    producer = Producer(1)
+    consumer = Consumer(producer.transport.address, [0], secret=b"not the secret")
+    try:
+        assert wait_until(lambda: consumer.conn.closed)
+        assert consumer.conn.bytes_in == 0
+        with consumer.lock, pytest.raises(Exception, match="connection to the producer closed"):
+            consumer.gate.poll_next()
+        assert "wrong secret" in " ".join(producer.transport.rejections)
+    finally:
+        consumer.transport.close()
+        producer.transport.close()
+
+
+def test_a_silent_connection_is_closed_after_the_handshake_timeout(caplog):
+    caplog.set_level(logging.WARNING, logger="spark_credit_shuffle")
+    producer = Producer(1, handshake_timeout_s=0.2)
+    try:
+        silent = socket.create_connection(producer.transport.address)
+        assert closed_by_peer(silent)
+        assert "no valid Hello" in producer.transport.rejections[0]
+        silent.close()
+    finally:
+        producer.transport.close()
+
+
+def test_unauthenticated_connections_are_capped(caplog):
+    caplog.set_level(logging.WARNING, logger="spark_credit_shuffle")
+    producer = Producer(1, max_unauthenticated=2)
+    sockets = [socket.create_connection(producer.transport.address) for _ in range(2)]
+    try:
+        assert wait_until(lambda: len(producer.transport.connections) == 2)
+        extra = socket.create_connection(producer.transport.address)
+        assert closed_by_peer(extra)
+        assert "already waiting to authenticate" in producer.transport.rejections[-1]
+        extra.close()
+    finally:
+        for s in sockets:
+            s.close()
+        producer.transport.close()
+
+
+def test_connect_gives_up_after_its_timeout_naming_the_peer():
+    with socket.socket() as probe:  # a port with nobody listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    lock = threading.RLock()
+    transport = TcpTransport("127.0.0.1", lock, name="consumer")
+    transport.start()
+    try:
+        handler = CreditBasedPartitionRequestClientHandler(secret=SECRET)
+        with pytest.raises(ExchangeTimeoutError, match=rf"producer subtask 3 at 127\.0\.0\.1:{port}.*within 300 ms"):
+            transport.connect(
+                ("127.0.0.1", port), handler, peer=f"producer subtask 3 at 127.0.0.1:{port}", timeout_s=0.3
+            )
+    finally:
+        transport.close()
+
+
+def test_close_joins_the_io_thread_and_closes_every_socket():
+    producer = Producer(1)
+    client = socket.create_connection(producer.transport.address)
+    assert wait_until(lambda: producer.transport.connections)
+    thread = producer.transport._thread
+    address = producer.transport.address
+    producer.transport.close(timeout_s=5)
+    assert thread is not None and not thread.is_alive()
+    assert closed_by_peer(client)
+    with pytest.raises(OSError):
+        socket.create_connection(address, timeout=1).close()
+    client.close()
