@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n== keyed exchange of {args.rows} rows, {args.producers} -> {args.parallelism} subtasks, {args.mode}")
     ex = scs.exchange(df, scs.key_by("user_id"), parallelism=args.parallelism, mode=args.mode)
     started = time.perf_counter()
-    per_subtask = ex.df.groupBy(F.spark_partition_id().alias("subtask")).count().orderBy("subtask").collect()
+    with ex.labelled():
+        per_subtask = ex.df.groupBy(F.spark_partition_id().alias("subtask")).count().orderBy("subtask").collect()
     elapsed = time.perf_counter() - started
     for row in per_subtask:
         print(f"  consumer subtask {row['subtask']}: {row['count']} rows")

@@ -9,10 +9,11 @@ network metrics of that run as a DataFrame (schema in :mod:`spark_credit_shuffle
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,26 @@ class Exchange:
             for r in self.metric_rows()
         ]
         return spark.createDataFrame(data, METRICS_DDL)
+
+    @contextlib.contextmanager
+    def labelled(self) -> Iterator[Exchange]:
+        """Label the Spark jobs run inside the ``with`` block with this exchange (Spark UI, logs).
+
+        The stages' Python functions are named after the exchange as well
+        (``credit_shuffle_produce_<name>``), so the SQL tab shows them whatever the label.
+        On Spark Connect, where the job description cannot be set from here, it does nothing.
+        """
+        try:
+            sc = self.df.sparkSession.sparkContext
+        except Exception:  # Spark Connect has no SparkContext
+            yield self
+            return
+        previous = sc.getLocalProperty("spark.job.description")
+        sc.setJobDescription(self.plan.describe())
+        try:
+            yield self
+        finally:
+            sc.setLocalProperty("spark.job.description", previous)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return f"Exchange({self.plan.describe()})"

@@ -154,3 +154,18 @@ def test_task_failing_once_is_retried_and_output_and_metrics_stay_exact(spark, t
     consumers = {r.subtask for r in rows if r.side == "consumer"}
     producers = {r.subtask for r in rows if r.side == "producer"}
     assert consumers == {0, 1, 2} and producers == {0, 1, 2}
+
+
+def test_jobs_and_stages_are_labelled_with_the_exchange(spark, capsys):
+    ex = scs.exchange(rows_df(spark, n=50), scs.rebalance(), parallelism=2)
+    sc = spark.sparkContext
+    before = sc.getLocalProperty("spark.job.description")
+    with ex.labelled():
+        assert sc.getLocalProperty("spark.job.description") == ex.plan.describe()
+        assert "REBALANCE blocking exchange, 3 -> 2 subtasks" in ex.plan.describe()
+        ex.df.count()
+    assert sc.getLocalProperty("spark.job.description") == before
+    ex.df.explain()
+    plan_text = capsys.readouterr().out
+    assert f"credit_shuffle_produce_{ex.name.replace('-', '_')}" in plan_text
+    assert f"credit_shuffle_consume_{ex.name.replace('-', '_')}" in plan_text
