@@ -22,6 +22,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 from ..buffers.buffer import Buffer, BufferConsumer, DataType, FinishedBufferConsumer
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
+from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER, IS_EVENT
 from .pools import LocalBufferPool, NetworkBufferPool, PartitionType, SegmentRecycler, result_partition_pool_size
 
 __all__ = [
@@ -169,35 +170,36 @@ class PipelinedSubpartition:
             consumer.close()
             return ADD_BUFFER_ERROR_CODE
         data_type = consumer.data_type
+        buffers = self._buffers
         priority_sequence = -1
-        if data_type.has_priority:
-            self._buffers.insert(self._num_priority, [consumer, partial_record_length])
+        if HAS_PRIORITY[data_type]:
+            buffers.insert(self._num_priority, [consumer, partial_record_length])
             self._num_priority += 1
-            if len(self._buffers) == 1:
+            if len(buffers) == 1:
                 self._tail_known_finished = True
             if self._num_priority == 1 and not self.is_blocked:
                 priority_sequence = self._sequence_number
         else:
-            self._buffers.append([consumer, partial_record_length])
+            buffers.append([consumer, partial_record_length])
             self._tail_known_finished = type(consumer) is FinishedBufferConsumer
         self.total_number_of_buffers += 1
-        if data_type.is_buffer:
+        if IS_BUFFER[data_type]:
             self.buffers_in_backlog += 1
-        notify = finish or self._should_notify_data_available()
+        view = self._view
         if finish:
             self.is_finished = True
-        view = self._view
+            notify = True
+        elif view is None or self.flush_requested or self.is_blocked:
+            notify = False
+        else:  # notify when the first finished element appears (Flink: getNumberOfFinishedBuffers() == 1)
+            n = len(buffers)
+            notify = n == 2 or (n == 1 and self._tail_known_finished)
         if view is not None:
             if priority_sequence >= 0:
                 view.notify_priority_event(priority_sequence)
             if notify:
                 view.notify_data_available()
         return self._buffer_size
-
-    def _should_notify_data_available(self) -> bool:
-        return (
-            self._view is not None and not self.flush_requested and not self.is_blocked and self._finished_count() == 1
-        )
 
     def _finished_count(self) -> int:
         n = len(self._buffers)
@@ -265,23 +267,21 @@ class PipelinedSubpartition:
             return None
         buffer = None
         while buffers:
-            entry = buffers[0]
-            consumer = entry[0]
+            consumer = buffers[0][0]
             buffer = consumer.build()
-            single = len(buffers) == 1
             finished = consumer.is_finished()
-            if single:
+            if len(buffers) == 1:
                 self.flush_requested = False
                 self._tail_known_finished = finished
             if finished:
                 buffers.popleft()
                 if self._num_priority:
                     self._num_priority -= 1
-                if consumer.data_type.is_buffer:
+                if IS_BUFFER[consumer.data_type]:
                     self.buffers_in_backlog -= 1
                 if self.receiver_exclusive_buffers_per_channel == 0:
-                    break
-            if buffer.size > 0 or not buffer.data_type.is_buffer:
+                    break  # even empty: a receiver without exclusive buffers must get its credit back
+            if len(buffer.data) or not IS_BUFFER[buffer.data_type]:  # type: ignore[arg-type]
                 break
             buffer.recycle()
             buffer = None
@@ -289,19 +289,21 @@ class PipelinedSubpartition:
                 break
         if buffer is None:
             return None
-        data_type = buffer.data_type
-        if data_type.is_blocking_upstream:
+        if IS_BLOCKING_UPSTREAM[buffer.data_type]:
             self.is_blocked = True
         self.num_buffers_polled += 1
-        self.num_bytes_polled += buffer.size
+        self.num_bytes_polled += len(buffer.data)  # type: ignore[arg-type]
         sequence = self._sequence_number
         self._sequence_number = sequence + 1
-        return BufferAndBacklog(
-            buffer,
-            self.get_buffers_in_backlog(),
-            buffers[0][0].data_type if buffers and self.is_data_available() else _NONE,
-            sequence,
-        )
+        if self.is_blocked or not buffers:
+            return BufferAndBacklog(buffer, 0, _NONE, sequence)
+        in_backlog = self.buffers_in_backlog
+        flush_requested = self.flush_requested
+        if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1][0].data_type]):
+            in_backlog = in_backlog - 1 if in_backlog > 0 else 0
+        if flush_requested or len(buffers) > 1 or self._tail_known_finished:
+            return BufferAndBacklog(buffer, in_backlog, buffers[0][0].data_type, sequence)
+        return BufferAndBacklog(buffer, in_backlog, _NONE, sequence)
 
     def is_data_available(self) -> bool:
         """Something can be polled with credit (Flink's ``isDataAvailableUnsafe``)."""
@@ -316,17 +318,24 @@ class PipelinedSubpartition:
         buffers = self._buffers
         if self.is_blocked or not buffers:
             return 0
-        if self.flush_requested or self.is_finished or not buffers[-1][0].data_type.is_buffer:
+        if self.flush_requested or self.is_finished or not IS_BUFFER[buffers[-1][0].data_type]:
             return self.buffers_in_backlog
         return max(self.buffers_in_backlog - 1, 0)
 
     def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog:
         """With credit: data available; without: the head is an event (events need no credit)."""
+        buffers = self._buffers
+        if self.is_blocked or not buffers:
+            return AvailabilityWithBacklog(False, 0)
+        flush_requested = self.flush_requested
+        in_backlog = self.buffers_in_backlog
+        if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1][0].data_type]):
+            in_backlog = in_backlog - 1 if in_backlog > 0 else 0
         if credit_available:
-            available = self.is_data_available()
+            available = flush_requested or len(buffers) > 1 or self._tail_known_finished
         else:
-            available = not self.is_blocked and bool(self._buffers) and self._buffers[0][0].data_type.is_event
-        return AvailabilityWithBacklog(available, self.get_buffers_in_backlog())
+            available = IS_EVENT[buffers[0][0].data_type]
+        return AvailabilityWithBacklog(available, in_backlog)
 
     def resume_consumption(self) -> None:
         """Unblock after an upstream-blocking event (aligned barrier) was consumed."""
@@ -360,16 +369,15 @@ class PipelinedSubpartition:
 class PipelinedSubpartitionView:
     """The read view of one pipelined subpartition; forwards to it and to its listener."""
 
-    __slots__ = ("_listener", "_released", "failure_cause", "parent")
+    __slots__ = ("_listener", "_released", "failure_cause", "get_next_buffer", "parent")
 
     def __init__(self, parent: PipelinedSubpartition, listener: BufferAvailabilityListener) -> None:
         self.parent = parent
         self._listener = listener
         self._released = False
         self.failure_cause: BaseException | None = None
-
-    def get_next_buffer(self) -> BufferAndBacklog | None:
-        return self.parent.poll_buffer()
+        #: The next buffer, or None (the subpartition's ``poll_buffer``, bound directly: it is the hot path).
+        self.get_next_buffer: Callable[[], BufferAndBacklog | None] = parent.poll_buffer
 
     def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog:
         return self.parent.get_availability_and_backlog(credit_available)
@@ -482,12 +490,16 @@ class PipelinedResultPartition:
 
     def request_segment(self, subpartition: int) -> SegmentRecycler:
         """One segment for a new builder of ``subpartition``; never fails (see ``LocalBufferPool``)."""
-        self._check_in_produce_state()
-        self.buffer_pool.request_buffer_forced(subpartition)
-        return SegmentRecycler(self.buffer_pool, subpartition)
+        if self.is_finished or self.is_released:
+            self._check_in_produce_state()
+        pool = self.buffer_pool
+        if not pool.request_buffer(subpartition):
+            pool.request_buffer_forced(subpartition)
+        return SegmentRecycler(pool, subpartition)
 
     def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None:
-        self._check_in_produce_state()
+        if self.is_finished or self.is_released:
+            self._check_in_produce_state()
         self.subpartitions[subpartition].add(consumer, partial_record_length)
 
     def add_event(self, subpartition: int, buffer: Buffer) -> None:

@@ -490,9 +490,9 @@ class LocalBufferPool:
         Succeeds while a segment is free even if the channel is at its max (the limit only gates
         availability); at the pool size it may overdraft up to ``max_overdraft_buffers``.
         """
-        if self.is_destroyed:
-            raise RuntimeError("buffer pool is destroyed")
         if self.num_available_segments == 0:
+            if self.is_destroyed:
+                raise RuntimeError("buffer pool is destroyed")
             if self.num_requested < self.current_pool_size:
                 if not self._request_from_global():
                     return False
@@ -503,13 +503,17 @@ class LocalBufferPool:
                 self.num_available_segments += 1
             else:
                 return False
-        self.num_available_segments -= 1
+        remaining = self.num_available_segments - 1
+        self.num_available_segments = remaining
+        changed = remaining == 0
         if target_channel >= 0:
             count = self.subpartition_buffers_count[target_channel] + 1
             self.subpartition_buffers_count[target_channel] = count
             if count == self.max_buffers_per_channel:
                 self.unavailable_subpartitions_count += 1
-        self.check_availability()
+                changed = True
+        if changed or self.num_requested > self.current_pool_size:
+            self.check_availability()
         return True
 
     def request_buffer_forced(self, target_channel: int = UNKNOWN_CHANNEL) -> None:
@@ -551,7 +555,12 @@ class LocalBufferPool:
             self._return_to_global()
             self.check_availability()
             return
-        self._offer_segment()
+        if self._listeners:
+            self._offer_segment()
+            return
+        self.num_available_segments += 1
+        if not self._available:
+            self.check_availability()
 
     def _offer_segment(self) -> None:
         while self._listeners:

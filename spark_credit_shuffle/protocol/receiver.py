@@ -25,6 +25,7 @@ from typing import NamedTuple
 from ..buffers.buffer import Buffer, DataType
 from ..config import NetworkConfig
 from ..errors import BufferReorderingError, CreditShuffleError, ProtocolError
+from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER
 from .codec import FrameDecoder, default_max_frame_length, encode
 from .messages import (
     AckAllUserRecordsProcessed,
@@ -275,25 +276,31 @@ class RemoteInputChannel:
             self.on_error(BufferReorderingError(self.expected_sequence_number, sequence_number, self.channel_index))
             return
         data_type = buffer.data_type
-        if data_type.is_blocking_upstream:
+        if IS_BLOCKING_UPSTREAM[data_type]:
             self._on_blocking_upstream()
         queue = self.received_buffers
         was_empty = not queue
-        if data_type.has_priority:
+        priority = HAS_PRIORITY[data_type]
+        if priority:
             queue.insert(self._num_priority, (buffer, sequence_number))
             self._num_priority += 1
         else:
             queue.append((buffer, sequence_number))
-        self.queue_size_bytes += buffer.size
+        self.queue_size_bytes += len(buffer.data)  # type: ignore[arg-type]
         self.expected_sequence_number = sequence_number + 1
         if data_type is _END_OF_PARTITION:
             self.received_end_of_partition = True
-        if data_type.has_priority and self._num_priority == 1:
+        if priority and self._num_priority == 1:
             self.gate.notify_priority_event(self)
         elif was_empty:
             self.gate.notify_channel_non_empty(self)
         if backlog >= 0 and self.credit_based:
-            self.on_sender_backlog(backlog)
+            manager = self.buffer_manager
+            required = backlog + self.initial_credit
+            if manager.is_waiting_for_floating_buffers or manager.num_exclusive + manager.num_floating >= required:
+                manager.num_required_buffers = required  # nothing to request (the common case)
+            else:
+                self.notify_buffer_available(manager.request_floating_buffers(required))
 
     def on_empty_buffer(self, sequence_number: int, backlog: int) -> None:
         """An empty data buffer (sent so a channel without exclusive buffers can drop its credit)."""
@@ -347,7 +354,7 @@ class RemoteInputChannel:
         buffer, sequence_number = queue.popleft()
         if self._num_priority:
             self._num_priority -= 1
-        size = buffer.size
+        size = len(buffer.data)  # type: ignore[arg-type]
         self.queue_size_bytes -= size
         self.num_bytes_in += size
         self.num_buffers_in += 1
@@ -490,7 +497,7 @@ class LocalInputChannel:
         if view is None or self.is_released:
             return None
         nxt = view.get_next_buffer()
-        while nxt is not None and nxt.buffer.size == 0 and nxt.buffer.data_type.is_buffer:
+        while nxt is not None and not len(nxt.buffer.data) and IS_BUFFER[nxt.buffer.data_type]:
             nxt.buffer.recycle()
             self.num_buffers_in += 1
             nxt = view.get_next_buffer()
@@ -500,7 +507,7 @@ class LocalInputChannel:
             return None
         buffer = nxt.buffer
         self.num_buffers_in += 1
-        self.num_bytes_in += buffer.size
+        self.num_bytes_in += len(buffer.data)  # type: ignore[arg-type]
         if buffer.data_type is _END_OF_PARTITION:
             self.received_end_of_partition = True
         return buffer, nxt.next_data_type is not _NONE, nxt.sequence_number
@@ -881,6 +888,20 @@ class CreditBasedPartitionRequestClientHandler:
         if kind is BufferResponse:
             self.num_buffer_responses += 1
             if self.credit_based:
+                channel = self.input_channels.get(message.receiver_id)  # type: ignore[union-attr]
+                data_type = message.data_type  # type: ignore[union-attr]
+                if (
+                    channel is not None and IS_BUFFER[data_type] and not channel.is_released and len(message.payload)  # type: ignore[union-attr,arg-type]
+                ):  # the common case, inline: a data buffer into a credit-backed channel buffer
+                    recycler = channel.buffer_manager.request_buffer()
+                    if recycler is not None:
+                        channel.on_buffer(
+                            Buffer(data_type, message.payload, recycler),  # type: ignore[union-attr]
+                            message.sequence_number,  # type: ignore[union-attr]
+                            message.backlog,  # type: ignore[union-attr]
+                        )
+                        return
+                    channel.buffer_manager.num_required_buffers += 1  # undo; the slow path takes it again
                 self._decode_buffer_response(message)  # type: ignore[arg-type]
             elif self._staged or not self._decode_without_credit(message):  # type: ignore[arg-type]
                 self._staged.append(message)  # type: ignore[arg-type]
@@ -901,23 +922,23 @@ class CreditBasedPartitionRequestClientHandler:
                 self._enqueue(CancelPartitionRequest(message.receiver_id))
             return
         data_type = message.data_type
-        if data_type.is_buffer:
-            payload = message.payload
-            if not len(payload):  # type: ignore[arg-type]
-                channel.on_empty_buffer(message.sequence_number, message.backlog)
-                return
-            recycler = channel.buffer_manager.request_buffer()
-            if recycler is None:
-                channel.on_error(
-                    ProtocolError(
-                        f"channel {channel.channel_index}: the read buffer is null in credit-based input channel "
-                        f"(a data buffer arrived with no credit reserved for it)"
-                    )
+        payload = message.payload
+        if not IS_BUFFER[data_type]:  # events get an unpooled buffer of their own
+            channel.on_buffer(Buffer(data_type, payload), message.sequence_number, message.backlog)
+            return
+        if not len(payload):  # type: ignore[arg-type]
+            channel.on_empty_buffer(message.sequence_number, message.backlog)
+            return
+        recycler = channel.buffer_manager.request_buffer()
+        if recycler is None:
+            channel.on_error(
+                ProtocolError(
+                    f"channel {channel.channel_index}: the read buffer is null in credit-based input channel "
+                    f"(a data buffer arrived with no credit reserved for it)"
                 )
-                return
-            channel.on_buffer(Buffer(data_type, payload, recycler), message.sequence_number, message.backlog)
-        else:
-            channel.on_buffer(Buffer(data_type, message.payload), message.sequence_number, message.backlog)
+            )
+            return
+        channel.on_buffer(Buffer(data_type, payload, recycler), message.sequence_number, message.backlog)
 
     def _decode_without_credit(self, message: BufferResponse) -> bool:
         """Old model: take a buffer of the channel's gate pool; False if none is free (stage and pause)."""
@@ -926,7 +947,7 @@ class CreditBasedPartitionRequestClientHandler:
             if channel is None and not self.is_closed:
                 self._enqueue(CancelPartitionRequest(message.receiver_id))
             return True
-        if message.data_type.is_buffer and len(message.payload):  # type: ignore[arg-type]
+        if IS_BUFFER[message.data_type] and len(message.payload):  # type: ignore[arg-type]
             pool = channel.gate.buffer_pool
             if not pool.request_buffer():
                 if pool.add_buffer_listener(self):

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from ..errors import PartitionNotFoundError, PartitionStateError, ProtocolError
+from ._flags import IS_BUFFER, IS_EVENT
 from .codec import FrameDecoder, default_max_frame_length, encode
 from .messages import (
     AckAllUserRecordsProcessed,
     AddCredit,
     BacklogAnnouncement,
-    BufferResponse,
     CancelPartitionRequest,
     CloseRequest,
     ErrorResponse,
@@ -35,6 +35,7 @@ from .messages import (
     PartitionRequest,
     ResumeConsumption,
     ServerMessage,
+    new_buffer_response,
 )
 from .partition import AvailabilityWithBacklog, BufferAndBacklog, ResultPartitionManager, ResultSubpartitionView
 
@@ -149,19 +150,21 @@ class CreditBasedSequenceNumberingViewReader:
         return self.initial_credit == 0 and self.num_credits_available == 0
 
     def get_next_buffer(self) -> BufferAndAvailability | None:
-        if self.view is None:
+        view = self.view
+        if view is None:
             return None
-        nxt: BufferAndBacklog | None = self.view.get_next_buffer()
+        nxt: BufferAndBacklog | None = view.get_next_buffer()
         if nxt is None:
             return None
-        buffer = nxt.buffer
-        if buffer.data_type.is_buffer:
-            self.num_credits_available -= 1
-            if self.num_credits_available < 0:
+        buffer, backlog, next_type, sequence_number = nxt
+        credits = self.num_credits_available
+        if IS_BUFFER[buffer.data_type]:
+            credits -= 1
+            if credits < 0:
                 raise ProtocolError(f"receiver {self.receiver_id}: data buffer polled with no credit available")
-        next_type = nxt.next_data_type
-        more = next_type.is_event or (self.num_credits_available > 0 and next_type.is_buffer)
-        return BufferAndAvailability(buffer, more, nxt.backlog, nxt.sequence_number)
+            self.num_credits_available = credits
+        more = IS_EVENT[next_type] or (credits > 0 and IS_BUFFER[next_type])
+        return BufferAndAvailability(buffer, more, backlog, sequence_number)
 
     # -- lifecycle --
 
@@ -242,13 +245,16 @@ class PartitionRequestQueue:
             raise ProtocolError(f"receiver id {reader.receiver_id} requested a partition twice on one connection")
         self.all_readers[reader.receiver_id] = reader
 
-    def notify_reader_non_empty(self, reader: CreditBasedSequenceNumberingViewReader) -> None:
-        self.enqueue_available_reader(reader)
-
     def enqueue_available_reader(self, reader: CreditBasedSequenceNumberingViewReader) -> None:
         if reader.is_registered_as_available or self.is_closed:
             return
-        available, backlog = reader.get_availability_and_backlog()
+        view = reader.view
+        if view is None:
+            return
+        if reader.credit_based:
+            available, backlog = view.get_availability_and_backlog(reader.num_credits_available > 0)
+        else:
+            available, backlog = view.get_availability_and_backlog(True)
         if not available:
             if backlog > 0 and reader.need_announce_backlog():
                 self._send_control(BacklogAnnouncement(reader.receiver_id, backlog))
@@ -258,6 +264,9 @@ class PartitionRequestQueue:
         self.available_readers.append(reader)
         if was_idle and self.listener is not None:
             self.listener()
+
+    #: A reader's view has data (the reader's availability listener calls this).
+    notify_reader_non_empty = enqueue_available_reader
 
     def _send_control(self, message: ServerMessage) -> None:
         was_idle = not self.available_readers and not self._outbox
@@ -327,7 +336,7 @@ class PartitionRequestQueue:
                 available.append(reader)
             buffer = nxt.buffer
             payload = buffer.data
-            message = BufferResponse(
+            message = new_buffer_response(
                 reader.receiver_id,
                 reader.subpartition,
                 nxt.sequence_number,
@@ -336,10 +345,9 @@ class PartitionRequestQueue:
                 False,
                 payload,
             )
-            buffer.recycle()
-            size = len(payload)
+            buffer.recycle()  # the message keeps the payload; the segment is free for the producer
             reader.num_buffers_sent += 1
-            reader.num_bytes_sent += size
+            reader.num_bytes_sent += len(payload)  # type: ignore[arg-type]
             self.num_buffer_responses += 1
             return message
         return None
@@ -373,6 +381,8 @@ class PartitionRequestServerHandler:
         self._pending: dict[int, tuple[PartitionRequest, Callable[[], None]]] = {}
         self.is_closed = False
         self.messages_received = 0
+        #: The next message to send, or None (bound to the queue's: the hot path).
+        self.next_message: Callable[[], ServerMessage | None] = self.queue.next_message
 
     # -- inbound --
 
@@ -400,9 +410,13 @@ class PartitionRequestServerHandler:
         kind = type(message)
         queue = self.queue
         if kind is AddCredit:
-            if message.credit <= 0:
-                raise ProtocolError(f"AddCredit for receiver {message.receiver_id} announces {message.credit} credit")
-            queue.add_credit_or_resume_consumption(message.receiver_id, lambda r: r.add_credit(message.credit))
+            credit = message.credit
+            if credit <= 0:
+                raise ProtocolError(f"AddCredit for receiver {message.receiver_id} announces {credit} credit")
+            reader = queue.all_readers.get(message.receiver_id)
+            if reader is not None:  # unknown ids are ignored, as in Flink
+                reader.add_credit(credit)
+                queue.enqueue_available_reader(reader)
         elif kind is PartitionRequest:
             self._on_partition_request(message)
         elif kind is CancelPartitionRequest:
@@ -475,10 +489,6 @@ class PartitionRequestServerHandler:
             self.queue._send_control(ErrorResponse(str(error), receiver_id))
 
     # -- outbound --
-
-    def next_message(self) -> ServerMessage | None:
-        """The next message to send, or None."""
-        return self.queue.next_message()
 
     def has_data(self) -> bool:
         return self.queue.has_data()
