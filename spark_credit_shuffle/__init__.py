@@ -21,7 +21,7 @@ from .errors import (
     UnknownSettingError,
     UnsupportedKeyTypeError,
 )
-from .exchange import Exchange, ExchangePlan, Injection, exchange, exchanged
+from .exchange import Exchange, ExchangePlan, Injection, exchange, exchange_rdd, exchanged
 from .partitioners import (
     ChannelSelector,
     Partitioner,
@@ -68,6 +68,7 @@ __all__ = [
     "custom",
     "default_max_parallelism",
     "exchange",
+    "exchange_rdd",
     "exchanged",
     "forward",
     "global_",

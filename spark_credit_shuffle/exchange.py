@@ -25,9 +25,10 @@ from .metrics import METRICS_DDL, MetricRow
 from .partitioners import Partitioner
 
 if TYPE_CHECKING:
+    from pyspark import RDD
     from pyspark.sql import DataFrame, Observation
 
-__all__ = ["MODES", "Exchange", "ExchangePlan", "Injection", "exchange", "exchanged"]
+__all__ = ["MODES", "Exchange", "ExchangePlan", "Injection", "exchange", "exchange_rdd", "exchanged"]
 
 log = logging.getLogger("spark_credit_shuffle")
 
@@ -93,6 +94,11 @@ class Exchange:
         self.plan = plan
         self.df = df
         self._observation = observation
+
+    @property
+    def rdd(self) -> RDD[Any]:
+        """``df`` as an RDD of Rows, with the same partitions (partition *i* = consumer subtask *i*)."""
+        return self.df.rdd
 
     @property
     def name(self) -> str:
@@ -220,6 +226,28 @@ def exchange(
         from .runtime.pipelined import build
     out, observation = build(plan, df)
     return Exchange(plan, out, observation)
+
+
+def exchange_rdd(
+    rdd: RDD[Any],
+    partitioner: Partitioner,
+    parallelism: int | None = None,
+    mode: str = "blocking",
+    *,
+    schema: Any = None,
+    **kwargs: Any,
+) -> Exchange:
+    """The exchange for an RDD of Rows, tuples or dicts: ``exchange_rdd(rdd, key_by("k")).rdd``.
+
+    The RDD becomes a DataFrame with ``schema`` (inferred when None), partition for partition, so the
+    RDD's partitions are the producer subtasks; partition *i* of the result's ``rdd`` holds what
+    consumer subtask *i* received, as Rows.
+    """
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.getOrCreate()
+    df = spark.createDataFrame(rdd, schema)
+    return exchange(df, partitioner, parallelism, mode, **kwargs)
 
 
 def exchanged(

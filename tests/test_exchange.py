@@ -169,3 +169,17 @@ def test_jobs_and_stages_are_labelled_with_the_exchange(spark, capsys):
     plan_text = capsys.readouterr().out
     assert f"credit_shuffle_produce_{ex.name.replace('-', '_')}" in plan_text
     assert f"credit_shuffle_consume_{ex.name.replace('-', '_')}" in plan_text
+
+
+def test_rdd_and_transform_forms(spark):
+    rdd = spark.sparkContext.parallelize([(i, i % 17) for i in range(300)], 3)
+    ex = scs.exchange_rdd(rdd, scs.key_by("_2"), parallelism=4)
+    parts = ex.rdd.glom().collect()
+    assert len(parts) == 4
+    assert sorted(tuple(r) for part in parts for r in part) == [(i, i % 17) for i in range(300)]
+    for subtask, part in enumerate(parts):
+        assert all(flink_channels([r[1]], 4)[0] == subtask for r in part)
+    df = rows_df(spark, n=100)
+    out = df.transform(scs.exchanged(scs.rebalance(seed=1), 2))
+    assert_df_equality(out, df, ignore_row_order=True)
+    assert out.rdd.getNumPartitions() == 2
