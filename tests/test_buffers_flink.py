@@ -445,3 +445,71 @@ def test_writer_and_readers_over_the_protocol_partition():
             expected += [i for i in range(start, start + 500) if i % 3 == sp] + [-start]
         assert ids_read(got[sp]) == expected
     assert partition.buffer_pool.num_requested == partition.buffer_pool.num_available_segments  # all returned
+
+
+class _LockedPartition:
+    """A MemoryPartition whose calls take one lock, as a task serialises its partition."""
+
+    def __init__(self, partition: MemoryPartition, lock) -> None:
+        self.partition = partition
+        self.lock = lock
+        self.num_subpartitions = partition.num_subpartitions
+
+    def __getattr__(self, name):
+        method = getattr(self.partition, name)
+
+        def locked(*args, **kwargs):
+            with self.lock:
+                return method(*args, **kwargs)
+
+        return locked
+
+
+def test_a_reader_thread_polls_while_the_writer_thread_appends():
+    """Builders are shared with the polling thread: slices built while rows are appended lose nothing,
+    and every segment returns (its recycler runs outside the builder's lock)."""
+    import threading
+    import time
+
+    lock = threading.RLock()
+    partition = MemoryPartition(3)
+    locked = _LockedPartition(partition, lock)
+    writer = RecordWriter(locked, RoundRobinSelector(3, -1), SEGMENT)
+    readers = [RecordReader(SCHEMA, sp) for sp in range(3)]
+    got: list[list[int]] = [[], [], []]
+    done = threading.Event()
+    errors = []
+
+    def poll() -> None:
+        try:
+            while True:
+                finished = done.is_set()
+                idle = True
+                for sp in range(3):
+                    while True:
+                        with lock:
+                            polled = partition.poll(sp)
+                        if polled is None:
+                            break
+                        idle = False
+                        got[sp].extend(ids_read(readers[sp].feed(*polled)))
+                if finished:
+                    return
+                if idle:
+                    time.sleep(0.0002)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    for start in range(0, 12_000, 250):
+        writer.emit(rows(list(range(start, start + 250)), text_len=10))
+        if start % 1000 == 0:
+            writer.flush_all()
+    writer.finish()
+    done.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not errors
+    for sp in range(3):
+        assert got[sp] == list(range(sp, 12_000, 3))
+    assert partition.segments_in_use == 0

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from ..config import MIN_SEGMENT_SIZE
 from ..errors import ConfigError
-from .buffer import Buffer, BufferConsumer, DataType, SegmentLease
+from .buffer import Buffer, BufferConsumer, DataType
 from .format import (
     CHUNK_HEADER,
     FORMAT_VERSION,
@@ -77,15 +77,15 @@ class BufferBuilder:
 
     __slots__ = (
         "_chunks",
-        "_consumers",
         "_finished",
-        "_lease",
         "_lock",
         "_open_consumers",
+        "_outstanding",
         "_overflow",
         "_pending",
         "_pending_bits",
         "_pending_overhead",
+        "_recycler",
         "_written",
         "capacity",
         "model",
@@ -102,9 +102,9 @@ class BufferBuilder:
         self._pending_overhead = 0
         self._overflow: list[pa.RecordBatch] = []
         self._finished = False
-        self._lease = SegmentLease(recycler)
-        self._consumers = 0
-        self._open_consumers = 0
+        self._recycler = recycler
+        self._open_consumers = 0  # consumers that have not seen the builder finished (or been closed)
+        self._outstanding = 0  # built slices not yet recycled
 
     # -- writer side ------------------------------------------------------------------------------
 
@@ -172,10 +172,10 @@ class BufferBuilder:
         with self._lock:
             if self._pending:
                 self._materialise()
-            if not self._finished:
-                self._finished = True
-                if self._open_consumers == 0:
-                    self._lease.finish()
+            self._finished = True
+            recycler = self._take_recycler()
+        if recycler is not None:
+            recycler()
         return self._written
 
     def is_finished(self) -> bool:
@@ -184,7 +184,6 @@ class BufferBuilder:
     def create_buffer_consumer(self) -> BufferConsumer:
         """A new reader of this segment; a broadcast builder has one per subpartition."""
         with self._lock:
-            self._consumers += 1
             self._open_consumers += 1
         return _RecordConsumer(self)
 
@@ -225,12 +224,32 @@ class BufferBuilder:
         self._chunks.append(chunk)
         self._written += len(chunk)
 
+    # -- segment release --------------------------------------------------------------------------
+    # The segment goes back to its pool once the builder is finished, every consumer has read to
+    # the end (or was closed) and every slice built from it was recycled (Flink's reference count
+    # on the segment). The counts change under the builder's lock; the pool's recycler is called
+    # outside it, so a pool lock held by a poller that builds slices cannot deadlock with it.
+
+    def _take_recycler(self) -> Callable[[], None] | None:
+        """The recycler, once, when the segment is free (lock held)."""
+        if self._finished and not self._open_consumers and not self._outstanding:
+            recycler, self._recycler = self._recycler, None
+            return recycler
+        return None
+
+    def _slice_returned(self) -> None:
+        with self._lock:
+            self._outstanding -= 1
+            recycler = self._take_recycler()
+        if recycler is not None:
+            recycler()
+
     def _consumer_done(self) -> None:
         with self._lock:
             self._open_consumers -= 1
-            release = self._finished and self._open_consumers == 0
-        if release:
-            self._lease.finish()
+            recycler = self._take_recycler()
+        if recycler is not None:
+            recycler()
 
 
 class _RecordConsumer:
@@ -270,11 +289,13 @@ class _RecordConsumer:
             end = len(chunks)
             start, self._next = self._next, end
             finished = builder._finished
+            if start != end:
+                builder._outstanding += 1
         if start == end:
             buffer = Buffer(DataType.DATA_BUFFER, _EMPTY)
         else:
             data = chunks[start] if end - start == 1 else b"".join(chunks[start:end])
-            buffer = Buffer(DataType.DATA_BUFFER, data, builder._lease.slice_recycler())
+            buffer = Buffer(DataType.DATA_BUFFER, data, builder._slice_returned)
         if finished and not self._done:
             self._done = True
             builder._consumer_done()
@@ -505,10 +526,14 @@ class RecordWriter:
                 f"{type(self.selector).__name__}.select_channels returned channels outside [0, {n}): "
                 f"min {int(channels.min())}, max {int(channels.max())}"
             )
-        if n == 1 or np.count_nonzero(counts) == 1:
+        used = np.flatnonzero(counts)
+        if len(used) == 1:
             return batch, counts
-        key_type = np.uint8 if n <= 1 << 8 else np.uint16 if n <= 1 << 16 else np.int32
-        order = np.argsort(channels.astype(key_type, copy=False), kind="stable")
+        if len(used) <= 8:  # a few channels: one comparison pass each beats a sort
+            order = np.concatenate([np.flatnonzero(channels == c) for c in used.tolist()])
+        else:
+            key_type = np.uint8 if n <= 1 << 8 else np.uint16 if n <= 1 << 16 else np.int32
+            order = np.argsort(channels.astype(key_type, copy=False), kind="stable")
         return batch.take(order), counts
 
     def _write_rows(self, target: int, batch: pa.RecordBatch, lo: int, hi: int, cum: np.ndarray, overhead: int) -> None:
