@@ -37,6 +37,8 @@ from .partitioners import (
     rescale,
     shuffle,
 )
+from .planner import ExchangeSpec, Executors, NetworkPlan, plan_dataframe, plan_network, plan_table
+from .simulation import Simulation, SimulationReport, simulate
 
 __version__ = "0.1.0"
 
@@ -49,18 +51,23 @@ __all__ = [
     "EndOfPartition",
     "Exchange",
     "ExchangePlan",
+    "ExchangeSpec",
     "ExchangeTimeoutError",
+    "Executors",
     "Injection",
     "InsufficientNetworkBuffersError",
     "InsufficientSlotsError",
     "LatencyMarker",
     "NetworkConfig",
+    "NetworkPlan",
     "NullKeyError",
     "Partitioner",
     "PartitionerError",
     "ProtocolError",
     "RecordReader",
     "RecordWriter",
+    "Simulation",
+    "SimulationReport",
     "UnknownSettingError",
     "UnsupportedKeyTypeError",
     "__version__",
@@ -76,9 +83,13 @@ __all__ = [
     "key_group_channels",
     "key_group_range",
     "key_groups",
+    "plan_dataframe",
+    "plan_network",
+    "plan_table",
     "rdd_with_channel",
     "rebalance",
     "rescale",
     "shuffle",
+    "simulate",
     "with_channel",
 ]

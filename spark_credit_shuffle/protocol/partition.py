@@ -452,6 +452,7 @@ class PipelinedResultPartition:
         self.is_finished = False
         self.is_released = False
         self._pending_references = num_subpartitions + 1
+        self._producer_closed = False
         self._consumed = [False] * num_subpartitions
         self._all_data_processed = [False] * num_subpartitions
         self.num_events_out = 0
@@ -551,7 +552,8 @@ class PipelinedResultPartition:
 
     def close(self) -> None:
         """The producer is done with the partition; it is released once every subpartition is consumed."""
-        if self._pending_references > self.num_subpartitions:
+        if not self._producer_closed:
+            self._producer_closed = True
             self._decrement_references()
 
     def _decrement_references(self) -> None:

@@ -601,14 +601,18 @@ class LocalBufferPool:
     # -- availability --
 
     def check_availability(self) -> bool:
-        """Refresh availability, taking a segment from the global pool if below size; notify on a change."""
-        if (
-            self.num_available_segments == 0
-            and self.num_requested < self.current_pool_size
-            and not self.is_destroyed
-            and not self._request_from_global()
-        ):
-            self.network_pool.request_segment_when_available(self)
+        """Refresh availability, taking a segment from the global pool if below size; notify on a change.
+
+        A segment the pool gains this way goes to a waiting buffer listener first (Flink serves listeners
+        only on recycle; a channel could then wait while its pool holds a free segment)."""
+        if self.num_available_segments == 0 and self.num_requested < self.current_pool_size and not self.is_destroyed:
+            if self._request_from_global():
+                if self._listeners:
+                    self.num_available_segments -= 1
+                    self._offer_segment()
+                    return self._available
+            else:
+                self.network_pool.request_segment_when_available(self)
         available = (
             self.num_available_segments > 0
             and self.unavailable_subpartitions_count == 0
@@ -639,9 +643,7 @@ class LocalBufferPool:
         """The global pool has a free segment: take one if below size and offer it to a waiting listener."""
         if self.is_destroyed or self.num_available_segments or self.num_requested >= self.current_pool_size:
             return
-        if self._request_from_global():
-            self.num_available_segments -= 1
-            self._offer_segment()
+        self.check_availability()
 
     def _request_from_global(self) -> bool:
         if self.network_pool.request_pooled_segment():

@@ -16,14 +16,18 @@ every message goes through the wire codec, so the framing is exercised too.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from ..config import NetworkConfig
+from ..errors import ProtocolError
 from ..protocol.codec import FrameDecoder, default_max_frame_length, encode, encoded_size
 from ..protocol.messages import BufferResponse, Message
-from ..protocol.receiver import CreditBasedPartitionRequestClientHandler
+from ..protocol.partition import ResultPartitionManager, StoredResultPartition
+from ..protocol.pools import NetworkBufferPool
+from ..protocol.receiver import BufferOrEvent, CreditBasedPartitionRequestClientHandler, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
 
-__all__ = ["Link", "MemoryConnection"]
+__all__ = ["Link", "MemoryConnection", "StoredBuffersExchange"]
 
 
 class Link:
@@ -232,3 +236,97 @@ class MemoryConnection:
             for m in self.downstream.in_flight()
             if type(m) is BufferResponse and m.receiver_id == receiver_id and m.data_type.is_buffer and m.size
         )
+
+
+class StoredBuffersExchange:
+    """A consumer subtask's input gate fed, in process, from the stored buffers of each of its producers.
+
+    The blocking exchange's consumer side: channel ``i`` replays ``sources[i]`` (the buffers producer ``i``
+    stored for this consumer, as :class:`~spark_credit_shuffle.protocol.StoredBuffer` or ``(data_type,
+    payload)`` pairs, ending with END_OF_PARTITION) through a reader, a PartitionRequestQueue, a
+    connection of its own and a remote input channel of one :class:`SingleInputGate`: exclusive and
+    floating buffers, backlog, credits and AddCredit work exactly as over TCP, so at most the gate's
+    buffers are held at any time. ``num_data_buffers[i]``, if known, lets source ``i`` stream without
+    being materialised. Iterate to get :class:`BufferOrEvent` items and recycle each buffer when done
+    with it; buffers not recycled keep their credit, and a gate whose every buffer is held raises
+    :class:`ProtocolError` instead of hanging.
+    """
+
+    def __init__(
+        self,
+        config: NetworkConfig,
+        sources: Sequence[Iterable],
+        *,
+        num_data_buffers: Sequence[int | None] | None = None,
+        network_pool: NetworkBufferPool | None = None,
+        encode: bool = False,
+    ) -> None:
+        if not sources:
+            raise ValueError("a gate needs at least one source channel")
+        counts = list(num_data_buffers) if num_data_buffers is not None else [None] * len(sources)
+        if len(counts) != len(sources):
+            raise ValueError(f"num_data_buffers has {len(counts)} entries for {len(sources)} sources")
+        self.network_pool = network_pool if network_pool is not None else NetworkBufferPool.from_config(config)
+        self.gate = SingleInputGate(self.network_pool, len(sources), config)
+        manager = ResultPartitionManager()
+        self.connections: list[MemoryConnection] = []
+        self._dirty: dict[MemoryConnection, None] = {}
+        max_frame = default_max_frame_length(config.segment_size)
+        for index, (source, count) in enumerate(zip(sources, counts, strict=True)):
+            manager.register_partition(
+                StoredResultPartition(
+                    {0: source}, partition_id=index, num_data_buffers=None if count is None else {0: count}
+                )
+            )
+            client = CreditBasedPartitionRequestClientHandler(
+                credit_based=config.credit_based, max_frame_length=max_frame
+            )
+            server = PartitionRequestServerHandler(
+                manager, credit_based=config.credit_based, max_frame_length=max_frame
+            )
+            connection = MemoryConnection(client, server, encode=encode, max_frame_length=max_frame)
+            client.listener = server.queue.listener = self._marker(connection)
+            self.connections.append(connection)
+            self.gate.remote_channel(index, index + 1, client, partition_id=index)
+        self.gate.request_partitions()
+        for connection in self.connections:
+            self._dirty[connection] = None
+
+    def _marker(self, connection: MemoryConnection) -> Callable[[], None]:
+        dirty = self._dirty
+
+        def mark() -> None:
+            dirty[connection] = None
+
+        return mark
+
+    def _pump(self) -> None:
+        dirty = self._dirty
+        while dirty:
+            connection = next(iter(dirty))
+            del dirty[connection]
+            connection.pump()
+
+    def poll(self) -> BufferOrEvent | None:
+        """The next buffer or event, or None if none can arrive until held buffers are recycled."""
+        self._pump()
+        item = self.gate.poll_next()
+        if item is not None:
+            return item
+        self._pump()
+        return self.gate.poll_next()
+
+    def __iter__(self) -> Iterator[BufferOrEvent]:
+        while not self.gate.is_finished:
+            item = self.poll()
+            if item is None:
+                raise ProtocolError(
+                    "stored-buffer exchange stalled: every receive buffer of the gate is held by the consumer; "
+                    "recycle the buffers already returned before asking for more"
+                )
+            yield item
+
+    def close(self) -> None:
+        """Release the gate and its connections (buffers still held return when recycled)."""
+        self.gate.close()
+        self._pump()
