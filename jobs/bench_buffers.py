@@ -140,11 +140,13 @@ def _no_op() -> None:
     pass
 
 
-def run_buffers(batches: list[pa.RecordBatch], channels: int, segment_size: int) -> tuple[float, RecordWriter]:
+def run_buffers(
+    batches: list[pa.RecordBatch], channels: int, segment_size: int, validate: bool = True
+) -> tuple[float, RecordWriter]:
     """Seconds to write and read every batch through the buffers; the writer for its counters."""
     schema = batches[0].schema
     start = time.perf_counter()
-    readers = [RecordReader(schema, sp) for sp in range(channels)]
+    readers = [RecordReader(schema, sp, validate=validate) for sp in range(channels)]
     partition = LocalPartition(channels, readers)
     writer = RecordWriter(partition, RoundRobinSelector(channels, 0), segment_size)
     for batch in batches:
@@ -216,7 +218,7 @@ def breakdown(batches: list[pa.RecordBatch], channels: int, segment_size: int) -
     for batch in batches:
         t0 = time.perf_counter()
         ch = selector.select_channels(batch)
-        grouped = batch.take(np.argsort(ch.astype(np.uint8), kind="stable"))
+        grouped = batch.take(np.concatenate([np.flatnonzero(ch == c) for c in range(channels)]))
         t1 = time.perf_counter()
         messages = [grouped.slice(i, rows_per_buffer).serialize() for i in range(0, grouped.num_rows, rows_per_buffer)]
         t2 = time.perf_counter()
@@ -243,30 +245,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels", type=int, default=4)
     parser.add_argument("--segment-size", type=int, default=32 * 1024)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--no-validate", action="store_true", help="readers skip Arrow's full validation")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one buffers run and stop")
     args = parser.parse_args(argv)
 
     batches = make_batches(args.rows, args.batch_rows)
     data_bytes = sum(b.nbytes for b in batches)
-    print(f"{args.rows:,} rows, {data_bytes / 1e6:.0f} MB in {len(batches)} batches; {args.channels} channels, "
-          f"{args.segment_size} B segments; median of {args.runs}")  # fmt: skip
+    print(
+        f"{args.rows:,} rows, {data_bytes / 1e6:.0f} MB in {len(batches)} batches; {args.channels} channels, "
+        f"{args.segment_size} B segments; readers validate: {not args.no_validate}; median of {args.runs}"
+    )
 
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()
-        run_buffers(batches, args.channels, args.segment_size)
+        run_buffers(batches, args.channels, args.segment_size, not args.no_validate)
         profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         return 0
 
     warm = WarmSink(batches)
-    run_buffers(batches, args.channels, args.segment_size)  # warm-up (allocator, imports)
+    validate = not args.no_validate
+    run_buffers(batches, args.channels, args.segment_size, validate)  # warm-up (allocator, imports)
     run_raw_ipc(batches)
     warm.run(batches)
     ours, raw, raw_warm = [], [], []
     writer = None
     for _ in range(args.runs):
-        elapsed, writer = run_buffers(batches, args.channels, args.segment_size)
+        elapsed, writer = run_buffers(batches, args.channels, args.segment_size, validate)
         ours.append(elapsed)
         raw.append(run_raw_ipc(batches))
         raw_warm.append(warm.run(batches))
@@ -300,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         "bytes": data_bytes,
         "segment_size": args.segment_size,
         "channels": args.channels,
+        "validate": validate,
         "buffers_s": round(ours_s, 4),
         "raw_ipc_s": round(raw_s, 4),
         "buffers_mb_s": round(ours_mbs, 1),

@@ -126,10 +126,6 @@ class BufferBuilder:
         """Bytes not yet taken by serialised chunks (pending rows not counted)."""
         return self.capacity - self._written
 
-    def is_empty(self) -> bool:
-        """No rows or chunks were written to this segment yet."""
-        return not self._written and not self._pending
-
     def append(self, rows: pa.RecordBatch, bits: int, overhead: int) -> None:
         """Add ``rows`` to the open chunk; the size model says they cost ``bits`` and ``overhead``."""
         with self._lock:
@@ -162,10 +158,6 @@ class BufferBuilder:
         with self._lock:
             rows, self._overflow = self._overflow, []
         return rows
-
-    @property
-    def has_overflow(self) -> bool:
-        return bool(self._overflow)
 
     def finish(self) -> int:
         """Serialise what is pending and mark the segment finished (idempotent); return its bytes."""
@@ -203,8 +195,7 @@ class BufferBuilder:
             self._add_chunk(rows.num_rows, message)
             return
         # The size model under-estimated: keep the longest prefix that fits, hand the rest back.
-        if self.model.has_nested_lists:
-            rows = compact(rows)
+        rows = compact(rows)  # measure the rows themselves, not buffers they share with others
         lo, hi = 0, rows.num_rows - 1  # the largest k in [lo, hi] whose k rows fit
         best = None
         while lo < hi:
@@ -318,8 +309,9 @@ class RecordWriter:
     ``schema`` fixes the schema; otherwise the first batch's schema is used. Every batch must have
     the same fields.
 
-    Not thread-safe except for :meth:`flush_all`/:meth:`flush`, which an output flusher may call
-    while no ``emit`` runs (callers serialise them, as Flink's mailbox does).
+    Calls to one writer must not overlap: an output flusher's :meth:`flush_all` takes turns with
+    ``emit``, as in Flink's mailbox. Only the builders are shared with the threads that poll the
+    partition, and they lock what they share.
     """
 
     def __init__(
