@@ -50,16 +50,19 @@ class UnsupportedKeyTypeError(PartitionerError, TypeError):
 class InsufficientNetworkBuffersError(CreditShuffleError):
     """The buffer pools asked for more network buffers than the executor's network memory holds."""
 
-    def __init__(self, required: int, available: int, total: int, segment_size: int, setting: str) -> None:
+    def __init__(
+        self, required: int, available: int, total: int, segment_size: int, setting: str, detail: str = ""
+    ) -> None:
         self.required = required
         self.available = available
         self.total = total
         self.segment_size = segment_size
         self.setting = setting
+        self.detail = detail
         super().__init__(
             f"Insufficient number of network buffers: required {required}, but only {available} available. "
             f"The total number of network buffers is currently set to {total} of {segment_size} bytes each. "
-            f"You can increase this number by raising '{setting}'."
+            f"You can increase this number by raising '{setting}'." + (f" ({detail})" if detail else "")
         )
 
 

@@ -73,8 +73,17 @@ def _storage_batch(rows: list[tuple[int, int, int, int, object]]) -> pa.RecordBa
     )
 
 
-def produce_partition(batches: Iterator[pa.RecordBatch], producer: int, plan: ExchangePlan) -> Iterator[pa.RecordBatch]:
-    """Producer subtask ``producer``: its rows in, its stored network buffers out (STORAGE_SCHEMA)."""
+def produce_partition(
+    batches: Iterator[pa.RecordBatch],
+    producer: int,
+    plan: ExchangePlan,
+    network: NetworkBufferPool | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Producer subtask ``producer``: its rows in, its stored network buffers out (STORAGE_SCHEMA).
+
+    ``network`` is the executor's network buffer pool the partition's pool is taken from (default: a
+    fresh one of ``plan.config``'s network memory; pass one to inspect what the task reserves).
+    """
     if plan.injection is not None:
         plan.injection.maybe_fail(PRODUCER, producer)
     num_producers, num_consumers = plan.num_producers, plan.num_consumers
@@ -82,7 +91,8 @@ def produce_partition(batches: Iterator[pa.RecordBatch], producer: int, plan: Ex
     selector = plan.partitioner.selector(producer, num_producers, num_consumers, plan.max_parallelism)
     n = len(consumers)
     config = plan.config
-    network = NetworkBufferPool.from_config(config)
+    if network is None:
+        network = NetworkBufferPool.from_config(config)
     pool = network.create_buffer_pool(
         *result_partition_pool_size(n, config, PartitionType.BLOCKING),
         num_subpartitions=n,

@@ -54,8 +54,17 @@ class _StoredSubpartition:
             self.subpartition.add(FinishedBufferConsumer(Buffer(data_type, payload)))
 
 
-def consume_partition(batches: Iterator[pa.RecordBatch], consumer: int, plan: ExchangePlan) -> Iterator[pa.RecordBatch]:
-    """Consumer subtask ``consumer``: stored buffers in (STORAGE_SCHEMA), its received rows out."""
+def consume_partition(
+    batches: Iterator[pa.RecordBatch],
+    consumer: int,
+    plan: ExchangePlan,
+    network: NetworkBufferPool | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Consumer subtask ``consumer``: stored buffers in (STORAGE_SCHEMA), its received rows out.
+
+    ``network`` is the executor's network buffer pool the gate's buffers are taken from (default: a
+    fresh one of ``plan.config``'s network memory; pass one to inspect what the task reserves).
+    """
     injection = plan.injection
     if injection is not None:
         injection.maybe_fail(CONSUMER, consumer)
@@ -63,7 +72,8 @@ def consume_partition(batches: Iterator[pa.RecordBatch], consumer: int, plan: Ex
     config = plan.config
     producers = plan.partitioner.producers_of(consumer, plan.num_producers, plan.num_consumers)
 
-    network = NetworkBufferPool.from_config(config)
+    if network is None:
+        network = NetworkBufferPool.from_config(config)
     gate = SingleInputGate(network, len(producers), config, blocking=True)
     client = CreditBasedPartitionRequestClientHandler(credit_based=config.credit_based)
     manager = ResultPartitionManager()

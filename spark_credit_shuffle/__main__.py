@@ -1,0 +1,182 @@
+"""Command line: ``python -m spark_credit_shuffle plan ...`` (network buffers a topology needs).
+
+Example::
+
+    python -m spark_credit_shuffle plan --producers 4 --consumers 4 --partitioner hash \\
+        --mode pipelined --executors 2 --slots 4 --network-memory 64mb
+
+prints one row per stage (tasks, buffers one executor reserves at worst, memory, verdict), a summary,
+and as its last line one JSON object with the headline figures. Exit status: 0 if the topology fits,
+1 if it does not, 2 for invalid arguments (the message names the setting and what is allowed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .config import CONF_PREFIX, NetworkConfig
+from .errors import ConfigError, PartitionerError
+
+__all__ = ["build_parser", "main", "plan_from_args"]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}: allowed is an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {value}: allowed is an integer >= 1")
+    return value
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(
+            f"invalid --conf {text!r}: allowed is KEY=VALUE, e.g. {CONF_PREFIX}buffersPerChannel=4 or "
+            f"buffers_per_channel=4"
+        )
+    return key.strip(), value.strip()
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The planner's options (shared by the CLI and jobs/plan.py)."""
+    from .planner import PATTERNS
+
+    topo = parser.add_argument_group("topology (one exchange, or several with --exchange)")
+    topo.add_argument("--producers", type=_positive, default=4, help="producer subtasks (default 4)")
+    topo.add_argument("--consumers", type=_positive, default=None, help="consumer subtasks (default: --producers)")
+    topo.add_argument(
+        "--partitioner",
+        default="hash",
+        help="partitioner or pattern: " + ", ".join(PATTERNS) + " (default hash)",
+    )
+    topo.add_argument("--mode", choices=("blocking", "pipelined"), default="pipelined", help="default pipelined")
+    topo.add_argument(
+        "--exchange",
+        action="append",
+        metavar="P:C[:PARTITIONER[:MODE]]",
+        help="an exchange of the topology, e.g. 4:8:hash:blocking; repeat for several (replaces "
+        "--producers/--consumers/--partitioner/--mode)",
+    )
+    topo.add_argument(
+        "--chain",
+        action="store_true",
+        help="consecutive exchanges share tasks (consumer i of one is producer i of the next)",
+    )
+    ex = parser.add_argument_group("executors")
+    ex.add_argument("--executors", type=_positive, default=None, help="number of executors (default 1)")
+    ex.add_argument("--slots", type=_positive, default=None, help="task slots per executor (default 1)")
+    ex.add_argument("--network-memory", default=None, help="network memory per executor, e.g. 64mb (default 64 MiB)")
+    cfg = parser.add_argument_group("network settings")
+    cfg.add_argument("--segment-size", default=None, help="bytes per network buffer, e.g. 32kb")
+    cfg.add_argument("--buffers-per-channel", default=None, help="exclusive buffers per remote channel (2)")
+    cfg.add_argument("--floating-buffers-per-gate", default=None, help="floating buffers per input gate (8)")
+    cfg.add_argument(
+        "--conf",
+        action="append",
+        type=_conf_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"any setting, as {CONF_PREFIX}<name>=value or <python_name>=value; repeatable",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument("--tasks", action="store_true", help="also print one row per task")
+
+
+def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> NetworkConfig:
+    """The NetworkConfig of ``base`` (a Spark conf) with --conf and the explicit flags applied."""
+    conf: dict[str, str] = dict(base or {})
+    overrides: dict[str, Any] = {}
+    names = NetworkConfig.settings()
+    for key, value in args.conf:
+        if key.startswith(CONF_PREFIX):
+            conf[key] = value
+        elif key in names:
+            overrides[key] = value
+        else:
+            conf[CONF_PREFIX + key] = value  # unknown: NetworkConfig names the known settings
+    for name in ("segment_size", "buffers_per_channel", "floating_buffers_per_gate", "network_memory"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    return NetworkConfig.from_conf(conf, **overrides)
+
+
+def plan_from_args(args: argparse.Namespace, config: NetworkConfig, executors: Any = None):
+    """The NetworkPlan the parsed arguments describe."""
+    from .planner import ExchangeSpec, Executors, plan_network
+
+    if args.exchange:
+        specs = [ExchangeSpec.parse(text) for text in args.exchange]
+    else:
+        consumers = args.consumers if args.consumers is not None else args.producers
+        specs = [ExchangeSpec(args.producers, consumers, args.partitioner, args.mode)]
+    if executors is None:
+        executors = Executors(args.executors or 1, args.slots or 1)
+    else:
+        executors = Executors(args.executors or executors.count, args.slots or executors.slots)
+    return plan_network(specs, executors, config, chain=args.chain)
+
+
+def print_plan(plan: Any, show_tasks: bool = False, out: Any = None) -> None:
+    """The stage table, optionally the task table, and the summary."""
+    import pandas as pd
+
+    out = out or sys.stdout
+    with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_colwidth", 60):
+        columns = [
+            "stage",
+            "tasks",
+            "tasks_per_executor",
+            "buffers_per_task",
+            "required_per_executor",
+            "max_per_executor",
+            "network_buffers",
+            "required_mib",
+            "network_mib",
+            "fits",
+        ]
+        print(plan.stages_table()[columns].to_string(index=False), file=out)
+        if show_tasks:
+            tasks = plan.tasks().drop(columns=["required_bytes", "max_bytes"])
+            print("", file=out)
+            print(tasks.to_string(index=False), file=out)
+    print("", file=out)
+    print(plan.summary(), file=out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m spark_credit_shuffle", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    plan = commands.add_parser(
+        "plan",
+        help="network buffers and memory a topology needs per task and per executor, and whether it fits",
+        description="Network buffers and memory a topology of exchanges needs per task and per executor "
+        "(Flink's pool sizing rules), and whether it fits the executors' network memory.",
+    )
+    add_plan_arguments(plan)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+        plan = plan_from_args(args, config)
+    except (ConfigError, PartitionerError) as e:
+        parser.exit(2, f"{parser.prog} {args.command}: error: {e}\n")
+    print_plan(plan, args.tasks)
+    print(json.dumps(plan.headline()))
+    return 0 if plan.fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

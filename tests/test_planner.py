@@ -1,0 +1,242 @@
+"""The planner: its numbers are the pools the runtime really allocates, and a topology that cannot fit
+fails before any Spark job starts, naming required vs available and the setting to raise."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql import functions as F
+
+import spark_credit_shuffle as scs
+from spark_credit_shuffle.__main__ import main as cli_main
+from spark_credit_shuffle.config import NetworkConfig
+from spark_credit_shuffle.errors import ConfigError, InsufficientNetworkBuffersError, PartitionerError
+from spark_credit_shuffle.exchange import ExchangePlan
+from spark_credit_shuffle.planner import (
+    ExchangeSpec,
+    Executors,
+    check_fits,
+    plan_dataframe,
+    plan_network,
+    plan_table,
+)
+from spark_credit_shuffle.protocol.pools import UNBOUNDED, NetworkBufferPool
+from spark_credit_shuffle.runtime.blocking import produce_partition
+from spark_credit_shuffle.runtime.consumer import consume_partition
+
+SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("s", pa.string())])
+
+
+def _batches(producer: int, rows: int = 3000) -> list[pa.RecordBatch]:
+    ids = pa.array(range(producer * rows, (producer + 1) * rows), pa.int64())
+    keys = pc.cast(pc.divide(ids, 7), pa.int32())
+    strings = pc.binary_join_element_wise("row-", pc.cast(ids, pa.string()), "")
+    batch = pa.RecordBatch.from_arrays([ids, keys, strings], schema=SCHEMA)
+    return [batch.slice(0, rows // 2), batch.slice(rows // 2)]
+
+
+def _plan(partitioner, producers: int, consumers: int, config: NetworkConfig) -> ExchangePlan:
+    return ExchangePlan(
+        name="planner-test",
+        mode="blocking",
+        partitioner=partitioner,
+        num_producers=producers,
+        num_consumers=consumers,
+        max_parallelism=scs.default_max_parallelism(consumers),
+        config=config,
+        schema=SCHEMA,
+    )
+
+
+def _snapshot(network: NetworkBufferPool) -> dict:
+    return {
+        "required": network.num_total_required_buffers,
+        "unpooled": network.num_unpooled,
+        "pools": [(p.min_buffers, p.max_buffers) for p in network.buffer_pools],
+    }
+
+
+def _inspected(batches: list[pa.RecordBatch], network: NetworkBufferPool, seen: list) -> Iterator[pa.RecordBatch]:
+    """The task's input; when the task asks for its first batch, its pools are set up: look at them."""
+    seen.append(_snapshot(network))
+    yield from batches
+
+
+TOPOLOGIES = [
+    pytest.param(scs.key_by("k"), 4, 3, NetworkConfig(), id="hash-4x3"),
+    pytest.param(
+        scs.rescale(), 2, 5, NetworkConfig(buffers_per_channel=3, floating_buffers_per_gate=4), id="rescale-2x5"
+    ),
+    pytest.param(scs.broadcast(), 3, 2, NetworkConfig(credit_based=False, segment_size="8kb"), id="broadcast-3x2"),
+]
+
+
+@pytest.mark.parametrize("partitioner,producers,consumers,config", TOPOLOGIES)
+def test_planner_equals_the_pools_the_blocking_runtime_allocates(partitioner, producers, consumers, config):
+    plan = _plan(partitioner, producers, consumers, config)
+    network_plan = plan_network(ExchangeSpec(producers, consumers, partitioner, "blocking"), Executors(1, 1), config)
+    produce_stage, consume_stage = network_plan.stages
+    assert [t.task for t in produce_stage.tasks] == list(range(producers))
+    assert [t.task for t in consume_stage.tasks] == list(range(consumers))
+
+    stored: list[pa.RecordBatch] = []
+    for p in range(producers):
+        network, seen = NetworkBufferPool.from_config(config), []
+        stored.extend(produce_partition(_inspected(_batches(p), network, seen), p, plan, network=network))
+        planned = produce_stage.tasks[p]
+        assert seen[0]["required"] == planned.required == planned.buffers.partition_min
+        assert seen[0]["pools"] == [(planned.buffers.partition_min, UNBOUNDED)]  # hash BLOCKING: unbounded max
+        assert seen[0]["unpooled"] == 0
+        assert network.num_total_required_buffers == 0 and network.num_available == network.total  # all returned
+
+    table = pa.Table.from_batches(stored)
+    received = 0
+    for c in range(consumers):
+        mine = table.filter(pc.equal(table["channel"], c)).to_batches()
+        network, seen = NetworkBufferPool.from_config(config), []
+        out = list(consume_partition(_inspected(mine, network, seen), c, plan, network=network))
+        received += sum(b.num_rows for b in out[:-1])  # the last batch is the metrics row
+        planned = consume_stage.tasks[c]
+        b = planned.buffers
+        assert seen[0]["required"] == planned.required == b.exclusive + b.floating_min
+        assert seen[0]["unpooled"] == b.exclusive  # exclusive buffers: unpooled, one set per remote channel
+        assert seen[0]["pools"] == [(b.floating_min, b.floating_max)]  # the gate's floating pool
+        assert network.num_total_required_buffers == 0 and network.num_available == network.total
+    copies = consumers if partitioner.is_broadcast else 1
+    assert received == 3000 * producers * copies  # the inspected runs moved all the data
+
+
+def test_pipelined_tasks_need_no_exclusive_buffers_for_their_local_channel():
+    config = NetworkConfig()
+    plan = plan_network(ExchangeSpec(4, 4, "hash", "pipelined"), Executors(2, 4, "64mb"), config)
+    (stage,) = plan.stages
+    for task in stage.tasks:
+        assert task.channels == 4 and task.remote_channels == 3
+        assert task.buffers.exclusive == 3 * config.buffers_per_channel
+        assert task.buffers.partition_min == 4 + 1  # N + 1
+        assert task.buffers.partition_max == 4 * config.buffers_per_channel + config.floating_buffers_per_gate
+        assert (task.buffers.floating_min, task.buffers.floating_max) == (1, 4 * 2 + 8 - 4 * 2)
+    per_task = 5 + 6 + 1
+    assert stage.required_per_executor == 4 * per_task
+    assert plan.fits and plan.required_per_executor == 48
+
+
+def test_executor_requirement_is_the_busiest_stage_with_its_heaviest_tasks_together():
+    # 2 -> 5 rescale: producers have 3 and 2 subpartitions; consumers read one channel each
+    spec = ExchangeSpec(2, 5, "rescale", "blocking")
+    one = plan_network(spec, Executors(1, 1))
+    two = plan_network(spec, Executors(1, 2))
+    produce = [t.required for t in one.stages[0].tasks]
+    assert sorted(produce) == [3, 4]
+    assert one.required_per_executor == 4 and two.required_per_executor == 7
+    # a tighter executor no longer fits, and the error says by how much
+    tight = plan_network(spec, Executors(1, 2, network_memory=6 * 32 * 1024))
+    assert not tight.fits
+    with pytest.raises(InsufficientNetworkBuffersError, match=r"required 7, but only 6 available"):
+        tight.raise_if_not_fits()
+
+
+def test_chained_exchanges_share_tasks():
+    specs = [ExchangeSpec(4, 4, "hash", "blocking"), ExchangeSpec(4, 4, "forward", "pipelined")]
+    plan = plan_network(specs, Executors(1, 4), chain=True)
+    assert [s.name for s in plan.stages] == ["0:hash-blocking produce", "0:hash-blocking consume + 1:forward-pipelined"]
+    task = plan.stages[1].tasks[0]
+    assert len(task.parts) == 3  # the blocking gate, the forward partition and the forward gate
+    # blocking gate over 4 remote channels + forward partition (N=1) + forward gate whose channel is local
+    assert task.required == (4 * 2 + 1) + (1 + 1) + (0 + 1)
+    with pytest.raises(ConfigError, match="chain"):
+        plan_network([ExchangeSpec(4, 3, "hash", "blocking"), ExchangeSpec(4, 4)], chain=True)
+
+
+def test_pipelined_stage_needs_a_slot_per_task():
+    plan = plan_network(ExchangeSpec(8, 8, "rebalance", "pipelined"), Executors(1, 4))
+    assert plan.stages[0].fits_memory and not plan.stages[0].fits_slots and not plan.fits
+    assert plan_network(ExchangeSpec(8, 8, "rebalance", "pipelined"), Executors(2, 4)).fits
+
+
+def test_bad_topologies_are_refused_with_the_setting_named():
+    with pytest.raises(PartitionerError):
+        ExchangeSpec(4, 3, "forward")
+    with pytest.raises(ConfigError, match="partitioner"):
+        ExchangeSpec(4, 3, "zigzag")
+    with pytest.raises(ConfigError, match="mode"):
+        ExchangeSpec(4, 3, "hash", "streaming")
+    with pytest.raises(ConfigError, match="slots"):
+        Executors(1, 0)
+    with pytest.raises(ConfigError, match="max_parallelism"):
+        plan_network(ExchangeSpec(2, 300, "hash"), config=NetworkConfig(max_parallelism=128))
+
+
+def test_table_has_a_row_per_stage_or_task():
+    spec = ExchangeSpec(3, 2, "broadcast", "blocking")
+    stages = plan_table(spec, Executors(1, 2))
+    tasks = plan_table(spec, Executors(1, 2), level="task")
+    assert list(stages["stage"]) == ["broadcast-blocking produce", "broadcast-blocking consume"]
+    assert len(tasks) == 3 + 2
+    assert (tasks["required_bytes"] == tasks["required_buffers"] * 32 * 1024).all()
+    assert stages["fits"].all()
+
+
+def test_cli_plan_prints_a_table_and_a_json_headline(capsys):
+    argv = ["plan", "--producers", "4", "--consumers", "4", "--partitioner", "hash", "--mode", "pipelined"]
+    argv += ["--executors", "2", "--slots", "4", "--network-memory", "64mb"]
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    headline = json.loads(out[-1])
+    assert headline["fits"] is True
+    assert headline["required_buffers_per_executor"] == 48
+    assert headline["network_buffers_per_executor"] == 2048
+    assert any("hash-pipelined" in line for line in out)
+
+    argv = ["plan", "--producers", "64", "--mode", "pipelined", "--slots", "64", "--network-memory", "4mb"]
+    assert cli_main(argv) == 1
+    headline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert headline["fits"] is False and headline["required_buffers_per_executor"] > 128
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["plan", "--partitioner", "zigzag"])
+    assert exit_info.value.code == 2
+    assert "partitioner" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["plan", "--conf", "spark.creditShuffle.nope=1"])
+    assert exit_info.value.code == 2
+    assert "unknown setting" in capsys.readouterr().err
+
+
+@pytest.mark.spark
+def test_exchange_that_cannot_fit_fails_before_any_spark_job(spark):
+    df = spark.range(0, 100, 1, 4).select(F.col("id"), (F.col("id") % 7).cast("int").alias("k"))
+    sc = spark.sparkContext
+    group = "planner-fails-before-launch"
+    sc.setJobGroup(group, "must stay empty")
+    try:
+        with pytest.raises(InsufficientNetworkBuffersError) as error:
+            scs.exchange(df, scs.key_by("k"), parallelism=200, network_memory="2mb")
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+    assert sc.statusTracker().getJobIdsForGroup(group) == []
+    e = error.value
+    message = str(e)
+    assert f"required {e.required}, but only {e.available} available" in message
+    assert "spark.creditShuffle.networkMemory" in message and "network_memory" in message
+    # the numbers are the planner's: 4 slots of local[4] run the 4 producers of 201 buffers each at once
+    assert e.required == 4 * (200 + 1) and e.available == 64
+    plan = ExchangePlan("x", "blocking", scs.key_by("k"), 4, 200, 256, NetworkConfig(network_memory="2mb"), SCHEMA)
+    with pytest.raises(InsufficientNetworkBuffersError):
+        check_fits(plan, spark)
+
+
+@pytest.mark.spark
+def test_plan_as_a_spark_dataframe(spark):
+    spec = ExchangeSpec(4, 4, "hash", "pipelined")
+    frame = plan_dataframe(spark, spec, Executors(2, 4), NetworkConfig())
+    rows = frame.collect()
+    assert len(rows) == 1 and rows[0]["required_per_executor"] == 48 and rows[0]["fits"] is True
+    tasks = plan_dataframe(spark, spec, Executors(2, 4), NetworkConfig(), level="task")
+    assert tasks.count() == 4
+    assert tasks.agg(F.sum("required_buffers")).first()[0] == 4 * 12
