@@ -175,6 +175,8 @@ _PRIMITIVES = [
     pa.date32(),
     pa.decimal128(12, 2),
     pa.decimal256(40, 5),
+    pa.uuid(),
+    pa.json_(),
 ]
 
 
@@ -211,6 +213,9 @@ def random_array(
 ) -> pa.Array:
     """``n`` random values of type ``t``; strings/binaries are short, or ``big`` bytes at ``big_rate``."""
     mask = rng.random(n) < null_rate if null_rate else None
+    if isinstance(t, pa.BaseExtensionType):
+        storage = random_array(t.storage_type, n, rng, null_rate, big, big_rate)
+        return pa.ExtensionArray.from_storage(t, storage)
     if pa.types.is_null(t):
         return pa.nulls(n)
     if pa.types.is_integer(t):

@@ -220,7 +220,7 @@ def unsupported_type(schema: pa.Schema) -> str | None:
 
 
 def _unsupported(t: pa.DataType) -> str | None:
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):
         return _unsupported(t.storage_type)
     if pa.types.is_dictionary(t):
         return "dictionary types are not supported (cast to the value type)"
@@ -267,7 +267,7 @@ class _Node:
     __slots__ = ("buffers", "children", "const_bits", "kind", "offset_width", "type")
 
     def __init__(self, t: pa.DataType, nullable: bool) -> None:
-        if isinstance(t, pa.ExtensionType):
+        if isinstance(t, pa.BaseExtensionType):
             t = t.storage_type
         self.type = t
         self.children: list[_Node] = []
@@ -334,7 +334,7 @@ class _Node:
 
     def row_bits(self, arr: pa.Array) -> np.ndarray:
         """Bits each row of ``arr`` costs at most, as an int64 array (variable types only)."""
-        if isinstance(arr.type, pa.ExtensionType):
+        if isinstance(arr.type, pa.BaseExtensionType):
             arr = arr.storage
         n = len(arr)
         if self.kind == "var":
@@ -443,7 +443,7 @@ class IpcSizeModel:
             cum = np.zeros(n + 1, dtype=np.int64)
         for i, node in self._variable:
             column = batch.column(i)
-            if isinstance(column.type, pa.ExtensionType):
+            if isinstance(column.type, pa.BaseExtensionType):
                 column = column.storage
             if node.kind == "var":  # the common case: the offsets give the cumulative bytes directly
                 o = _offsets(column, n, node.offset_width)
