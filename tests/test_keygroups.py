@@ -111,12 +111,10 @@ ARROW_TYPES = {
 
 def random_unicode(rng: np.random.Generator, length: int) -> str:
     """Text mixing ASCII, Latin, CJK and characters outside the BMP (emoji, which are surrogate pairs)."""
-    pools = [(0x20, 0x7F), (0xA0, 0x800), (0x4E00, 0x9FFF), (0x1F300, 0x1FAFF), (0x10000, 0x10FFFF)]
-    chars = []
-    for _ in range(length):
-        lo, hi = pools[rng.integers(len(pools))]
-        chars.append(chr(int(rng.integers(lo, hi))))
-    return "".join(chars)
+    pools = np.array([(0x20, 0x7F), (0xA0, 0x800), (0x4E00, 0x9FFF), (0x1F300, 0x1FAFF), (0x10000, 0x10FFFF)])
+    chosen = pools[rng.integers(len(pools), size=length)]
+    codes = rng.integers(chosen[:, 0], chosen[:, 1])
+    return "".join(map(chr, codes.tolist()))
 
 
 def random_values(kind: str, rng: np.random.Generator, n: int) -> list:
@@ -324,7 +322,8 @@ def test_sliced_dictionary_chunked_and_view_arrays_hash_like_plain_ones():
 def test_strings_across_internal_chunks_and_longer_than_a_chunk():
     rng = np.random.default_rng(5)
     many = [str(i) for i in range(70_000)]  # more rows than one internal chunk
-    long_text = random_unicode(rng, 400_000)  # more than 1 MiB of UTF-8
+    long_text = random_unicode(rng, 400_000)
+    assert len(long_text.encode("utf-8")) > 1 << 20  # longer than one internal chunk of bytes
     values = [*many[:10], long_text, *many, "é", long_text[:3]]
     got = java_hash_codes(pa.array(values)).tolist()
     assert got[10] == scalar_java_hash(long_text, "string")
