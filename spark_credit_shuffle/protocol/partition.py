@@ -70,6 +70,11 @@ class AvailabilityWithBacklog(NamedTuple):
     backlog: int
 
 
+_NOT_AVAILABLE = AvailabilityWithBacklog(False, 0)
+# NamedTuple construction goes through a Python-level __new__; the hot paths build them with tuple.__new__.
+_new_tuple = tuple.__new__
+
+
 @runtime_checkable
 class BufferAvailabilityListener(Protocol):
     """Told when a subpartition view has something to poll (Flink's ``BufferAvailabilityListener``)."""
@@ -296,14 +301,14 @@ class PipelinedSubpartition:
         sequence = self._sequence_number
         self._sequence_number = sequence + 1
         if self.is_blocked or not buffers:
-            return BufferAndBacklog(buffer, 0, _NONE, sequence)
+            return _new_tuple(BufferAndBacklog, (buffer, 0, _NONE, sequence))
         in_backlog = self.buffers_in_backlog
         flush_requested = self.flush_requested
         if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1][0].data_type]):
             in_backlog = in_backlog - 1 if in_backlog > 0 else 0
         if flush_requested or len(buffers) > 1 or self._tail_known_finished:
-            return BufferAndBacklog(buffer, in_backlog, buffers[0][0].data_type, sequence)
-        return BufferAndBacklog(buffer, in_backlog, _NONE, sequence)
+            return _new_tuple(BufferAndBacklog, (buffer, in_backlog, buffers[0][0].data_type, sequence))
+        return _new_tuple(BufferAndBacklog, (buffer, in_backlog, _NONE, sequence))
 
     def is_data_available(self) -> bool:
         """Something can be polled with credit (Flink's ``isDataAvailableUnsafe``)."""
@@ -326,7 +331,7 @@ class PipelinedSubpartition:
         """With credit: data available; without: the head is an event (events need no credit)."""
         buffers = self._buffers
         if self.is_blocked or not buffers:
-            return AvailabilityWithBacklog(False, 0)
+            return _NOT_AVAILABLE
         flush_requested = self.flush_requested
         in_backlog = self.buffers_in_backlog
         if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1][0].data_type]):
@@ -335,7 +340,7 @@ class PipelinedSubpartition:
             available = flush_requested or len(buffers) > 1 or self._tail_known_finished
         else:
             available = IS_EVENT[buffers[0][0].data_type]
-        return AvailabilityWithBacklog(available, in_backlog)
+        return _new_tuple(AvailabilityWithBacklog, (available, in_backlog))
 
     def resume_consumption(self) -> None:
         """Unblock after an upstream-blocking event (aligned barrier) was consumed."""
@@ -369,7 +374,7 @@ class PipelinedSubpartition:
 class PipelinedSubpartitionView:
     """The read view of one pipelined subpartition; forwards to it and to its listener."""
 
-    __slots__ = ("_listener", "_released", "failure_cause", "get_next_buffer", "parent")
+    __slots__ = ("_listener", "_released", "failure_cause", "get_next_buffer", "notify_data_available", "parent")
 
     def __init__(self, parent: PipelinedSubpartition, listener: BufferAvailabilityListener) -> None:
         self.parent = parent
@@ -378,12 +383,11 @@ class PipelinedSubpartitionView:
         self.failure_cause: BaseException | None = None
         #: The next buffer, or None (the subpartition's ``poll_buffer``, bound directly: it is the hot path).
         self.get_next_buffer: Callable[[], BufferAndBacklog | None] = parent.poll_buffer
+        #: Tell the listener that data is available (bound directly, as above).
+        self.notify_data_available: Callable[[], None] = listener.notify_data_available
 
     def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog:
         return self.parent.get_availability_and_backlog(credit_available)
-
-    def notify_data_available(self) -> None:
-        self._listener.notify_data_available()
 
     def notify_priority_event(self, sequence_number: int) -> None:
         self._listener.notify_priority_event(sequence_number)
@@ -453,6 +457,8 @@ class PipelinedResultPartition:
         self.is_released = False
         self._pending_references = num_subpartitions + 1
         self._producer_closed = False
+        #: Flink's LocalBufferPool availability (bound to the pool's: the writer asks before every batch).
+        self.is_available: Callable[[], bool] = buffer_pool.is_available
         self._consumed = [False] * num_subpartitions
         self._all_data_processed = [False] * num_subpartitions
         self.num_events_out = 0

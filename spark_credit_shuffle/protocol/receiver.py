@@ -56,6 +56,7 @@ __all__ = [
 ]
 
 _END_OF_PARTITION = DataType.END_OF_PARTITION
+_new_tuple = tuple.__new__  # NamedTuples without their Python-level __new__ on the hot path
 _NONE = DataType.NONE
 
 
@@ -686,7 +687,7 @@ class SingleInputGate:
             if buffer.data_type is _END_OF_PARTITION:
                 self.num_finished_channels += 1
                 channel.release_all_resources()
-            return BufferOrEvent(buffer, channel.channel_index, sequence_number, bool(queue))
+            return _new_tuple(BufferOrEvent, (buffer, channel.channel_index, sequence_number, bool(queue)))
         return None
 
     @property

@@ -58,6 +58,9 @@ class BufferAndAvailability(NamedTuple):
     sequence_number: int
 
 
+_new_tuple = tuple.__new__  # NamedTuples without their Python-level __new__ on the hot path
+
+
 class PartitionProvider(Protocol):
     """Where readers get their views: a :class:`ResultPartitionManager` or any object with this method."""
 
@@ -164,7 +167,7 @@ class CreditBasedSequenceNumberingViewReader:
                 raise ProtocolError(f"receiver {self.receiver_id}: data buffer polled with no credit available")
             self.num_credits_available = credits
         more = IS_EVENT[next_type] or (credits > 0 and IS_BUFFER[next_type])
-        return BufferAndAvailability(buffer, more, backlog, sequence_number)
+        return _new_tuple(BufferAndAvailability, (buffer, more, backlog, sequence_number))
 
     # -- lifecycle --
 
