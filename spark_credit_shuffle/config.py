@@ -180,6 +180,12 @@ class NetworkConfig:
         "how long a consumer waits for its producers to connect, answer or send",
     )  # fmt: skip
 
+    metrics_sample_interval_ms: int = _setting(
+        100, "metrics.reporter.<name>.interval", parse_duration_ms,
+        "how often each task samples its pool usage, backlog, credits and backpressure for the metrics "
+        "timeline (wall time); 0 turns the timeline off",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         for f in fields(self):
             raw = getattr(self, f.name)
@@ -214,6 +220,10 @@ class NetworkConfig:
         if self.network_memory < self.segment_size:
             raise ConfigError(
                 "network_memory", self.network_memory, f"at least one segment ({self.segment_size} bytes)"
+            )
+        if self.metrics_sample_interval_ms < 0:
+            raise ConfigError(
+                "metrics_sample_interval_ms", self.metrics_sample_interval_ms, "0 (no timeline) or a duration > 0 ms"
             )
         for name in ("buffers_request_timeout_ms", "partition_request_timeout_ms"):
             if getattr(self, name) <= 0:

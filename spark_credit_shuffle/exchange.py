@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from .config import NetworkConfig
 from .errors import ConfigError
-from .metrics import METRICS_DDL, MetricRow
+from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
 
 if TYPE_CHECKING:
@@ -109,12 +109,33 @@ class Exchange:
 
         Blocks until that action finished; call it after an action (``count()``, ``write``...).
         """
+        return [r for r in self._all_metric_rows() if r.time_ms is None]
+
+    def _all_metric_rows(self) -> list[MetricRow]:
         observed = self._observation.get
         rows = []
         for cell in observed.get("metrics") or []:
             for r in cell or []:
-                rows.append(MetricRow(r["side"], r["subtask"], r["channel"], r["metric"], r["stat"], r["value"]))
+                time_ms = r["time_ms"]
+                rows.append(
+                    MetricRow(r["side"], r["subtask"], r["channel"], r["metric"], r["stat"], r["value"], time_ms)
+                )
         return rows
+
+    def timeline_rows(self) -> list[MetricRow]:
+        """The timeline samples of the first action that ran ``df`` (``stat == "sample"``), by time."""
+        return sorted((r for r in self._all_metric_rows() if r.time_ms is not None), key=lambda r: r.time_ms)
+
+    def timeline(self) -> DataFrame:
+        """Pool usage, backlog, credits and backpressure per subtask over time, sampled every
+        ``metrics_sample_interval_ms``: the metrics columns plus ``time_ms`` (see
+        :mod:`spark_credit_shuffle.metrics`). Available after an action, like :meth:`metrics`."""
+        spark = self.df.sparkSession
+        data = [
+            (self.plan.name, self.plan.mode, r.side, r.subtask, r.channel, r.metric, r.stat, r.value, r.time_ms)
+            for r in self.timeline_rows()
+        ]
+        return spark.createDataFrame(data, TIMELINE_DDL)
 
     def metrics(self) -> DataFrame:
         """The metrics as a DataFrame (see :mod:`spark_credit_shuffle.metrics` for the schema)."""

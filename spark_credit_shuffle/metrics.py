@@ -17,6 +17,28 @@ stat       string    ``total`` for counters; ``max`` or ``mean`` of a gauge samp
 value      double    the value
 =========  ========  ===================================================================
 
+The timeline (``Exchange.timeline()``) has the same columns plus one at the end:
+
+=========  ========  ===================================================================
+time_ms    double    wall-clock time of the sample, milliseconds since the Unix epoch
+=========  ========  ===================================================================
+
+Timeline rows have ``stat = "sample"``: every ``metrics_sample_interval_ms`` of wall time (checked
+once per input batch or received buffer, never per row) a task records its gauges.
+
+- Producers: ``outPoolUsage``, ``isBackPressured`` (0/1), ``numRecordsOutPerSecond`` since the
+  previous sample and, per subpartition (channel = consumer), ``backlog`` (buffers queued and not
+  yet consumed; in blocking mode every buffer stored so far).
+- Consumers: ``inPoolUsage``, ``inputExclusiveBuffersUsage``, ``inputFloatingBuffersUsage``,
+  ``numRecordsInPerSecond`` since the previous sample and, per channel (channel = producer),
+  ``credit`` (buffers the sender may send now), ``unannouncedCredit`` (credit not yet announced to
+  the sender), ``backlog`` (the sender's last announced backlog) and ``inputQueueLength``.
+
+A task keeps at most :data:`MAX_TIMELINE_POINTS` sample times; past that it drops every other one and
+doubles its interval, so long runs stay cheap.
+Inside an exchange a metric row is ``struct<side, subtask, channel, metric, stat, value, time_ms>``,
+``time_ms`` null for the summary rows.
+
 Metrics travel with the data (no accumulators, so Spark Connect works): producers ship theirs
 through the exchange itself, consumers report them as the last row of their partition, and
 Spark's ``Observation`` collects them from the successful attempt of every task, once.
@@ -24,23 +46,33 @@ Spark's ``Observation`` collects them from the successful attempt of every task,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 __all__ = [
     "CONSUMER",
+    "MAX_TIMELINE_POINTS",
     "METRICS_DDL",
     "METRIC_ROW_TYPE",
     "PRODUCER",
+    "SAMPLE",
+    "TIMELINE_DDL",
     "GaugeStats",
     "MetricRow",
+    "RateMeter",
     "TaskMetrics",
+    "TimelineSampler",
 ]
 
 PRODUCER = "producer"
 CONSUMER = "consumer"
+#: The ``stat`` of a timeline row.
+SAMPLE = "sample"
+#: Sample times a task keeps before it thins them out (every other one) and doubles its interval.
+MAX_TIMELINE_POINTS = 1000
 
 METRIC_ROW_TYPE = pa.struct(
     [
@@ -50,14 +82,17 @@ METRIC_ROW_TYPE = pa.struct(
         ("metric", pa.string()),
         ("stat", pa.string()),
         ("value", pa.float64()),
+        ("time_ms", pa.float64()),
     ]
 )
 #: Spark DDL of one metric row, as carried inside an exchange.
-METRIC_ROW_DDL = "struct<side:string,subtask:int,channel:int,metric:string,stat:string,value:double>"
+METRIC_ROW_DDL = "struct<side:string,subtask:int,channel:int,metric:string,stat:string,value:double,time_ms:double>"
 #: Spark DDL of the metrics DataFrame.
 METRICS_DDL = (
     "exchange string, mode string, side string, subtask int, channel int, metric string, stat string, value double"
 )
+#: Spark DDL of the timeline DataFrame: the metrics columns, then ``time_ms``.
+TIMELINE_DDL = METRICS_DDL + ", time_ms double"
 
 
 @dataclass(frozen=True)
@@ -68,6 +103,7 @@ class MetricRow:
     metric: str
     stat: str
     value: float
+    time_ms: float | None = None  # set on timeline samples only
 
 
 @dataclass
@@ -139,8 +175,82 @@ def rows_to_arrow(groups: Iterable[list[MetricRow] | None]) -> pa.Array:
                         "metric": r.metric,
                         "stat": r.stat,
                         "value": r.value,
+                        "time_ms": r.time_ms,
                     }
                     for r in group
                 ]
             )
     return pa.array(values, type=pa.list_(METRIC_ROW_TYPE))
+
+
+class TimelineSampler:
+    """Samples a task's gauges every ``interval_ms`` of wall time, as timeline rows.
+
+    Call :meth:`due` where the task handles a batch or a buffer (one clock read) and, when it says so,
+    :meth:`record` with a function returning ``(metric, channel, value)`` triples; only then are the
+    gauges read. ``interval_ms = 0`` turns sampling off. At most :data:`MAX_TIMELINE_POINTS` sample
+    times are kept: beyond that every other one is dropped and the interval doubles.
+    """
+
+    __slots__ = ("_next", "interval", "rows", "side", "subtask")
+
+    def __init__(self, side: str, subtask: int, interval_ms: int) -> None:
+        self.side = side
+        self.subtask = subtask
+        self.interval = interval_ms / 1000.0
+        self.rows: list[list[MetricRow]] = []  # one list per sample time
+        self._next = 0.0
+
+    def due(self) -> bool:
+        """True if a sample is due now (always False when sampling is off)."""
+        return self.interval > 0 and time.monotonic() >= self._next
+
+    def record(self, gauges: Callable[[], Iterable[tuple[str, int | None, float]]]) -> None:
+        """Take one sample now (whether due or not), unless sampling is off."""
+        if self.interval <= 0:
+            return
+        now = time.monotonic()
+        stamp = time.time() * 1000.0
+        side, subtask = self.side, self.subtask
+        self.rows.append(
+            [
+                MetricRow(side, subtask, channel, metric, SAMPLE, float(value), stamp)
+                for metric, channel, value in gauges()
+            ]
+        )
+        if len(self.rows) > MAX_TIMELINE_POINTS:
+            self.rows = self.rows[::2]
+            self.interval *= 2
+        self._next = now + self.interval
+
+    def sample(self, gauges: Callable[[], Iterable[tuple[str, int | None, float]]]) -> None:
+        """:meth:`record` if :meth:`due`."""
+        if self.interval > 0 and time.monotonic() >= self._next:
+            self.record(gauges)
+
+    def timeline_rows(self) -> list[MetricRow]:
+        """Every sample kept, in time order."""
+        return [r for rows in self.rows for r in rows]
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.rows)
+
+
+class RateMeter:
+    """Per-second rate of a growing count between two readings (Flink's ``MeterView`` over one interval)."""
+
+    __slots__ = ("_count", "_time")
+
+    def __init__(self) -> None:
+        self._count = 0.0
+        self._time: float | None = None
+
+    def rate(self, count: float) -> float:
+        """Events per second since the previous call (0.0 on the first)."""
+        now = time.monotonic()
+        previous, self._time = self._time, now
+        delta, self._count = count - self._count, float(count)
+        if previous is None or now <= previous:
+            return 0.0
+        return delta / (now - previous)

@@ -240,3 +240,36 @@ def test_plan_as_a_spark_dataframe(spark):
     tasks = plan_dataframe(spark, spec, Executors(2, 4), NetworkConfig(), level="task")
     assert tasks.count() == 4
     assert tasks.agg(F.sum("required_buffers")).first()[0] == 4 * 12
+
+
+@pytest.mark.parametrize(
+    "partitioner,producers,consumers",
+    [(scs.key_by("k"), 4, 4), (scs.rescale(), 3, 5), (scs.broadcast(), 2, 3)],
+    ids=["hash-4x4", "rescale-3x5", "broadcast-2x3"],
+)
+def test_planner_equals_the_pools_a_pipelined_task_sets_up(partitioner, producers, consumers):
+    from spark_credit_shuffle.runtime.pipelined import PipelinedTask
+
+    config = NetworkConfig()
+    plan = ExchangePlan(
+        "planner-pipelined", "pipelined", partitioner, producers, consumers, 128, config, SCHEMA, None
+    )
+    (stage,) = plan_network(ExchangeSpec(producers, consumers, partitioner, "pipelined"), config=config).stages
+    assert len(stage.tasks) == max(producers, consumers)
+    for planned in stage.tasks:
+        task = PipelinedTask(plan, planned.task, b"s" * 32, "127.0.0.1")
+        try:
+            b = planned.buffers
+            pools = [(p.min_buffers, p.max_buffers) for p in task.network.buffer_pools]
+            expected = []
+            if task.partition is not None:
+                expected.append((b.partition_min, b.partition_max))
+            if task.gate is not None:
+                expected.append((b.floating_min, b.floating_max))
+                # exclusive buffers are requested when the channels connect: one set per remote channel
+                assert task.gate.spec.exclusive_total == b.exclusive
+                assert task.gate.spec.num_remote_channels == planned.remote_channels
+            assert pools == expected
+            assert task.network.num_total_required_buffers + b.exclusive == planned.required
+        finally:
+            task._close()

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..buffers.writer import RecordWriter
-from ..metrics import PRODUCER, MetricRow, TaskMetrics
+from ..metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.partition import BlockingResultPartition, StoredBuffer
 from ..protocol.pools import NetworkBufferPool, PartitionType, result_partition_pool_size
 from .common import finish_plan, output_struct_type
@@ -111,20 +111,34 @@ def produce_partition(
     writer = RecordWriter(partition, selector, config.segment_size)
     emit = writer.broadcast_emit if selector.is_broadcast else writer.emit
     metrics = TaskMetrics(PRODUCER, producer)
+    timeline = TimelineSampler(PRODUCER, producer, config.metrics_sample_interval_ms)
+    records_out = RateMeter()
+
+    def gauges() -> Iterator[tuple[str, int | None, float]]:
+        yield "outPoolUsage", None, partition.out_pool_usage
+        yield "isBackPressured", None, 0.0 if partition.is_available() else 1.0
+        yield "numRecordsOutPerSecond", None, records_out.rate(sum(writer.num_records_out))
+        for sp, consumer in enumerate(consumers):  # a blocking subpartition's backlog: every buffer stored
+            yield "backlog", consumer, float(partition.num_data_buffers[sp])
+
+    timeline.record(gauges)
     for batch in batches:
         if batch.num_rows:
             emit(batch)
             metrics.sample("outPoolUsage", partition.out_pool_usage)
+            if timeline.due():
+                timeline.record(gauges)
         if out:
             yield _storage_batch(out)
             out.clear()
     writer.finish()
     metrics.sample("outPoolUsage", partition.out_pool_usage)
+    timeline.record(gauges)
     for sp, consumer in enumerate(consumers):
         metrics.count("numRecordsOut", writer.num_records_out[sp], consumer)
         metrics.count("numBytesOut", writer.num_bytes_out[sp], consumer)
         metrics.count("numBuffersOut", writer.num_buffers_out[sp], consumer)
-    rows = [dataclasses.asdict(r) for r in metrics.rows()]
+    rows = [dataclasses.asdict(r) for r in (*metrics.rows(), *timeline.timeline_rows())]
     out.append((consumers[0], producer, -1, METRICS_TYPE, json.dumps(rows).encode()))
     yield _storage_batch(out)
     partition.release()

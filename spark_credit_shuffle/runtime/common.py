@@ -42,6 +42,7 @@ def output_struct_type(df: DataFrame):
             StructField("metric", StringType()),
             StructField("stat", StringType()),
             StructField("value", DoubleType()),
+            StructField("time_ms", DoubleType()),  # timeline samples only; null on summary rows
         ]
     )
     metrics_type = ArrayType(row)

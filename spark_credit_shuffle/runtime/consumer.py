@@ -19,7 +19,7 @@ import pyarrow as pa
 from ..buffers import Buffer, DataType, FinishedBufferConsumer
 from ..buffers.reader import RecordReader
 from ..errors import ProtocolError
-from ..metrics import CONSUMER, MetricRow, TaskMetrics
+from ..metrics import CONSUMER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.partition import PipelinedSubpartition, ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, SingleInputGate
@@ -92,6 +92,23 @@ def consume_partition(
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     started = time.perf_counter()
+    timeline = TimelineSampler(CONSUMER, consumer, config.metrics_sample_interval_ms)
+    sender_readers = server.queue.all_readers
+    records_in = RateMeter()
+
+    def gauges() -> Iterator[tuple[str, int | None, float]]:
+        yield "inPoolUsage", None, gate.in_pool_usage
+        yield "inputExclusiveBuffersUsage", None, gate.input_exclusive_buffers_usage
+        yield "inputFloatingBuffersUsage", None, gate.input_floating_buffers_usage
+        yield "numRecordsInPerSecond", None, records_in.rate(sum(r.num_records_in for r in readers))
+        for channel, p in zip(gate.channels, producers):
+            reader = sender_readers.get(p)  # the sending side of the channel (gone once it finished)
+            yield "credit", p, float(reader.num_credits_available if reader is not None else 0)
+            yield "unannouncedCredit", p, float(channel.unannounced_credit)  # type: ignore[union-attr]
+            yield "backlog", p, float(max(0, channel.sender_backlog))  # type: ignore[union-attr]
+            yield "inputQueueLength", p, float(channel.queue_length())  # type: ignore[union-attr]
+
+    timeline.record(gauges)
 
     def pump() -> Iterator[pa.RecordBatch]:
         nonlocal pending_bytes
@@ -103,6 +120,8 @@ def consume_partition(
                 metrics.sample("inPoolUsage", gate.in_pool_usage)
                 metrics.sample("inputExclusiveBuffersUsage", gate.input_exclusive_buffers_usage)
                 metrics.sample("inputFloatingBuffersUsage", gate.input_floating_buffers_usage)
+                if timeline.due():
+                    timeline.record(gauges)
                 for out in readers[item.channel_index].feed(item.buffer, item.sequence_number):
                     if isinstance(out, pa.RecordBatch) and out.num_rows:
                         if delay:
@@ -131,6 +150,7 @@ def consume_partition(
                 target.add(DataType(data_type), payload)
             yield from pump()
         yield from pump()
+        timeline.record(gauges)
         if not gate.is_finished:
             missing = [producers[i] for i, r in enumerate(readers) if not r.is_finished]
             raise ProtocolError(
@@ -147,7 +167,7 @@ def consume_partition(
         metrics.count("numBytesIn", reader.num_bytes_in, p)
         metrics.count("numBuffersIn", reader.num_buffers_in, p)
     metrics.set("accumulateBusyTimeMs", (time.perf_counter() - started) * 1000.0)
-    yield metrics_batch(plan.schema, [*producer_metrics, *metrics.rows()])
+    yield metrics_batch(plan.schema, [*producer_metrics, *metrics.rows(), *timeline.timeline_rows()])
 
 
 def _combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

@@ -1,0 +1,237 @@
+"""Pictures of an exchange: the metrics timeline per subtask and bar charts of the summary metrics.
+
+matplotlib is an optional extra (``pip install "spark-credit-shuffle[plot]"``); this module imports it
+only when a function is called. Every function returns a ``matplotlib.figure.Figure`` (shown inline by
+Jupyter when it is a cell's value) built without pyplot, so nothing global changes and it works without a
+display; ``path=`` also writes it as a PNG.
+
+Inputs are whatever is at hand: an :class:`~spark_credit_shuffle.exchange.Exchange`, a Spark or pandas
+DataFrame with the metrics (or timeline) columns, or a list of
+:class:`~spark_credit_shuffle.metrics.MetricRow`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+__all__ = ["bar_chart", "line_chart", "plot_metrics", "plot_timeline", "to_pandas"]
+
+#: The timeline metrics drawn by default, in this order (those present in the data).
+DEFAULT_TIMELINE_METRICS = (
+    "outPoolUsage",
+    "backlog",
+    "isBackPressured",
+    "numRecordsOutPerSecond",
+    "inPoolUsage",
+    "inputFloatingBuffersUsage",
+    "credit",
+    "numRecordsInPerSecond",
+)
+_COLUMNS = ["side", "subtask", "channel", "metric", "stat", "value"]
+
+
+def _figure_class() -> type[Figure]:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:  # pragma: no cover - depends on the installation
+        raise ImportError(
+            "plotting needs matplotlib: pip install 'spark-credit-shuffle[plot]' (or pip install matplotlib)"
+        ) from None
+    return Figure
+
+
+def to_pandas(data: Any, *, timeline: bool | None = None) -> pd.DataFrame:
+    """Metric rows as a pandas DataFrame with at least side, subtask, channel, metric, stat, value
+    (and time_ms for timeline rows). ``timeline`` picks the timeline of an Exchange (default: the
+    summary metrics)."""
+    import pandas as pd
+
+    if hasattr(data, "timeline_rows") and hasattr(data, "metric_rows"):  # an Exchange
+        rows = data.timeline_rows() if timeline else data.metric_rows()
+        return pd.DataFrame([r.__dict__ for r in rows], columns=[*_COLUMNS, "time_ms"])
+    if hasattr(data, "toPandas"):  # a Spark DataFrame
+        return data.toPandas()
+    if isinstance(data, pd.DataFrame):
+        return data
+    if isinstance(data, Sequence):
+        return pd.DataFrame([r.__dict__ for r in data], columns=[*_COLUMNS, "time_ms"])
+    raise ConfigError("data", type(data).__name__, "an Exchange, a Spark or pandas DataFrame, or MetricRows")
+
+
+def _save(fig: Figure, path: str | os.PathLike[str] | None) -> Figure:
+    if path is not None:
+        fig.savefig(os.fspath(path), dpi=110, bbox_inches="tight")
+    return fig
+
+
+def plot_timeline(
+    data: Any,
+    metrics: Sequence[str] | None = None,
+    *,
+    side: str | None = None,
+    per_channel: bool = False,
+    title: str | None = None,
+    path: str | os.PathLike[str] | None = None,
+) -> Figure:
+    """One panel per metric, one line per subtask (per channel with ``per_channel=True``), over time.
+
+    ``data``: an Exchange (its timeline), or timeline rows (with ``time_ms``). Per-channel metrics
+    (backlog, credit, ...) are summed over the channels of a subtask unless ``per_channel``. Time is in
+    seconds from the first sample. ``side`` keeps only ``producer`` or ``consumer`` rows.
+    """
+    frame = to_pandas(data, timeline=True)
+    if "time_ms" not in frame or frame["time_ms"].isna().all():
+        raise ConfigError("data", "metrics without time_ms", "timeline rows (Exchange.timeline())")
+    frame = frame[frame["time_ms"].notna()]
+    if side is not None:
+        frame = frame[frame["side"] == side]
+    present = list(dict.fromkeys(frame["metric"]))
+    if metrics is None:
+        chosen = [m for m in DEFAULT_TIMELINE_METRICS if m in present] or present
+    else:
+        missing = [m for m in metrics if m not in present]
+        if missing:
+            raise ConfigError("metrics", missing, "metrics present in the timeline: " + ", ".join(present))
+        chosen = list(metrics)
+    if not chosen:
+        raise ConfigError("data", "an empty timeline", "at least one sample (run an action first)")
+    start = frame["time_ms"].min()
+    Figure = _figure_class()
+    fig = Figure(figsize=(9, 2.1 * len(chosen) + 0.6), layout="constrained")
+    axes = fig.subplots(len(chosen), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, metric in zip(axes, chosen):
+        rows = frame[frame["metric"] == metric]
+        per_task = rows["channel"].isna().all()
+        if per_task or not per_channel:
+            grouped = rows.groupby(["side", "subtask", "time_ms"], as_index=False)["value"].sum()
+            keys = ["side", "subtask"]
+        else:
+            grouped = rows
+            keys = ["side", "subtask", "channel"]
+        for key, series in grouped.groupby(keys):
+            series = series.sort_values("time_ms")
+            label = f"{key[0]} {key[1]}" + (f" <- {int(key[2])}" if len(key) > 2 else "")
+            ax.step((series["time_ms"] - start) / 1000.0, series["value"], where="post", label=label)
+        suffix = "" if per_task or per_channel else " (sum over channels)"
+        ax.set_ylabel(metric + suffix, fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right", ncols=min(4, max(1, grouped[keys].drop_duplicates().shape[0])))
+    axes[-1].set_xlabel("seconds since the first sample")
+    fig.suptitle(title or "network metrics over time")
+    return _save(fig, path)
+
+
+def plot_metrics(
+    data: Any,
+    metric: str = "numRecordsIn",
+    *,
+    stat: str = "total",
+    side: str | None = None,
+    title: str | None = None,
+    path: str | os.PathLike[str] | None = None,
+) -> Figure:
+    """A bar per subtask of ``metric`` (``stat``), stacked by channel where the metric has one.
+
+    ``data``: an Exchange (its summary metrics) or metric rows. Raises ConfigError naming the metrics
+    present if ``metric`` is not among them.
+    """
+    frame = to_pandas(data)
+    if "time_ms" in frame:
+        frame = frame[frame["time_ms"].isna()]
+    rows = frame[(frame["metric"] == metric) & (frame["stat"] == stat)]
+    if side is not None:
+        rows = rows[rows["side"] == side]
+    if rows.empty:
+        present = sorted({(m, s) for m, s in zip(frame["metric"], frame["stat"])})
+        raise ConfigError(
+            "metric", (metric, stat), "one of " + ", ".join(f"{m}/{s}" for m, s in present) or "none (no metrics)"
+        )
+    Figure = _figure_class()
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    ax = fig.subplots()
+    subtasks = sorted({(s, int(t)) for s, t in zip(rows["side"], rows["subtask"])})
+    labels = [f"{s} {t}" for s, t in subtasks]
+    index = {key: i for i, key in enumerate(subtasks)}
+    channels = sorted({int(c) for c in rows["channel"].dropna()})
+    if channels:
+        bottoms = [0.0] * len(subtasks)
+        for channel in channels:
+            heights = [0.0] * len(subtasks)
+            for s, t, c, v in zip(rows["side"], rows["subtask"], rows["channel"], rows["value"]):
+                if c == c and int(c) == channel:  # c == c: not NaN
+                    heights[index[(s, int(t))]] += float(v)
+            ax.bar(labels, heights, bottom=bottoms, label=f"channel {channel}")
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+        ax.legend(fontsize=7, title="channel: the other side's subtask", title_fontsize=7)
+    else:
+        heights = [0.0] * len(subtasks)
+        for s, t, v in zip(rows["side"], rows["subtask"], rows["value"]):
+            heights[index[(s, int(t))]] += float(v)
+        ax.bar(labels, heights)
+    ax.set_ylabel(f"{metric} ({stat})")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    ax.set_title(title or f"{metric} per subtask")
+    return _save(fig, path)
+
+
+def bar_chart(
+    categories: Sequence[str],
+    series: dict[str, Sequence[float]],
+    *,
+    ylabel: str = "",
+    title: str = "",
+    path: str | os.PathLike[str] | None = None,
+) -> Figure:
+    """Grouped bars: one group per category, one bar per series (e.g. with and without credits)."""
+    if not series or any(len(v) != len(categories) for v in series.values()):
+        raise ConfigError("series", {k: len(v) for k, v in series.items()}, f"{len(categories)} values per series")
+    Figure = _figure_class()
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(series)
+    for k, (name, values) in enumerate(series.items()):
+        positions = [i + (k - (len(series) - 1) / 2) * width for i in range(len(categories))]
+        ax.bar(positions, list(values), width, label=name)
+    ax.set_xticks(range(len(categories)), list(categories), fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def line_chart(
+    x: Sequence[float],
+    series: dict[str, Sequence[float]],
+    *,
+    xlabel: str = "",
+    ylabel: str = "",
+    title: str = "",
+    logx: bool = False,
+    path: str | os.PathLike[str] | None = None,
+) -> Figure:
+    """Lines with markers, one per series, against ``x`` (e.g. throughput against buffer timeout)."""
+    if not series or any(len(v) != len(x) for v in series.values()):
+        raise ConfigError("series", {k: len(v) for k, v in series.items()}, f"{len(x)} values per series")
+    Figure = _figure_class()
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    ax = fig.subplots()
+    for name, values in series.items():
+        ax.plot(list(x), list(values), marker="o", label=name)
+    if logx:
+        ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
