@@ -338,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         "buffer_excess": round(excess, 4),
         "arrow_floor_s": round(sum(parts.values()), 4),
         "meets_ratio": ratio >= TARGET_RATIO,
+        "meets_ratio_cpu": cpu_ratio >= TARGET_RATIO,
+        "meets_ratio_warm_sink": mbs["buffers"] / mbs["warm"] >= TARGET_RATIO,
         "meets_buffers": excess <= TARGET_BUFFER_EXCESS,
     }
     print(json.dumps(result))
