@@ -417,14 +417,6 @@ class IpcSizeModel:
         #: whole unsliced offsets buffer; such rows are compacted before serialising (see :meth:`serialize`).
         self.has_nested_lists = any(node.has_nested_list() for node in self._nodes)
 
-    def count_buffers(self) -> tuple[int, int]:
-        """(buffers, offsets buffers) in the IPC layout of one record batch of the schema."""
-        buffers = offsets = 0
-        for node in self._nodes:
-            b, o = node.count_buffers()
-            buffers, offsets = buffers + b, offsets + o
-        return buffers, offsets
-
     def overhead(self, src: pa.RecordBatch) -> int:
         """Bytes a chunk of rows sliced from ``src`` costs beyond its rows (see the class doc)."""
         limit = self.small_buffer
