@@ -28,6 +28,7 @@ from .format import (
     Event,
     MalformedPayload,
     SchemaEvent,
+    check_magic,
     decode_event_payload,
     measure_metadata,
     unsupported_type,
@@ -208,10 +209,7 @@ def _immutable(data: object) -> pa.Buffer:
 
 
 def _bad_header(magic: int, version: int, flags: int, reserved: int, offset: int) -> None:
-    if magic != MAGIC:
-        raise MalformedPayload(f"bad magic 0x{magic:04x} at offset {offset}, expected 0x{MAGIC:04x}")
-    if version != FORMAT_VERSION:
-        raise MalformedPayload(f"unsupported format version {version}, this reader reads version {FORMAT_VERSION}")
+    check_magic(magic, version)
     raise MalformedPayload(
         f"chunk header at offset {offset} has reserved bits set (flags {flags}, reserved {reserved})"
     )
