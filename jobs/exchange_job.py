@@ -1,0 +1,232 @@
+"""Run one credit-based exchange over a dataset and write its output, metrics and timeline.
+
+    spark-submit --conf spark.creditShuffle.bufferTimeoutMs=10 jobs/exchange_job.py \\
+        --input events.parquet --partitioner hash:user_id --parallelism 8 --mode pipelined \\
+        --output out/ --metrics metrics/
+
+    python jobs/exchange_job.py --generate 100000 --partitioner rebalance --conf spark.creditShuffle.segmentSize=8kb
+
+The input's partitions are the producer subtasks (``--producers`` repartitions it first). Under plain
+``python`` a local session ``local[N]`` is started (N = the larger parallelism, or ``--master``); under
+``spark-submit`` the master and the settings are spark-submit's. Settings: ``--conf
+spark.creditShuffle.<name>=<value>`` here or on spark-submit. Every Spark job is labelled with the
+exchange. Prints rows per consumer subtask and, as its last line, one JSON object with the headline
+figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+FORMATS = ("parquet", "csv", "json", "orc")
+PARTITIONERS = ("hash:<col>[,<col>...]", "rebalance", "rescale", "shuffle", "broadcast", "forward", "global")
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"invalid --conf {text!r}: allowed is KEY=VALUE")
+    return key.strip(), value.strip()
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {value}: allowed is an integer >= 1")
+    return value
+
+
+def parse_partitioner(text: str):
+    """``hash:a,b`` (or ``key_by:a``), ``rebalance``, ``rescale``, ``shuffle``, ``broadcast``, ``forward``,
+    ``global`` -> a Partitioner; ConfigError naming what is allowed otherwise."""
+    import spark_credit_shuffle as scs
+    from spark_credit_shuffle.errors import ConfigError
+
+    name, _, columns = text.partition(":")
+    name = name.strip().lower().replace("-", "_")
+    if name in ("hash", "key_by", "keyby"):
+        keys = [c.strip() for c in columns.split(",") if c.strip()]
+        if not keys:
+            raise ConfigError("partitioner", text, "hash:<column>[,<column>...], e.g. hash:user_id")
+        return scs.key_by(*keys)
+    simple = {
+        "rebalance": scs.rebalance,
+        "rescale": scs.rescale,
+        "shuffle": scs.shuffle,
+        "broadcast": scs.broadcast,
+        "forward": scs.forward,
+        "global": scs.global_,
+    }
+    if name not in simple or columns:
+        raise ConfigError("partitioner", text, "one of " + ", ".join(PARTITIONERS))
+    return simple[name]()
+
+
+def _format_of(path: str, given: str | None) -> str:
+    if given:
+        return given
+    ext = os.path.splitext(path.rstrip("/"))[1].lstrip(".").lower()
+    return ext if ext in FORMATS else "parquet"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", help="input path (file or directory)")
+    source.add_argument("--generate", type=_positive, metavar="ROWS", help="generate ROWS rows instead of reading")
+    parser.add_argument("--format", choices=FORMATS, help="input format (default: from the extension, else parquet)")
+    parser.add_argument("--partitioner", default="rebalance", help="one of " + ", ".join(PARTITIONERS))
+    parser.add_argument("--parallelism", type=_positive, help="consumer subtasks (default: the producer count)")
+    parser.add_argument("--producers", type=_positive, help="repartition the input to this many producers first")
+    parser.add_argument("--mode", choices=("blocking", "pipelined"), default="blocking")
+    parser.add_argument("--output", help="where to write the exchanged rows (default: count them only)")
+    parser.add_argument("--output-format", choices=FORMATS, help="default: from the extension, else parquet")
+    parser.add_argument("--metrics", help="where to write the summary metrics (format from the extension)")
+    parser.add_argument("--timeline", help="where to write the metrics timeline (format from the extension)")
+    parser.add_argument("--timeline-png", help="draw the timeline into this PNG (needs matplotlib)")
+    parser.add_argument("--master", help="Spark master under plain python (default local[N])")
+    parser.add_argument(
+        "--conf", action="append", type=_conf_pair, default=[], metavar="KEY=VALUE", help="Spark or exchange setting"
+    )
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from spark_credit_shuffle.config import CONF_PREFIX
+    from spark_credit_shuffle.errors import CreditShuffleError
+
+    try:
+        partitioner = parse_partitioner(args.partitioner)
+    except CreditShuffleError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+
+    from pyspark.sql import SparkSession
+
+    existing = SparkSession.getActiveSession()  # a notebook's or a test's session: use it, leave it running
+    if existing is not None:
+        spark = existing
+        ours = [(k, v) for k, v in args.conf if k.startswith(CONF_PREFIX)]
+        previous = {key: spark.conf.get(key, None) for key, _ in ours}
+        for key, value in ours:
+            spark.conf.set(key, value)
+    else:
+        builder = SparkSession.builder.appName("spark_credit_shuffle exchange job")
+        if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # plain python: nobody chose a master
+            width = max(args.producers or 2, args.parallelism or 2)
+            builder = (
+                builder.master(args.master or f"local[{width}]")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.sql.adaptive.enabled", "false")
+                .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+            )
+        for key, value in args.conf:
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+        previous = {}
+    try:
+        return _run(args, spark, partitioner)
+    finally:
+        if existing is None:
+            spark.stop()
+        for key, value in previous.items():  # give the session back as it was
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def _run(args: argparse.Namespace, spark: Any, partitioner: Any) -> int:
+    from pyspark.sql import functions as F
+
+    import spark_credit_shuffle as scs
+    from spark_credit_shuffle.errors import CreditShuffleError
+
+    sc = spark.sparkContext
+    if args.input:
+        fmt = _format_of(args.input, args.format)
+        reader = spark.read.format(fmt)
+        if fmt == "csv":
+            reader = reader.option("header", "true").option("inferSchema", "true")
+        df = reader.load(args.input)
+    else:
+        producers = args.producers or 2
+        df = spark.range(0, args.generate, 1, producers).select(
+            (F.col("id") % 1000).cast("long").alias("user_id"),
+            F.col("id").cast("int").alias("seq"),
+            F.concat(F.lit("event-"), F.col("id").cast("string")).alias("payload"),
+        )
+    try:
+        ex = scs.exchange(df, partitioner, args.parallelism, args.mode, num_producers=args.producers)
+    except CreditShuffleError as e:
+        print(f"error before launch: {e}", file=sys.stderr)
+        return 2
+    plan = ex.plan
+    print(f"{plan.describe()}")
+    started = time.perf_counter()
+    with ex.labelled():
+        if args.output:
+            out_format = _format_of(args.output, args.output_format)
+            writer = ex.df.write.mode("overwrite").format(out_format)
+            writer = writer.option("header", "true") if out_format == "csv" else writer
+            writer.save(args.output)
+        else:
+            ex.df.write.format("noop").mode("overwrite").save()
+    elapsed = time.perf_counter() - started
+    rows = ex.metric_rows()
+    per_consumer: dict[int, float] = {}
+    for r in rows:
+        if r.side == "consumer" and r.metric == "numRecordsIn":
+            per_consumer[r.subtask] = per_consumer.get(r.subtask, 0.0) + r.value
+    for subtask in sorted(per_consumer):
+        print(f"  consumer subtask {subtask}: {int(per_consumer[subtask])} rows")
+    total = int(sum(per_consumer.values()))
+    buffers = int(sum(r.value for r in rows if r.metric == "numBuffersOut"))
+    print(f"  {total} rows in {buffers} network buffers, {elapsed:.2f} s")
+
+    timeline_rows = ex.timeline_rows()
+    for path, frame, what in (
+        (args.metrics, ex.metrics, "metrics"),
+        (args.timeline, ex.timeline, "timeline"),
+    ):
+        if path:
+            sc.setJobDescription(f"{plan.describe()}: write {what}")
+            fmt = _format_of(path, None)
+            writer = frame().coalesce(1).write.mode("overwrite").format(fmt)
+            writer = writer.option("header", "true") if fmt == "csv" else writer
+            writer.save(path)
+            sc.setJobDescription(None)
+            print(f"  {what}: {path}")
+    if args.timeline_png:
+        from spark_credit_shuffle.plot import plot_timeline
+
+        plot_timeline(timeline_rows, title=plan.describe(), path=args.timeline_png)
+        print(f"  timeline picture: {args.timeline_png}")
+    headline = {
+        "exchange": plan.name,
+        "mode": plan.mode,
+        "partitioner": plan.partitioner.name,
+        "producers": plan.num_producers,
+        "consumers": plan.num_consumers,
+        "rows": total,
+        "buffers": buffers,
+        "seconds": round(elapsed, 3),
+        "rows_per_second": round(total / elapsed) if elapsed > 0 else None,
+        "timeline_samples": len({(r.side, r.subtask, r.time_ms) for r in timeline_rows}),
+        "output": args.output,
+        "metrics": args.metrics,
+    }
+    print(json.dumps(headline))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The jobs users run: each ``main(argv)`` returns an exit status and ends with one JSON line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+
+JOBS = Path(__file__).resolve().parent.parent / "jobs"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def load_job(name: str):
+    spec = importlib.util.spec_from_file_location(f"job_{name}", JOBS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def last_json(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_plan_job_says_whether_a_topology_fits(capsys):
+    plan = load_job("plan")
+    argv = ["--producers", "4", "--consumers", "4", "--partitioner", "hash", "--mode", "pipelined"]
+    assert plan.main([*argv, "--executors", "2", "--slots", "4", "--network-memory", "64mb"]) == 0
+    headline = last_json(capsys.readouterr().out)
+    assert headline == {
+        "fits": True,
+        "required_buffers_per_executor": 4 * (5 + 6 + 1),
+        "max_buffers_per_executor": 4 * (16 + 6 + 8),
+        "network_buffers_per_executor": 2048,
+        "required_mib_per_executor": 1.5,
+        "network_mib_per_executor": 64.0,
+        "stages": 1,
+    }
+    too_small = [*argv, "--slots", "4", "--conf", "spark.creditShuffle.networkMemory=1mb"]
+    assert plan.main(too_small) == 1
+    out = capsys.readouterr().out
+    assert last_json(out)["fits"] is False and "spark.creditShuffle.networkMemory" in out
+
+
+def test_cli_runs_as_a_module():
+    result = subprocess.run(
+        [sys.executable, "-m", "spark_credit_shuffle", "plan", "--exchange", "4:8:hash:blocking", "--slots", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert last_json(result.stdout)["stages"] == 2
+    bad = subprocess.run(
+        [sys.executable, "-m", "spark_credit_shuffle", "plan", "--mode", "streaming"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bad.returncode == 2 and "--mode" in bad.stderr
+
+
+def test_multiplexing_demo_shows_what_credits_do(tmp_path, capsys):
+    demo = load_job("multiplexing_demo")
+    png = tmp_path / "mux.png"
+    assert demo.main(["--duration", "0.3", "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    progress = [line for line in out.splitlines() if line.startswith("[")]
+    assert [line[:5] for line in progress] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    headline = last_json(out)
+    # without credits the slow receiver's neighbour is cut to about its pace; with credits it keeps its own
+    assert headline["neighbour_share_without_credits"] < 0.2
+    assert headline["neighbour_share_with_credits"] > 0.9
+    assert headline["connection_pauses_without_credits"] > 0 == headline["connection_pauses_with_credits"]
+    assert png.read_bytes().startswith(PNG)
+    with pytest.raises(SystemExit):
+        demo.main(["--slow-rate", "fast"])
+
+
+@pytest.mark.spark
+def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys):
+    job = load_job("exchange_job")
+    source = spark.range(0, 2000, 1, 2).select(
+        F.col("id"),
+        (F.col("id") % 13).cast("int").alias("k"),
+        F.concat(F.lit("v"), F.col("id").cast("string")).alias("s"),
+    )
+    source.write.parquet(str(tmp_path / "in.parquet"))
+    argv = [
+        "--input", str(tmp_path / "in.parquet"),
+        "--partitioner", "hash:k",
+        "--parallelism", "3",
+        "--output", str(tmp_path / "out.parquet"),
+        "--metrics", str(tmp_path / "metrics.csv"),
+        "--timeline", str(tmp_path / "timeline.json"),
+        "--timeline-png", str(tmp_path / "timeline.png"),
+        "--conf", "spark.creditShuffle.metricsSampleIntervalMs=5",
+    ]  # fmt: skip
+    assert job.main(argv) == 0
+    headline = last_json(capsys.readouterr().out)
+    assert headline["rows"] == 2000 and headline["consumers"] == 3 and headline["partitioner"] == "HASH"
+    assert headline["timeline_samples"] >= 2 * (2 + 3)  # a first and a last sample per task
+    out = spark.read.parquet(str(tmp_path / "out.parquet"))
+    assert_df_equality(out, source, ignore_row_order=True, ignore_nullable=True)
+    metrics = spark.read.option("header", "true").csv(str(tmp_path / "metrics.csv"))
+    assert metrics.where(F.col("metric") == "numRecordsIn").agg(F.sum(F.col("value").cast("double"))).first()[0] == 2000
+    timeline = spark.read.json(str(tmp_path / "timeline.json"))
+    assert "time_ms" in timeline.columns and timeline.where(F.col("stat") != "sample").count() == 0
+    assert (tmp_path / "timeline.png").read_bytes().startswith(PNG)
+    # the job leaves the session as it found it
+    assert spark.conf.get("spark.creditShuffle.metricsSampleIntervalMs", None) is None
+    assert not spark.sparkContext._jsc.sc().isStopped()
+
+
+@pytest.mark.spark
+def test_exchange_job_refuses_bad_input_before_any_job(spark, capsys):
+    job = load_job("exchange_job")
+    with pytest.raises(SystemExit) as info:
+        job.main(["--generate", "10", "--partitioner", "zigzag"])
+    assert info.value.code == 2 and "partitioner" in capsys.readouterr().err
+    assert job.main(["--generate", "10", "--partitioner", "hash:user_id", "--parallelism", "300",
+                     "--conf", "spark.creditShuffle.networkMemory=1mb"]) == 2  # fmt: skip
+    assert "Insufficient number of network buffers" in capsys.readouterr().err
+    assert spark.conf.get("spark.creditShuffle.networkMemory", None) is None
+
+
+def test_jobs_have_main_and_run_as_scripts():
+    for name in ("exchange_job", "multiplexing_demo", "plan"):
+        text = (JOBS / f"{name}.py").read_text()
+        assert "def main(argv: list[str] | None = None) -> int:" in text
+        assert 'if __name__ == "__main__":\n    sys.exit(main())' in text
+    assert "PYSPARK_GATEWAY_PORT" in (JOBS / "exchange_job.py").read_text()
+    assert os.access(JOBS / "plan.py", os.R_OK)
