@@ -12,6 +12,7 @@ DataFrame with the metrics (or timeline) columns, or a list of
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-__all__ = ["bar_chart", "line_chart", "plot_metrics", "plot_timeline", "to_pandas"]
+__all__ = ["bar_chart", "line_chart", "plot_metrics", "plot_timeline", "timeline_from_simulation", "to_pandas"]
 
 #: The timeline metrics drawn by default, in this order (those present in the data).
 DEFAULT_TIMELINE_METRICS = (
@@ -38,14 +39,30 @@ DEFAULT_TIMELINE_METRICS = (
 _COLUMNS = ["side", "subtask", "channel", "metric", "stat", "value"]
 
 
+_FIGURE_CLASS: list[type] = []
+
+
 def _figure_class() -> type[Figure]:
+    """matplotlib's Figure with a PNG representation, so that Jupyter shows it without pyplot."""
+    if _FIGURE_CLASS:
+        return _FIGURE_CLASS[0]
     try:
         from matplotlib.figure import Figure
     except ImportError:  # pragma: no cover - depends on the installation
         raise ImportError(
             "plotting needs matplotlib: pip install 'spark-credit-shuffle[plot]' (or pip install matplotlib)"
         ) from None
-    return Figure
+
+    class InlineFigure(Figure):
+        """A Figure that renders itself as PNG when a notebook displays it."""
+
+        def _repr_png_(self) -> bytes:
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+            return buffer.getvalue()
+
+    _FIGURE_CLASS.append(InlineFigure)
+    return InlineFigure
 
 
 def to_pandas(data: Any, *, timeline: bool | None = None) -> pd.DataFrame:
@@ -66,6 +83,22 @@ def to_pandas(data: Any, *, timeline: bool | None = None) -> pd.DataFrame:
     raise ConfigError("data", type(data).__name__, "an Exchange, a Spark or pandas DataFrame, or MetricRows")
 
 
+def timeline_from_simulation(report: Any) -> list[Any]:
+    """The samples of a :class:`~spark_credit_shuffle.simulation.SimulationReport` as timeline rows
+    (``time_ms`` in virtual milliseconds), ready for :func:`plot_timeline`."""
+    from .metrics import SAMPLE, MetricRow
+
+    rows = []
+    for sample in report.samples:
+        stamp = float(sample["time"]) * 1000.0
+        side, subtask = sample["role"], int(sample["subtask"])
+        for metric, value in sample.items():
+            if metric in ("time", "role", "subtask"):
+                continue
+            rows.append(MetricRow(side, subtask, None, metric, SAMPLE, float(value), stamp))
+    return rows
+
+
 def _save(fig: Figure, path: str | os.PathLike[str] | None) -> Figure:
     if path is not None:
         fig.savefig(os.fspath(path), dpi=110, bbox_inches="tight")
@@ -79,6 +112,7 @@ def plot_timeline(
     side: str | None = None,
     per_channel: bool = False,
     title: str | None = None,
+    xlabel: str = "seconds since the first sample",
     path: str | os.PathLike[str] | None = None,
 ) -> Figure:
     """One panel per metric, one line per subtask (per channel with ``per_channel=True``), over time.
@@ -124,7 +158,7 @@ def plot_timeline(
         ax.set_ylabel(metric + suffix, fontsize=8)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper right", ncols=min(4, max(1, grouped[keys].drop_duplicates().shape[0])))
-    axes[-1].set_xlabel("seconds since the first sample")
+    axes[-1].set_xlabel(xlabel)
     fig.suptitle(title or "network metrics over time")
     return _save(fig, path)
 

@@ -1,0 +1,114 @@
+"""The notebooks run: each .ipynb executes top to bottom in a Jupyter kernel of this interpreter, and the
+Databricks source-format versions run as scripts (in the same kernel after it, on its SparkSession, as on
+Databricks where the session exists already). The two formats hold the same code."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+pytestmark = pytest.mark.spark
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NAMES = ("tour", "backpressure")
+HEADER = "# Databricks notebook source"
+SEPARATOR = "# COMMAND ----------"
+
+
+def databricks_cells(text: str) -> list[tuple[str, str]]:
+    """(cell type, source) of a Databricks source-format notebook."""
+    lines = text.splitlines()
+    assert lines[0] == HEADER, "a Databricks notebook starts with its header line"
+    chunks: list[list[str]] = [[]]
+    for line in lines[1:]:
+        if line == SEPARATOR:
+            chunks.append([])
+        else:
+            chunks[-1].append(line)
+    cells = []
+    for chunk in chunks:
+        text = "\n".join(chunk).strip("\n")
+        if not text:
+            continue
+        if text.startswith("# MAGIC %md"):
+            body = [line.removeprefix("# MAGIC").removeprefix(" ") for line in text.splitlines()[1:]]
+            cells.append(("markdown", "\n".join(body)))
+        else:
+            cells.append(("code", text))
+    return cells
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_both_formats_hold_the_same_notebook(name):
+    notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    nbformat.validate(notebook)
+    assert notebook.metadata["kernelspec"]["name"] == "python3"
+    ipynb = [(c.cell_type, c.source.strip("\n")) for c in notebook.cells]
+    source = (NOTEBOOKS / "databricks" / f"{name}.py").read_text()
+    assert ipynb == databricks_cells(source)
+    assert all(not c.get("outputs") for c in notebook.cells if c.cell_type == "code")  # stored without outputs
+
+
+def test_notebooks_and_their_databricks_versions_run(tmp_path, monkeypatch):
+    # One kernel (one JVM) for everything; each notebook starts from an empty namespace.
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv(
+        "PYSPARK_SUBMIT_ARGS",
+        "--master local[2] --driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' "
+        "--conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false pyspark-shell",
+    )
+    combined = nbformat.v4.new_notebook()
+    combined.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    owner: list[tuple[str, int]] = []  # (notebook, index of the cell in it) per combined cell
+    for name in NAMES:
+        combined.cells.append(nbformat.v4.new_code_cell("%reset -f"))
+        owner.append(("reset", -1))
+        for i, cell in enumerate(nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4).cells):
+            combined.cells.append(cell)
+            owner.append((name, i))
+        script = NOTEBOOKS / "databricks" / f"{name}.py"
+        combined.cells.append(
+            nbformat.v4.new_code_cell(
+                f"%reset -f\nimport runpy\n_ = runpy.run_path({str(script)!r}, run_name='__main__')"
+            )
+        )
+        owner.append((f"databricks/{name}.py", -1))
+    client = NotebookClient(
+        combined,
+        kernel_name="python3",
+        timeout=240,
+        allow_errors=False,
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
+    )
+    client.execute()
+
+    def outputs(name: str) -> list:
+        return [o for cell, (n, _) in zip(combined.cells, owner) if n == name for o in cell.get("outputs", [])]
+
+    def pictures(name: str) -> int:
+        return sum(1 for o in outputs(name) if "image/png" in o.get("data", {}))
+
+    def text(name: str) -> str:
+        parts = []
+        for o in outputs(name):
+            parts.append(o.get("text", ""))
+            parts.append(o.get("data", {}).get("text/plain", ""))
+        return "\n".join(parts)
+
+    assert pictures("tour") == 2
+    tour = text("tour")
+    assert "fits: 48 of 2048 buffers per executor" in tour
+    assert "Insufficient number of network buffers" in tour and "spark.creditShuffle.networkMemory" in tour
+    backpressure = text("backpressure")
+    assert "runs the exchange in pipelined mode" in backpressure  # local[2]: two slots
+    assert "consumer 0 slowed: 4000 rows" in backpressure
+    assert pictures("backpressure") >= 2  # the pool usage bars and the virtual-clock timeline
+    assert not [o for o in outputs("databricks/tour.py") + outputs("databricks/backpressure.py") if o.get("ename")]
