@@ -203,7 +203,7 @@ def build(
     if retryable is None:
         retryable = getattr(plan, "retryable", None)
     if retryable is None:
-        retryable = plan.injection is not None and plan.injection.fail_once is not None
+        retryable = True
     options = options or TaskOptions()
     producers, consumers = plan.num_producers, plan.num_consumers
     width = max(producers, consumers)
@@ -249,17 +249,19 @@ def run_barrier_task(
 
 def run_in_threads(
     plan: ExchangePlan,
-    partitions: list[list[pa.RecordBatch]],
+    partitions: list[Iterable[pa.RecordBatch]],
     *,
     secret: bytes | None = None,
     options: TaskOptions | None = None,
     host: str = "127.0.0.1",
     timeout_s: float = 60.0,
+    on_batch: Callable[[int, pa.RecordBatch], None] | None = None,
 ) -> tuple[list[list[pa.RecordBatch]], list[MetricRow]]:
     """Run a pipelined exchange between threads of this process over real TCP sockets, without Spark.
 
-    ``partitions[p]`` are producer p's input batches. Returns (the data batches each consumer received,
-    every metric row). Raises the first task's error.
+    ``partitions[p]`` are producer p's input batches (any iterable, consumed as the producer goes).
+    Returns (the data batches each consumer received, every metric row); ``on_batch(consumer, batch)``
+    sees each data batch as it arrives. Raises the error of the task that failed first.
     """
     width = max(plan.num_producers, plan.num_consumers)
     if len(partitions) != plan.num_producers:
@@ -277,6 +279,8 @@ def run_in_threads(
         try:
             for batch in task.run(iter(data), gather.all_gather):
                 outputs[i].append(batch)
+                if on_batch is not None and batch.column(batch.num_columns - 1).null_count == batch.num_rows:
+                    on_batch(i, batch.drop_columns([batch.schema.names[-1]]))
         except BaseException as exc:
             errors[i] = (time.monotonic(), exc)
             gather.abort()
@@ -379,6 +383,32 @@ class _LockedPartition:
 
     def is_available(self) -> bool:
         return self.partition.is_available()
+
+
+class _ClientHandler(CreditBasedPartitionRequestClientHandler):
+    """The protocol's client handler, plus one rule for channels without exclusive buffers.
+
+    A sender whose receiver has no exclusive buffers sends a finished buffer even when it is empty (so the
+    credit it consumed is not lost), and that empty buffer used one of the channel's reserved buffers. The
+    core's ``on_empty_buffer`` keeps that buffer reserved although the sender no longer counts it as credit,
+    which stalls the channel once its backlog equals the orphaned buffers. Here the buffer is taken and
+    recycled as if the empty buffer had been received and consumed, which returns it to the channel's
+    accounting (and the announced credit stays equal to the receiver's unused buffers).
+    """
+
+    def receive_message(self, message: Message) -> None:
+        if (
+            type(message) is BufferResponse
+            and self.credit_based
+            and message.data_type.is_buffer
+            and not len(message.payload)  # type: ignore[arg-type]
+        ):
+            channel = self.input_channels.get(message.receiver_id)
+            if channel is not None and not channel.is_released:
+                recycler = channel.buffer_manager.request_buffer()
+                if recycler is not None:
+                    recycler()
+        super().receive_message(message)
 
 
 class _Clock:
@@ -555,6 +585,9 @@ class PipelinedTask:
             )
             self.transport.start()
             self._announce_address()
+            if self.is_producer:
+                with self.writer_lock:  # the first answer to every partition request, before any data
+                    self._send_liveness_markers()
             self._start_thread(self._timer, "timer")
             if self.is_producer:
                 self._start_thread(lambda: self._produce(batches), "producer")
@@ -630,7 +663,7 @@ class PipelinedTask:
                 )
             conn = self._client_connections.get(producer)
             if conn is None:
-                handler = CreditBasedPartitionRequestClientHandler(
+                handler = _ClientHandler(
                     credit_based=self.config.credit_based, secret=self.secret, max_frame_length=self.max_frame_length
                 )
                 conn = self.transport.connect(  # type: ignore[union-attr]
@@ -678,11 +711,13 @@ class PipelinedTask:
                     continue
                 if batch.schema is not schema and not batch.schema.equals(schema):
                     batch = batch.cast(schema)
-                self._await_buffer()
-                with self.writer_lock:
-                    emit(batch)
-                with self.lock:
-                    self._sample_output()
+                step = self._rows_per_emit(batch)
+                for start in range(0, batch.num_rows, step):
+                    self._await_buffer()
+                    with self.writer_lock:
+                        emit(batch.slice(start, step) if step < batch.num_rows else batch)
+                    with self.lock:
+                        self._sample_output()
             with self.writer_lock:
                 writer.finish()
                 self._writer_finished = True
@@ -694,6 +729,19 @@ class PipelinedTask:
                 self.cond.notify_all()
         except BaseException as exc:
             self._fail(exc)
+
+    def _rows_per_emit(self, batch: pa.RecordBatch) -> int:
+        """Rows of ``batch`` to write between two availability checks: about one segment per subpartition.
+
+        Flink checks availability before every record; checking before every slice of about one buffer per
+        channel keeps the overdraft (what a writer may take beyond its pool while it finishes the rows it
+        was given) to about one buffer per subpartition, whatever the size of Spark's input batches.
+        """
+        writer = self.writer
+        assert writer is not None
+        channels = 1 if writer.selector.is_broadcast else writer.num_subpartitions
+        row_bytes = max(1.0, batch.nbytes / max(1, batch.num_rows))
+        return max(64, int(channels * self.config.segment_size / row_bytes))
 
     def _await_buffer(self) -> None:
         """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``)."""
@@ -757,10 +805,9 @@ class PipelinedTask:
                 self._queue_max[sp] = q
 
     def _on_send(self, conn: Connection, message: Message) -> None:
-        if type(message) is BufferResponse:
-            self._last_progress = time.monotonic()
-            if message.data_type.is_buffer:
-                self._sample_output()
+        if type(message) is BufferResponse and message.data_type.is_buffer:
+            self._last_progress = time.monotonic()  # data moved (events, such as liveness markers, do not count)
+            self._sample_output()
 
     def _on_connection_closed(self, conn: Connection) -> None:
         """A connection ended (lock held): a client connection that fails channels fails the task."""
@@ -784,7 +831,7 @@ class PipelinedTask:
         sample_every = options.sample_memory_ms / 1000.0 if options.sample_memory_ms > 0 else None
         now = time.monotonic()
         next_flush = now + flush_every if flush_every else float("inf")
-        next_heartbeat = now
+        next_heartbeat = now + heartbeat_every
         next_marker = now + marker_every if marker_every else float("inf")
         next_sample = now if sample_every else float("inf")
         rng = random.Random(self.index)
@@ -811,9 +858,7 @@ class PipelinedTask:
                         writer.flush_all()
                         next_flush = max(next_flush + flush_every, now)  # type: ignore[operator]
                     if now >= next_heartbeat:
-                        stamp = time.time_ns()
-                        for sp in range(writer.num_subpartitions):
-                            writer.emit_event(LatencyMarker(stamp, self.index), sp)
+                        self._send_liveness_markers()
                         next_heartbeat = now + heartbeat_every
                     if now >= next_marker:
                         sp = rng.randrange(writer.num_subpartitions)
@@ -821,6 +866,16 @@ class PipelinedTask:
                         next_marker = max(next_marker + marker_every, now)  # type: ignore[operator]
         except BaseException as exc:
             self._fail(exc)
+
+    def _send_liveness_markers(self) -> None:
+        """A latency marker on every subpartition: tells each consumer this producer is alive.
+
+        Call with ``writer_lock`` held."""
+        writer = self.writer
+        assert writer is not None
+        stamp = time.time_ns()
+        for sp in range(writer.num_subpartitions):
+            writer.emit_event(LatencyMarker(stamp, self.index), sp)
 
     def _sample_memory(self) -> None:
         rss = _rss_bytes()

@@ -1,0 +1,423 @@
+"""The pipelined exchange between tasks running at once, over real TCP sockets on 127.0.0.1.
+
+Most tests run the tasks as threads of this process (``run_in_threads``: the same task code as a Spark
+barrier task, with the address exchange done in process); the tests marked ``spark`` run it as one
+barrier stage of the session's ``local[4, 2]`` Spark.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from chispa import assert_df_equality
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import functions as F
+
+import spark_credit_shuffle as scs
+from spark_credit_shuffle.config import NetworkConfig
+from spark_credit_shuffle.errors import ExchangeTimeoutError, InsufficientSlotsError
+from spark_credit_shuffle.exchange import ExchangePlan, Injection
+from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
+from spark_credit_shuffle.protocol import Hello, encode_to_bytes
+from spark_credit_shuffle.runtime import pipelined
+from spark_credit_shuffle.runtime.pipelined import PipelinedTask, TaskOptions, run_in_threads
+
+pytestmark = pytest.mark.timeout(120)
+
+SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("s", pa.string())])
+FAST = {"segment_size": 4096, "partition_request_timeout_ms": 5000}
+
+
+def make_plan(partitioner, producers, consumers, injection=None, **settings) -> ExchangePlan:
+    config = NetworkConfig(**{**FAST, **settings})
+    return ExchangePlan(
+        name="test-pipelined",
+        mode="pipelined",
+        partitioner=partitioner,
+        num_producers=producers,
+        num_consumers=consumers,
+        max_parallelism=partitioner.resolve_max_parallelism(consumers, config.max_parallelism)
+        if hasattr(partitioner, "resolve_max_parallelism")
+        else config.resolve_max_parallelism(consumers),
+        config=config,
+        schema=SCHEMA,
+        injection=injection,
+    )
+
+
+def inputs(producers: int, rows: int, batch_rows: int = 500, seed: int = 0) -> list[list[pa.RecordBatch]]:
+    """``rows`` rows per producer, ids unique across producers, keys 0..40, some null strings."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in range(producers):
+        ids = np.arange(p * rows, (p + 1) * rows, dtype=np.int64)
+        keys = rng.integers(0, 41, rows).astype(np.int32)
+        words = pa.array([None if i % 7 == 0 else f"v{i:012d}" for i in ids], pa.string())
+        batch = pa.RecordBatch.from_arrays([pa.array(ids), pa.array(keys), words], schema=SCHEMA)
+        out.append([batch.slice(i, batch_rows) for i in range(0, rows, batch_rows)])
+    return out
+
+
+def table(batches) -> pa.Table:
+    return pa.Table.from_batches(list(batches), schema=SCHEMA)
+
+
+def expected_placement(plan, data) -> list[pa.Table]:
+    """What each consumer must receive: each producer's rows routed by a fresh copy of its selector."""
+    per_consumer = [[] for _ in range(plan.num_consumers)]
+    for p, batches in enumerate(data):
+        consumers = plan.partitioner.consumers_of(p, plan.num_producers, plan.num_consumers)
+        selector = plan.partitioner.selector(p, plan.num_producers, plan.num_consumers, plan.max_parallelism)
+        for batch in batches:
+            if selector.is_broadcast:
+                for c in consumers:
+                    per_consumer[c].append(batch)
+                continue
+            channels = np.asarray(selector.select_channels(batch))
+            for sp, c in enumerate(consumers):
+                per_consumer[c].append(batch.filter(pa.array(channels == sp)))
+    return [table(b).sort_by("id") for b in per_consumer]
+
+
+def metric(rows, side=None, name=None, stat=None):
+    return [
+        r
+        for r in rows
+        if (side is None or r.side == side) and (name is None or r.metric == name) and (stat is None or r.stat == stat)
+    ]
+
+
+# -- in process -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "partitioner",
+    [scs.key_by("k"), scs.rebalance(seed=4), scs.rescale(), scs.broadcast(), scs.global_()],
+    ids=lambda p: p.name,
+)
+@pytest.mark.parametrize("producers,consumers", [(1, 1), (3, 3), (2, 4), (4, 2)])
+def test_every_row_arrives_once_on_the_subtask_flink_picks(partitioner, producers, consumers):
+    plan = make_plan(partitioner, producers, consumers)
+    data = inputs(producers, 3000)
+    received, rows = run_in_threads(plan, data)
+    for c, want in enumerate(expected_placement(plan, data)):
+        assert table(received[c]).sort_by("id").equals(want), f"consumer {c}"
+    total = sum(b.num_rows for batches in data for b in batches)
+    copies = consumers if partitioner.is_broadcast else 1
+    assert sum(r.value for r in metric(rows, CONSUMER, "numRecordsIn")) == total * copies
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    producers=st.integers(1, 3),
+    consumers=st.integers(1, 3),
+    rows=st.integers(0, 4000),
+    batch_rows=st.integers(1, 2000),
+    buffer_timeout_ms=st.sampled_from([-1, 0, 1, 10]),
+    buffers_per_channel=st.integers(0, 3),
+    floating=st.integers(1, 8),
+    max_buffers_per_channel=st.integers(2, 10),  # 1: a producer stops at every open buffer
+    credit_based=st.booleans(),
+)
+def test_nothing_is_lost_or_duplicated_whatever_the_network_settings(
+    producers, consumers, rows, batch_rows, buffer_timeout_ms, buffers_per_channel, floating, max_buffers_per_channel,
+    credit_based,
+):  # fmt: skip
+    plan = make_plan(
+        scs.key_by("k"),
+        producers,
+        consumers,
+        buffer_timeout_ms=buffer_timeout_ms,
+        buffers_per_channel=buffers_per_channel,
+        floating_buffers_per_gate=floating,
+        max_buffers_per_channel=max_buffers_per_channel,
+        credit_based=credit_based,
+    )
+    data = inputs(producers, rows, max(1, batch_rows))
+    received, metric_rows = run_in_threads(plan, data)
+    for c, want in enumerate(expected_placement(plan, data)):
+        assert table(received[c]).sort_by("id").equals(want)
+    out = {(r.subtask, r.channel): r.value for r in metric(metric_rows, PRODUCER, "numRecordsOut")}
+    inn = {(r.channel, r.subtask): r.value for r in metric(metric_rows, CONSUMER, "numRecordsIn")}
+    assert out == inn  # per (producer, consumer) channel, what went out came in
+
+
+def test_metrics_are_flinks_and_add_up():
+    plan = make_plan(scs.key_by("k"), 3, 3, buffer_timeout_ms=1)
+    _, rows = run_in_threads(plan, inputs(3, 4000), options=TaskOptions(latency_interval_ms=5))
+    for side in (PRODUCER, CONSUMER):
+        for subtask in range(3):
+            mine = [r for r in rows if r.side == side and r.subtask == subtask]
+            totals = {r.metric: r.value for r in mine if r.stat == "total" and r.channel is None}
+            per_second = {r.metric: r.value for r in mine if r.metric.endswith("PerSecond")}
+            assert set(per_second) == {"backPressuredTimeMsPerSecond", "idleTimeMsPerSecond", "busyTimeMsPerSecond"}
+            assert all(0.0 <= v <= 1000.0 for v in per_second.values())
+            assert sum(per_second.values()) == pytest.approx(1000.0, abs=1.0)
+            assert {"accumulateBackPressuredTimeMs", "accumulateIdleTimeMs", "accumulateBusyTimeMs"} <= set(totals)
+    buffers_out = sum(r.value for r in metric(rows, PRODUCER, "numBuffersOut"))
+    buffers_in = sum(r.value for r in metric(rows, CONSUMER, "numBuffersIn"))
+    assert 0 < buffers_out <= buffers_in  # flushed slices and events arrive as buffers of their own
+    assert {r.channel for r in metric(rows, PRODUCER, "numRecordsOut")} == {0, 1, 2}
+    assert {r.channel for r in metric(rows, PRODUCER, "outputQueueLength", "max")} == {0, 1, 2}
+    for name in ("outPoolUsage", "inPoolUsage", "inputExclusiveBuffersUsage", "inputFloatingBuffersUsage"):
+        assert metric(rows, None, name, "max"), name
+    assert all(r.value > 0 for r in metric(rows, PRODUCER, "outPoolUsage", "max"))
+    assert all(r.value > 0 for r in metric(rows, CONSUMER, "inPoolUsage", "max"))
+    assert sum(r.value for r in metric(rows, CONSUMER, "numLatencyMarkersIn")) > 0
+    latencies = {(r.subtask, r.stat): r.value for r in metric(rows, CONSUMER, "latencyMs")}
+    for c in range(3):
+        assert 0 <= latencies[(c, "p50")] <= latencies[(c, "p99")] <= latencies[(c, "max")]
+    assert all(r.value > 0 for r in metric(rows, None, "taskRssBytes", "max"))
+
+
+def test_a_slow_consumer_backpressures_its_producers_and_loses_nothing():
+    # consumer 0 sleeps 40 us per row it receives: about 4 ms per network buffer
+    plan = make_plan(scs.key_by("k"), 3, 3, injection=Injection(consumer_delay_s=((0, 4e-5),)))
+    data = inputs(3, 8000)
+    received, rows = run_in_threads(plan, data)
+    for c, want in enumerate(expected_placement(plan, data)):
+        assert table(received[c]).sort_by("id").equals(want)
+    back_pressured = sum(r.value for r in metric(rows, PRODUCER, "accumulateBackPressuredTimeMs"))
+    assert back_pressured > 0  # the producers waited for buffers held by the slow channel
+    queue = {(r.subtask, r.channel): r.value for r in metric(rows, PRODUCER, "outputQueueLength", "max")}
+    for p in range(3):  # every producer's queue towards the slow consumer is its longest
+        assert queue[(p, 0)] >= max(queue[(p, 1)], queue[(p, 2)]), queue
+    assert max(r.value for r in metric(rows, PRODUCER, "outPoolUsage", "max")) >= 0.5
+    busy = {r.subtask: r.value for r in metric(rows, CONSUMER, "busyTimeMsPerSecond")}
+    assert busy[0] > max(busy[1], busy[2])  # the slow consumer is the busy one; the others wait for data
+
+
+def test_a_consumer_that_stops_reading_makes_its_producers_time_out_naming_it():
+    # consumer 0 sleeps about a second on its first buffer; producers give up after 300 ms without a buffer
+    plan = make_plan(
+        scs.key_by("k"), 2, 2, injection=Injection(consumer_delay_s=((0, 0.01),)), buffers_request_timeout_ms=300
+    )
+    with pytest.raises(ExchangeTimeoutError, match=r"producer subtask \d waited \d+ ms for a network buffer") as err:
+        run_in_threads(plan, inputs(2, 20_000), timeout_s=30)
+    assert "consumer subtask 0" in str(err.value)
+
+
+def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
+    """The other side closed ``sock``: a read gives EOF or a reset before ``timeout``."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+class SilentPeer:
+    """A 'producer task' that accepts connections and never answers: a stalled peer."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = self.server.getsockname()
+        self.accepted: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        try:
+            while True:
+                conn, _ = self.server.accept()
+                self.accepted.append(conn)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_a_stalled_peer_fails_the_consumer_with_a_timeout_naming_it():
+    plan = make_plan(scs.rebalance(), 2, 2, partition_request_timeout_ms=400)
+    peer = SilentPeer()
+    task = PipelinedTask(plan, 0, b"k" * 32, "127.0.0.1", attempt_id=1)
+
+    def all_gather(message: str) -> list[str]:
+        fake = {"task": 1, "host": peer.address[0], "port": peer.address[1], "partition": 2}
+        import json
+
+        return [message, json.dumps(fake)]
+
+    try:
+        with pytest.raises(ExchangeTimeoutError) as err:
+            for _ in task.run(iter(inputs(1, 300)[0]), all_gather):
+                pass
+        text = str(err.value)
+        assert f"producer subtask 1 ({peer.address[0]}:{peer.address[1]})" in text
+        assert "consumer subtask 0 waited" in text and "partition_request_timeout_ms=400" in text
+        assert all(not t.is_alive() for t in task._threads)  # every thread joined
+        assert task.transport is not None and not task.transport.connections
+    finally:
+        peer.close()
+
+
+def test_a_failing_task_fails_the_exchange_and_stops_every_task(tmp_path):
+    plan = make_plan(scs.key_by("k"), 3, 3, injection=Injection(fail_once=("producer", 2), marker_dir=str(tmp_path)))
+    with pytest.raises(RuntimeError, match="injected failure of producer subtask 2"):
+        run_in_threads(plan, inputs(3, 2000), timeout_s=30)
+    received, _ = run_in_threads(plan, inputs(3, 2000))  # the second attempt runs normally
+    assert sum(b.num_rows for c in received for b in c) == 6000
+
+
+@pytest.mark.parametrize("timeout_ms,flushed", [(0, True), (10, True), (-1, False)])
+def test_the_buffer_timeout_hands_on_partly_filled_buffers(timeout_ms, flushed):
+    # a long partition request timeout: no liveness marker (which would finish the buffer) in between
+    plan = make_plan(scs.rebalance(), 1, 1, buffer_timeout_ms=timeout_ms, partition_request_timeout_ms=20_000)
+    first, second = inputs(1, 20, batch_rows=10)[0]  # far less than one buffer
+    arrived = threading.Event()
+
+    def slow_input():
+        yield first
+        arrived.wait(1.0)  # the producer holds its second batch until the first rows arrived (or 1 s)
+        yield second
+
+    seen_before_end = []
+
+    def on_batch(consumer, batch):
+        seen_before_end.append(not arrived.is_set())
+        arrived.set()
+
+    received, _ = run_in_threads(plan, [slow_input()], on_batch=on_batch)
+    assert sum(b.num_rows for b in received[0]) == 20
+    # with a timeout the first rows arrive while the producer still waits; with -1 only at its end
+    assert (received[0][0].num_rows == 10) is flushed
+
+
+def test_rogue_clients_during_an_exchange_are_closed_logged_and_the_exchange_carries_on(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="spark_credit_shuffle")
+    plan = make_plan(scs.key_by("k"), 3, 3, injection=Injection(consumer_delay_s=((0, 1e-4),)))
+    data = inputs(3, 6000)
+    options = TaskOptions(announce_address_dir=str(tmp_path))
+    result = {}
+
+    def run():
+        result["out"] = run_in_threads(plan, data, options=options)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    closed = []
+    for task in range(3):
+        path = tmp_path / f"task-{task}.addr"
+        deadline = time.monotonic() + 10
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        host, port = path.read_text().strip().rsplit(":", 1)
+        for payload in (encode_to_bytes(Hello(b"wrong" * 6)), b"\x00\x00\x00\x0a garbage!!", b"\xff" * 64):
+            with socket.create_connection((host, int(port))) as rogue:
+                rogue.sendall(payload)
+                closed.append(closed_by_peer(rogue))
+    runner.join(60)
+    assert all(closed) and len(closed) == 9
+    received, _ = result["out"]
+    for c, want in enumerate(expected_placement(plan, data)):
+        assert table(received[c]).sort_by("id").equals(want)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum("closing connection" in w for w in warnings) == 9
+    assert any("wrong secret" in w for w in warnings)
+
+
+# -- on Spark -----------------------------------------------------------------------------------------
+
+
+def spark_rows(spark, n, partitions):
+    return spark.range(0, n, 1, partitions).select(
+        F.col("id"),
+        (F.col("id") % 23).cast("int").alias("k"),
+        F.concat(F.lit("row-"), F.col("id").cast("string")).alias("s"),
+    )
+
+
+@pytest.mark.spark
+def test_insufficient_slots_are_reported_before_launch(spark):
+    df = spark_rows(spark, 100, 2)
+    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+    with pytest.raises(InsufficientSlotsError, match=r"runs 5 barrier tasks .* only 4 task slots"):
+        scs.exchange(df, scs.key_by("k"), parallelism=5, mode="pipelined")
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(None)) == jobs_before
+    assert pipelined.available_slots(spark) == (4, 1, 4)
+
+
+@pytest.mark.spark
+def test_streaming_into_the_sink_is_exact_and_keeps_flinks_placement(spark):
+    df = spark_rows(spark, 3000, 4)
+    ex = scs.exchange(df, scs.key_by("k"), mode="pipelined", buffer_timeout_ms=1)
+    out, observation = pipelined.build(ex.plan, df, retryable=False)  # straight from the consumers, no shuffle
+    got = out.withColumn("_subtask", F.spark_partition_id()).collect()
+    assert sorted(r["id"] for r in got) == list(range(3000))
+    keys = sorted({(r["k"], r["_subtask"]) for r in got})
+    channels = scs.key_group_channels(pa.array([k for k, _ in keys], pa.int32()), 4, 128).tolist()
+    assert [s for _, s in keys] == channels
+    rows = [r for cell in observation.get["metrics"] for r in cell]
+    assert sum(r["value"] for r in rows if r["metric"] == "numRecordsIn") == 3000
+
+
+@pytest.mark.spark
+def test_a_task_killed_on_its_first_attempt_is_retried_and_the_output_is_exact(spark, tmp_path):
+    df = spark_rows(spark, 2000, 3)
+    injection = scs.Injection(fail_once=("consumer", 1), marker_dir=str(tmp_path))
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=3, mode="pipelined", injection=injection)
+    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert (tmp_path / "failed-consumer-1").exists()
+    rows = ex.metric_rows()
+    assert sum(r.value for r in rows if r.metric == "numRecordsIn") == 2000  # the successful attempt, once
+    assert collections.Counter(r.subtask for r in rows if r.metric == "numRecordsIn") == {0: 3, 1: 3, 2: 3}
+
+
+@pytest.mark.spark
+def test_a_slow_consumer_shows_as_backpressure_in_the_metrics(spark):
+    df = spark_rows(spark, 60_000, 3)  # about 50 buffers from each producer to each consumer
+    injection = scs.Injection(consumer_delay_s=((0, 3e-5),))  # consumer 0: about 3 ms per buffer
+    ex = scs.exchange(df, scs.key_by("k"), mode="pipelined", injection=injection, segment_size=4096)
+    assert ex.df.count() == 60_000
+    m = ex.metrics()
+    back_pressured = m.where("side = 'producer' and metric = 'accumulateBackPressuredTimeMs'").agg(F.sum("value"))
+    assert back_pressured.first()[0] > 0
+    busy = {r.subtask: r.value for r in m.where("side = 'consumer' and metric = 'busyTimeMsPerSecond'").collect()}
+    assert busy[0] == max(busy.values())
+
+
+@pytest.mark.spark
+def test_a_stalled_consumer_fails_the_stage_with_a_named_timeout(spark):
+    df = spark_rows(spark, 20_000, 2)
+    injection = scs.Injection(consumer_delay_s=((1, 0.02),))  # consumer 1 sleeps ~2 s on its first buffer
+    ex = scs.exchange(
+        df, scs.key_by("k"), mode="pipelined", injection=injection, segment_size=4096, buffers_request_timeout_ms=300
+    )
+    out, _ = pipelined.build(ex.plan, df, retryable=False)  # no stage retry: fail once, fast
+    with pytest.raises(Exception, match="ExchangeTimeoutError") as err:
+        out.write.format("noop").mode("overwrite").save()
+    assert "consumer subtask 1" in str(err.value)
+
+
+@pytest.mark.spark
+def test_a_rogue_connection_during_a_spark_exchange_changes_nothing(spark, tmp_path):
+    df = spark_rows(spark, 6000, 3)
+    ex = scs.exchange(df, scs.key_by("k"), mode="pipelined", injection=Injection(consumer_delay_s=((0, 3e-4),)))
+    out, _ = pipelined.build(ex.plan, df, options=TaskOptions(announce_address_dir=str(tmp_path)))
+    result = {}
+    runner = threading.Thread(target=lambda: result.setdefault("rows", out.collect()))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("task-*.addr"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for path in sorted(tmp_path.glob("task-*.addr")):
+        host, port = path.read_text().strip().rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as rogue:
+            rogue.sendall(encode_to_bytes(Hello(os.urandom(32))))
+            assert closed_by_peer(rogue)
+    runner.join(60)
+    assert sorted(r["id"] for r in result["rows"]) == list(range(6000))
