@@ -23,6 +23,7 @@ rows, so a subpartition may build slices from another thread while the writer ap
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -349,6 +350,11 @@ class RecordWriter:
         self._records_out = np.zeros(n, dtype=np.int64)
         self._bytes_out = [0] * n
         self._buffers_out = [0] * n
+        # A load-based selector (adaptive rebalance) chooses per chunk from the bytes queued per subpartition:
+        # bytes of finished buffers not yet recycled (consumed) plus the open buffer's.
+        self._load_based = bool(getattr(selector, "is_load_based", False))
+        self._released_bytes = [0] * n
+        self._released_log: collections.deque[tuple[int, int]] = collections.deque()  # appended by recyclers
         if schema is not None:
             self._set_schema(schema)
 
@@ -384,6 +390,20 @@ class RecordWriter:
 
     # -- writing ----------------------------------------------------------------------------------
 
+    def queued_bytes(self) -> np.ndarray:
+        """Bytes written to each subpartition and not yet consumed (Flink's ``getBytesInQueueUnsafe``):
+        finished buffers whose segment has not come back, plus the open buffer. Tracked only for a
+        load-based selector (zeros otherwise)."""
+        log, released = self._released_log, self._released_bytes
+        while log:  # recycled on other threads since the last call (deque appends and pops are atomic)
+            target, written = log.popleft()
+            released[target] += written
+        queued = np.asarray(self._bytes_out, dtype=np.int64) - np.asarray(released, dtype=np.int64)
+        for sp, builder in enumerate(self._unicast):
+            if builder is not None:
+                queued[sp] += builder._written + (builder._pending_bits >> 3)
+        return queued
+
     def emit(self, batch: pa.RecordBatch) -> None:
         """Route every row of ``batch`` with the selector and append it to its subpartition."""
         if self.selector.is_broadcast:
@@ -391,7 +411,9 @@ class RecordWriter:
             return
         self._check_batch(batch)
         n = batch.num_rows
-        if n:
+        if n and self._load_based:
+            self._emit_load_based(batch)
+        elif n:
             channels = self.selector.select_channels(batch)
             grouped, counts = self._group(batch, channels)
             self._ensure_unicast_mode()
@@ -406,6 +428,33 @@ class RecordWriter:
             self._records_out += counts
         if self.flush_always:
             self.flush_all()
+
+    def _emit_load_based(self, batch: pa.RecordBatch) -> None:
+        """Write ``batch`` in chunks of about a quarter segment, each to the channel the selector picks
+        from the queued bytes read just before it (adaptive rebalance)."""
+        self._ensure_unicast_mode()
+        model = self._model
+        cum = model.cumulative_bits(batch)  # type: ignore[union-attr]
+        overhead = model.overhead(batch)  # type: ignore[union-attr]
+        n = batch.num_rows
+        quarter = self.segment_size * 2  # bits in a quarter of a segment
+        total = int(cum[-1]) - int(cum[0])
+        if total > quarter:
+            marks = np.arange(int(cum[0]) + quarter, int(cum[0]) + total, quarter)
+            cuts = np.unique(np.searchsorted(cum, marks, "left").clip(1, n)).tolist()
+        else:
+            cuts = []
+        choose = self.selector.choose_channel  # type: ignore[attr-defined]
+        counts = np.zeros(self.num_subpartitions, dtype=np.int64)
+        lo = 0
+        for hi in [*cuts, n]:
+            if hi <= lo:
+                continue
+            sp = choose(self.queued_bytes())
+            self._write_rows(sp, batch, lo, hi, cum, overhead)
+            counts[sp] += hi - lo
+            lo = hi
+        self._records_out += counts
 
     def broadcast_emit(self, batch: pa.RecordBatch) -> None:
         """Append every row of ``batch`` to every subpartition, serialised once in a shared buffer."""
@@ -644,7 +693,11 @@ class RecordWriter:
     def _open(self, target: int, add: bool = True) -> BufferBuilder:
         """Take a segment for ``target`` and open a builder on it (queued unless ``add`` is False)."""
         recycler = self.partition.request_segment(target if target >= 0 else 0)
+        if self._load_based and target >= 0:
+            recycler = self._counting_recycler(target, recycler)
         builder = BufferBuilder(self.segment_size, self._model, recycler)  # type: ignore[arg-type]
+        if self._load_based and target >= 0:
+            recycler.builder = builder  # type: ignore[attr-defined]
         if target >= 0:
             self._unicast[target] = builder
         else:
@@ -652,6 +705,21 @@ class RecordWriter:
         if add:
             self._add_consumers(target, builder, 0)
         return builder
+
+    def _counting_recycler(self, target: int, recycler: Callable[[], None]) -> Callable[[], None]:
+        """``recycler``, which also logs the builder's bytes as consumed from ``target``; it may run on
+        any thread, the writer adds the log up in :meth:`queued_bytes`."""
+        log = self._released_log
+
+        def recycle() -> None:
+            builder = recycle.builder  # type: ignore[attr-defined]
+            recycle.builder = None  # type: ignore[attr-defined]
+            if builder is not None:
+                log.append((target, builder._written))
+            recycler()
+
+        recycle.builder = None  # type: ignore[attr-defined]
+        return recycle
 
     def _add_consumers(self, target: int, builder: BufferBuilder, partial_record_length: int) -> None:
         targets = range(self.num_subpartitions) if target < 0 else (target,)

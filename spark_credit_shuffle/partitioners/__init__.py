@@ -38,6 +38,7 @@ from .partitioner import (
     shuffle,
 )
 from .selectors import (
+    AdaptiveRebalanceSelector,
     BroadcastSelector,
     ChannelSelector,
     ConstantSelector,
@@ -50,6 +51,7 @@ from .selectors import (
 
 __all__ = [
     "SUPPORTED_KEY_TYPES",
+    "AdaptiveRebalanceSelector",
     "BroadcastPartitioner",
     "BroadcastSelector",
     "ChannelSelector",

@@ -21,6 +21,7 @@ from ..config import default_max_parallelism
 from ..errors import ConfigError, PartitionerError, UnsupportedKeyTypeError
 from .keygroups import MAX_TUPLE_ARITY, NullKeys, _check_null_keys, check_parallelism
 from .selectors import (
+    AdaptiveRebalanceSelector,
     Batch,
     BroadcastSelector,
     ChannelSelector,
@@ -234,18 +235,30 @@ class KeyGroupStreamPartitioner(Partitioner):
 
 @dataclass(frozen=True)
 class RebalancePartitioner(Partitioner):
-    """Round robin from a random start per producer: the first row goes to ``(r + 1) % n``."""
+    """Round robin from a random start per producer: the first row goes to ``(r + 1) % n``.
+
+    ``adaptive=True`` is Flink 2.x's adaptive partitioner: rows go to the least-loaded of the next
+    ``max_traverse`` channels (see :class:`~.selectors.AdaptiveRebalanceSelector`).
+    """
 
     seed: int | None = None
+    adaptive: bool = False
+    max_traverse: int = 4
     name: ClassVar[str] = "REBALANCE"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", _check_seed(self.seed))
+        if not isinstance(self.adaptive, bool):
+            raise ConfigError("adaptive", self.adaptive, "True or False")
+        if isinstance(self.max_traverse, bool) or not isinstance(self.max_traverse, int) or self.max_traverse < 1:
+            raise ConfigError("max_traverse", self.max_traverse, "an integer >= 1 (channels looked at per choice)")
 
     def _make_selector(
         self, producer: int, num_channels: int, num_consumers: int, max_parallelism: int | None
     ) -> ChannelSelector:
         start = int(_rng(self.seed, producer, 0).integers(num_channels))
+        if self.adaptive:
+            return AdaptiveRebalanceSelector(num_channels, start, self.max_traverse)
         return RoundRobinSelector(num_channels, start)
 
 
@@ -361,9 +374,13 @@ def key_by(*columns: Column, max_parallelism: int | None = None, null_keys: Null
     return KeyGroupStreamPartitioner(tuple(columns), max_parallelism, null_keys)
 
 
-def rebalance(seed: int | None = None) -> Partitioner:
-    """Flink's ``rebalance``: round robin from a random start per producer; ``seed`` makes it reproducible."""
-    return RebalancePartitioner(seed)
+def rebalance(seed: int | None = None, *, adaptive: bool = False, max_traverse: int = 4) -> Partitioner:
+    """Flink's ``rebalance``: round robin from a random start per producer; ``seed`` makes it reproducible.
+
+    ``adaptive=True``: Flink 2.x's adaptive partitioner; each small chunk of rows goes to the channel with
+    the fewest bytes queued among the next ``max_traverse`` (in pipelined mode, where queues exist).
+    """
+    return RebalancePartitioner(seed, adaptive, max_traverse)
 
 
 def rescale() -> Partitioner:

@@ -20,6 +20,7 @@ from ..errors import PartitionerError
 from .keygroups import _channels_of_hashes, _hash_codes_u32, check_parallelism
 
 __all__ = [
+    "AdaptiveRebalanceSelector",
     "BroadcastSelector",
     "ChannelSelector",
     "ConstantSelector",
@@ -106,6 +107,43 @@ class RoundRobinSelector(ChannelSelector):
         if rows:
             self.next_channel = int(channels[-1])
         return channels.astype(np.int32)
+
+
+class AdaptiveRebalanceSelector(RoundRobinSelector):
+    """Rebalance that avoids busy channels (Flink 2.x's adaptive, load-based partitioner).
+
+    From the current channel it looks at the next ``max_traverse`` channels and picks the one whose
+    subpartition has the fewest bytes queued (the first of them on a tie), so rows flow to consumers that
+    keep up instead of piling up behind a slow one. ``is_load_based`` tells the RecordWriter to call
+    :meth:`choose_channel` with the queued bytes of every subpartition before each small chunk of rows
+    (a quarter of a segment), which is then written to that channel: the decision is per chunk, reading
+    the live queues in between, not per row. With equal queues this is round robin over chunks.
+    Without queue information (:meth:`select_channels`, e.g. for ``with_channel``) it is plain round robin.
+    """
+
+    is_load_based = True
+
+    def __init__(self, num_channels: int, start: int = -1, max_traverse: int = 4) -> None:
+        super().__init__(num_channels, start)
+        if isinstance(max_traverse, bool) or not isinstance(max_traverse, int) or max_traverse < 1:
+            raise PartitionerError(f"max_traverse must be an integer >= 1, got {max_traverse!r}")
+        self.max_traverse = min(max_traverse, num_channels)
+
+    def choose_channel(self, queued_bytes: Sequence[int] | np.ndarray) -> int:
+        """The least-loaded of the next ``max_traverse`` channels after the current one; it becomes current."""
+        n = self.num_channels
+        best = (self.next_channel + 1) % n
+        best_load = queued_bytes[best]
+        for step in range(2, self.max_traverse + 1):
+            candidate = (self.next_channel + step) % n
+            load = queued_bytes[candidate]
+            if load < best_load:
+                best, best_load = candidate, load
+        self.next_channel = best
+        return best
+
+    def __repr__(self) -> str:
+        return f"AdaptiveRebalanceSelector(num_channels={self.num_channels}, max_traverse={self.max_traverse})"
 
 
 class ShuffleSelector(ChannelSelector):
