@@ -110,5 +110,6 @@ def test_notebooks_and_their_databricks_versions_run(tmp_path, monkeypatch):
     backpressure = text("backpressure")
     assert "runs the exchange in pipelined mode" in backpressure  # local[2]: two slots
     assert "consumer 0 slowed: 4000 rows" in backpressure
+    assert "adaptive,    consumer 0 slowed: {0: (" in backpressure
     assert pictures("backpressure") >= 2  # the pool usage bars and the virtual-clock timeline
     assert not [o for o in outputs("databricks/tour.py") + outputs("databricks/backpressure.py") if o.get("ename")]

@@ -7,7 +7,8 @@
 # MAGIC producer, until the producer's buffer pool runs dry: the producer is back-pressured and stops
 # MAGIC taking input. With credit-based flow control only the slow channel stalls; the other channels of
 # MAGIC the same connections keep flowing. This notebook makes consumer subtask 0 sleep 0.5 ms per row
-# MAGIC and looks at the metrics, then at the same story on a virtual clock.
+# MAGIC and looks at the metrics, then lets adaptive rebalance route around it, then tells the same story
+# MAGIC on a virtual clock.
 
 # COMMAND ----------
 
@@ -127,6 +128,44 @@ if timeline:
     display(plot.plot_timeline(timeline, title=f"consumer 0 slowed ({MODE} mode)"))
 else:
     print(f"the {MODE} runtime of this version samples no timeline yet; the virtual-clock run below shows one")
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Adaptive rebalance
+# MAGIC
+# MAGIC `rebalance(adaptive=True)` is Flink 2.x's adaptive partitioner: each small chunk of rows (a quarter
+# MAGIC of a segment) goes to the channel with the fewest bytes queued among the next `max_traverse` (4)
+# MAGIC channels. The slow consumer now gets only what its buffers hold; the other one takes the rest at
+# MAGIC its own pace. (In pipelined mode; a blocking exchange has no queues to look at and stays round robin.)
+
+# COMMAND ----------
+
+
+def rows_and_rate(ex):
+    """Rows each consumer received and its rate over its life (busy + idle + back-pressured time)."""
+    rows, life = {}, {}
+    for r in ex.metric_rows():
+        if r.side == "consumer" and r.metric == "numRecordsIn":
+            rows[r.subtask] = rows.get(r.subtask, 0) + int(r.value)
+        if r.side == "consumer" and r.metric.startswith("accumulate") and r.metric.endswith("TimeMs"):
+            life[r.subtask] = life.get(r.subtask, 0.0) + r.value / 1000
+    return {c: (rows[c], round(rows[c] / life[c]) if life.get(c) else None) for c in sorted(rows)}
+
+
+adaptive = scs.exchange(
+    rows,
+    scs.rebalance(seed=7, adaptive=True),
+    parallelism=2,
+    mode=MODE,
+    injection=scs.Injection(consumer_delay_s=((0, 0.0005),)),
+    **settings,
+)
+with adaptive.labelled():
+    adaptive.df.count()
+print("consumer: (rows, rows per second)")
+print("round robin, consumer 0 slowed:", rows_and_rate(slow))
+print("adaptive,    consumer 0 slowed:", rows_and_rate(adaptive))
 
 # COMMAND ----------
 
