@@ -485,6 +485,8 @@ class PipelinedTask:
         self.producer_metrics = TaskMetrics(PRODUCER, index)
         self.consumer_metrics = TaskMetrics(CONSUMER, index)
         self._memory = TaskMetrics(CONSUMER if self.is_consumer else PRODUCER, index)
+        self._cpu_start = time.process_time()
+        self._wall_start = time.monotonic()
         self.producer_clock = _Clock()
         self.consumer_clock = _Clock()
         # producer half
@@ -681,12 +683,11 @@ class PipelinedTask:
                     partition_id=int(peer["partition"]),
                     subpartition=subpartition,
                 )
-        with self.lock:
+        with self.transport.sending(), self.lock:  # type: ignore[union-attr]
             gate.setup()
             gate.request_partitions()
             now = time.monotonic()
             self._last_delivery = [now] * len(self.channel_producers)
-        self.transport.wakeup()  # type: ignore[union-attr]
 
     # -- producer half (producer thread) --
 
@@ -696,6 +697,7 @@ class PipelinedTask:
         assert writer is not None
         emit = writer.broadcast_emit if writer.selector.is_broadcast else writer.emit
         schema = self.plan.schema
+        sending = self.transport.sending  # type: ignore[union-attr]
         try:
             injection = self.plan.injection
             if injection is not None:
@@ -714,11 +716,11 @@ class PipelinedTask:
                 step = self._rows_per_emit(batch)
                 for start in range(0, batch.num_rows, step):
                     self._await_buffer()
-                    with self.writer_lock:
+                    with sending(), self.writer_lock:
                         emit(batch.slice(start, step) if step < batch.num_rows else batch)
                     with self.lock:
                         self._sample_output()
-            with self.writer_lock:
+            with sending(), self.writer_lock:
                 writer.finish()
                 self._writer_finished = True
             with self.cond:
@@ -849,7 +851,7 @@ class PipelinedTask:
                     next_sample = max(next_sample + sample_every, now)  # type: ignore[operator]
                 if not producing:
                     continue
-                with self.writer_lock:
+                with self.transport.sending(), self.writer_lock:  # type: ignore[union-attr]
                     if self._writer_finished:
                         continue
                     writer = self.writer
@@ -887,12 +889,14 @@ class PipelinedTask:
 
     def _consume(self) -> Iterator[pa.RecordBatch]:
         self.consumer_clock = _Clock()  # the consumer's life starts once its channels are requested
+        started_ns = time.time_ns()
         readers = self.readers
         delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
         target = self.options.output_batch_rows
         pending: list[pa.RecordBatch] = []
         pending_rows = 0
         lock = self.lock
+        sending = self.transport.sending  # type: ignore[union-attr]
         while True:
             polled = self._next_buffer()
             if polled is None:
@@ -901,7 +905,7 @@ class PipelinedTask:
             recycle = buffer.recycle
 
             def locked_recycle(recycle: Callable[[], None] = recycle) -> None:
-                with lock:
+                with sending(), lock:  # returning the buffer may send credit: write it from here
                     recycle()
 
             channel = polled.channel_index
@@ -912,7 +916,11 @@ class PipelinedTask:
                         time.sleep(delay * item.num_rows)
                     pending.append(item)
                     pending_rows += item.num_rows
-                elif isinstance(item, LatencyMarker) and len(self._latencies_ms) < _MAX_LATENCY_SAMPLES:
+                elif (
+                    isinstance(item, LatencyMarker)
+                    and item.timestamp >= started_ns  # markers sent before this consumer asked measure the set-up
+                    and len(self._latencies_ms) < _MAX_LATENCY_SAMPLES
+                ):
                     self._latencies_ms.append((time.time_ns() - item.timestamp) / 1e6)
             if pending and (pending_rows >= target or not polled.more_available):
                 batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
@@ -1077,6 +1085,8 @@ class PipelinedTask:
                 ):
                     rows.append(MetricRow(CONSUMER, self.index, None, "latencyMs", stat, float(value)))
             rows.extend(self.consumer_clock.rows(CONSUMER, self.index))
+        self._memory.count("taskCpuTimeMs", (time.process_time() - self._cpu_start) * 1000.0)
+        self._memory.count("taskWallTimeMs", (time.monotonic() - self._wall_start) * 1000.0)
         rows.extend(self._memory.rows())
         return rows
 

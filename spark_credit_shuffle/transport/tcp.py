@@ -13,7 +13,11 @@ into credit) reach the I/O thread through the handlers' ``listener`` hooks, whic
 Writing follows Flink's "write while the channel is writable": messages are pulled from a handler only
 while less than ``high_water`` bytes wait in the connection's output (Netty's write-buffer high
 watermark), so a sender's buffer goes back to its pool only when the socket can take it. Payloads are
-never copied before ``sendmsg``.
+never copied before ``sendmsg``. A thread that makes something sendable inside :meth:`sending` (a
+consumer returning credit, a producer adding data) writes it itself, without a non-blocking socket
+write it cannot finish being anything but handed to the I/O thread: in Python every hand-over between
+threads waits for the interpreter lock, and the credit loop (credit out, buffer back) is the latency
+that bounds a channel's throughput.
 
 Input from the wire is untrusted. Every accepted connection must authenticate with the exchange's secret
 (the protocol's ``Hello``) within ``handshake_timeout_s``; a wrong secret, garbage, an oversized frame
@@ -38,7 +42,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ..errors import ExchangeTimeoutError, ProtocolError
@@ -100,6 +104,7 @@ class Connection:
         "peer",
         "role",
         "sock",
+        "write_error",
         "write_shut",
     )
 
@@ -114,6 +119,7 @@ class Connection:
         self.out_bytes = 0
         self.closed = False
         self.write_shut = False
+        self.write_error: BaseException | None = None
         self.error: BaseException | None = None
         self.accepted_at = now
         self.last_received = now
@@ -194,6 +200,8 @@ class TcpTransport:
         self._interest: dict[int, int] = {}
         self._pending: list[Connection] = []
         self._pending_lock = threading.Lock()
+        self._dirty: set[Connection] = set()
+        self._local = threading.local()
         self._stopping = False
         self._thread: threading.Thread | None = None
         #: The exception that stopped the I/O thread, if any (a bug or an OS failure, not a peer's fault).
@@ -231,6 +239,46 @@ class TcpTransport:
         with contextlib.suppress(BlockingIOError, OSError):
             self._wake_w.send(b"\0")
 
+    @contextlib.contextmanager
+    def sending(self) -> Iterator[None]:
+        """Within this block the calling thread writes what its protocol calls made sendable, at its end.
+
+        Without it, a handler that becomes ready to send wakes the I/O thread. Blocks nest; the outermost
+        one writes. Writes never block: what the socket does not take is left to the I/O thread.
+        """
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        try:
+            yield
+        finally:
+            local.depth = depth
+            if depth == 0 and self._dirty:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write, from the calling thread, every connection whose handler has something to send."""
+        leftover = False
+        with self.lock:
+            dirty, self._dirty = self._dirty, set()
+            for conn in dirty:
+                if conn.closed or conn.write_error is not None:
+                    continue
+                self._fill(conn)
+                self._write(conn)
+                leftover = leftover or bool(conn.out) or conn.write_error is not None
+        if leftover:
+            self.wakeup()  # the I/O thread waits for the socket to drain (or drops a failed connection)
+
+    def _ready(self, conn: Connection) -> None:
+        """A handler went from nothing to send to something to send (called with ``lock`` held)."""
+        self._dirty.add(conn)
+        if threading.current_thread() is self._thread:
+            return  # the I/O thread pumps every connection after handling its events
+        if getattr(self._local, "depth", 0):
+            return  # the calling thread writes at the end of its sending() block
+        self.wakeup()
+
     def connect(self, address: tuple[str, int], handler: Any, *, peer: str, timeout_s: float) -> Connection:
         """Open a connection to ``address`` served by client ``handler`` (blocking, in the caller's thread).
 
@@ -259,7 +307,7 @@ class TcpTransport:
         sock.setblocking(False)
         conn = Connection(sock, handler, "client", peer, next(self._ids))
         if hasattr(handler, "listener"):
-            handler.listener = self.wakeup
+            handler.listener = lambda: self._ready(conn)
         with self._pending_lock:
             self._pending.append(conn)
         self.wakeup()
@@ -307,7 +355,8 @@ class TcpTransport:
                         if mask & selectors.EVENT_READ:
                             self._read(data)
                         if mask & selectors.EVENT_WRITE and not data.closed:
-                            self._write(data)
+                            with self.lock:
+                                self._write(data)
                 self._adopt_pending()
                 self._pump()
                 self._expire_handshakes()
@@ -365,9 +414,10 @@ class TcpTransport:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Connection(sock, None, "server", f"client {peer}", next(self._ids))
             with self.lock:
-                handler = self._factory(self.wakeup)
-            self._add(Connection(sock, handler, "server", f"client {peer}", next(self._ids)))
+                conn.handler = self._factory(lambda conn=conn: self._ready(conn))
+            self._add(conn)
 
     def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
         self._record_rejection(f"refused connection from {peer}: {reason}")
@@ -407,20 +457,24 @@ class TcpTransport:
         self._drop(conn, exc, clean=False, logged=True)
 
     def _drop(self, conn: Connection, exc: BaseException | None, *, clean: bool, logged: bool = False) -> None:
-        """Close ``conn`` and tell its handler (``clean``: the peer closed its side after a complete frame)."""
-        if conn.closed:
-            return
-        conn.closed = True
-        conn.error = exc
-        with contextlib.suppress(KeyError, ValueError, OSError):
-            self._selector.unregister(conn.sock)
-        self._interest.pop(conn.id, None)
-        self._connections.pop(conn.id, None)
-        with contextlib.suppress(OSError):
-            conn.sock.close()
-        conn.out.clear()
-        conn.out_bytes = 0
+        """Close ``conn`` and tell its handler (``clean``: the peer closed its side after a complete frame).
+
+        Runs in the I/O thread, under ``lock`` so that no other thread writes to the socket meanwhile.
+        """
         with self.lock:
+            if conn.closed:
+                return
+            conn.closed = True
+            conn.error = exc
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(conn.sock)
+            self._interest.pop(conn.id, None)
+            self._connections.pop(conn.id, None)
+            self._dirty.discard(conn)
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+            conn.out.clear()
+            conn.out_bytes = 0
             try:
                 conn.handler.connection_closed()
             except ProtocolError as closing_error:  # the peer closed inside a frame
@@ -440,16 +494,20 @@ class TcpTransport:
             self._on_event()
 
     def _pump(self) -> None:
-        """Pull messages from every handler while its connection is below the high watermark, then write."""
+        """Pull messages from every handler while its connection is below the high watermark, and write."""
         conns = [c for c in self._connections.values() if not c.closed]
         if not conns:
             return
         with self.lock:
+            self._dirty.clear()
             for conn in conns:
-                self._fill(conn)
+                if conn.write_error is None:
+                    self._fill(conn)
+                    if conn.out:
+                        self._write(conn)
         for conn in conns:
-            if conn.out and not conn.closed:
-                self._write(conn)
+            if conn.write_error is not None and not conn.closed:
+                self._drop(conn, conn.write_error, clean=False)
             if not conn.closed:
                 self._maybe_half_close(conn)
                 self._update_interest(conn)
@@ -473,6 +531,8 @@ class TcpTransport:
                 on_send(conn, message)
 
     def _write(self, conn: Connection) -> None:
+        """Write what the socket takes now (``lock`` held; any thread). A failure is recorded for the I/O
+        thread, which drops the connection."""
         out = conn.out
         sock = conn.sock
         while out:
@@ -483,7 +543,9 @@ class TcpTransport:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                self._drop(conn, exc, clean=False)
+                conn.write_error = exc
+                out.clear()
+                conn.out_bytes = 0
                 return
             conn.bytes_out += sent
             conn.out_bytes -= sent

@@ -1,0 +1,264 @@
+"""Benchmark: the exchange next to Spark's own ``repartition``, measured in the same run.
+
+Data: ``--rows`` rows (``a`` long, ``b`` int, ``c`` a 20-character string), generated deterministically,
+cached in ``--parallelism`` partitions and materialised before anything is timed. Each case is one
+action, ``write.format("noop")``, repeated ``--repeat`` times; the table shows the median:
+
+- ``repartition``: ``df.repartition(P, "a")``;
+- ``repartition + mapInArrow``: the same followed by an identity ``mapInArrow`` (what a user pays to get
+  the rows into Python after Spark's own shuffle): the reference of the ratios;
+- ``exchange blocking``: ``exchange(df, key_by("a"), P, mode="blocking")``;
+- ``exchange pipelined``: ``exchange(..., mode="pipelined")`` as it comes (its output placed by an
+  identity shuffle, so that Spark can retry the barrier stage);
+- ``pipelined, streaming``: the same barrier stage writing straight into the sink (``retryable=False``).
+
+Pipelined mode also gets a buffer-timeout sweep (0, 1, 10, 100 ms and -1) of the streaming form with a
+latency marker every ``--marker-ms`` from every producer, printing throughput and the per-record latency
+(p50, p99 of the markers: the worst task's), and the peak resident memory of a task at 1x
+(``--rows / 10``) and 10x (``--rows``) input, which must stay flat.
+
+Run ``python jobs/bench_exchange.py --mode pipelined --rows 1000000 --repeat 1`` for a quick check. The
+last line printed is one JSON object with the headline figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+#: Targets: pipelined throughput >= 1.0x repartition + identity mapInArrow; 1 ms keeps >= 90% of the
+#: 100 ms throughput; a task's peak memory within 10% at 10x the input. Blocking: at most 1.3x the time.
+TARGET_PIPELINED = 1.0
+TARGET_TIMEOUT_RATIO = 0.9
+TARGET_MEMORY_GROWTH = 0.10
+TARGET_BLOCKING_TIME = 1.3
+SWEEP = (0, 1, 10, 100, -1)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("blocking", "pipelined", "both"), default="both")
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--parallelism", type=int, default=4)
+    parser.add_argument("--master", default=None, help="Spark master when not under spark-submit (local[P])")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--marker-ms", type=int, default=10, help="latency marker interval in the sweep")
+    parser.add_argument("--driver-memory", default="4g", help="when this script starts the JVM")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the buffer-timeout sweep and memory runs")
+    args = parser.parse_args(argv)
+    if args.rows < 10 or args.parallelism < 1 or args.repeat < 1:
+        parser.error("--rows must be >= 10, --parallelism and --repeat >= 1")
+    return args
+
+
+def session(args: argparse.Namespace) -> Any:
+    """The SparkSession: spark-submit's, or a local one this script starts."""
+    from pyspark.sql import SparkSession
+
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: its conf wins
+        return SparkSession.builder.appName("bench_exchange").getOrCreate()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    master = args.master or f"local[{args.parallelism}]"
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("bench_exchange")
+        .config("spark.driver.memory", args.driver_memory)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(args.parallelism))
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "3")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def make_data(spark: Any, rows: int, partitions: int) -> Any:
+    """``rows`` rows (a long, b int, c 20-character string), cached and materialised."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, rows, 1, partitions).select(
+        F.col("id").alias("a"),
+        ((F.col("id") * 7919) % 1_000_003).cast("int").alias("b"),
+        F.lpad(F.col("id").cast("string"), 20, "x").alias("c"),
+    )
+    df = df.cache()
+    df.count()
+    return df
+
+
+def noop(df: Any) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def timed(action: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
+    """Median seconds of ``repeat`` runs of ``action`` (and every run's time)."""
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), times
+
+
+def metric_rows(observation: Any) -> list[dict[str, Any]]:
+    return [r.asDict() for cell in observation.get.get("metrics") or [] for r in cell or []]
+
+
+def worst(rows: list[dict[str, Any]], metric: str, stat: str) -> float | None:
+    values = [r["value"] for r in rows if r["metric"] == metric and r["stat"] == stat]
+    return max(values) if values else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    spark = session(args)
+    import spark_credit_shuffle as scs
+    from spark_credit_shuffle.runtime import pipelined
+
+    p = args.parallelism
+    df = make_data(spark, args.rows, p)
+    data_bytes = args.rows * (8 + 4 + 20)
+    modes = ("blocking", "pipelined") if args.mode == "both" else (args.mode,)
+
+    def identity(batches):  # nested: pickled by value, so workers need not import this script
+        yield from batches
+
+    results: dict[str, tuple[float, list[float]]] = {}
+
+    def run_case(name: str, action: Callable[[], Any]) -> None:
+        action()  # warm-up: Python workers started, code loaded
+        results[name] = timed(action, args.repeat)
+        median, times = results[name]
+        print(f"  {name:<28} median {median:7.2f} s   runs {', '.join(f'{t:.2f}' for t in times)}", flush=True)
+
+    print(
+        f"{args.rows:,} rows ({data_bytes / 1e6:.0f} MB of values), parallelism {p}, {spark.conf.get('spark.master')}"
+    )
+    run_case("repartition", lambda: noop(df.repartition(p, "a")))
+    run_case("repartition + mapInArrow", lambda: noop(df.repartition(p, "a").mapInArrow(identity, df.schema)))
+    if "blocking" in modes:
+        run_case("exchange blocking", lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="blocking").df))
+    if "pipelined" in modes:
+        run_case("exchange pipelined", lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="pipelined").df))
+
+        def streaming() -> None:
+            ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined")
+            noop(pipelined.build(ex.plan, df, retryable=False)[0])
+
+        run_case("pipelined, streaming", streaming)
+
+    reference = results["repartition + mapInArrow"][0]
+    print(f"\n{'case':<28} {'median s':>9} {'rows/s':>12} {'MB/s':>8} {'vs repartition+mapInArrow':>26}")
+    for name, (median, _) in results.items():
+        print(
+            f"{name:<28} {median:9.2f} {args.rows / median:12,.0f} {data_bytes / median / 1e6:8.1f} "
+            f"{reference / median:25.2f}x"
+        )
+    headline: dict[str, Any] = {"rows": args.rows, "parallelism": p, "master": spark.conf.get("spark.master")}
+    headline.update(
+        {f"seconds_{k.replace(' ', '_').replace(',', '').replace('+', 'plus')}": v[0] for k, v in results.items()}
+    )
+    if "blocking" in modes:
+        blocking_time = results["exchange blocking"][0] / reference
+        headline["blocking_time_ratio"] = round(blocking_time, 3)
+        print(
+            f"\nblocking: {blocking_time:.2f}x the time of repartition + mapInArrow (target <= {TARGET_BLOCKING_TIME}x)"
+        )
+    if "pipelined" in modes:
+        streaming_ratio = reference / results["pipelined, streaming"][0]
+        default_ratio = reference / results["exchange pipelined"][0]
+        headline["pipelined_throughput_ratio"] = round(streaming_ratio, 3)
+        headline["pipelined_retryable_throughput_ratio"] = round(default_ratio, 3)
+        print(
+            f"\npipelined throughput: {streaming_ratio:.2f}x repartition + mapInArrow streaming into the sink, "
+            f"{default_ratio:.2f}x with its retryable output (target >= {TARGET_PIPELINED}x)"
+        )
+        if not args.no_sweep:
+            headline.update(sweep(spark, df, args, data_bytes))
+            headline.update(memory(spark, args))
+    print(json.dumps(headline, sort_keys=True))
+    return 0
+
+
+def run_streaming(df: Any, rows: int, p: int, timeout_ms: int, marker_ms: int) -> tuple[float, list[dict[str, Any]]]:
+    """One streaming pipelined exchange with latency markers: (seconds, metric rows)."""
+    import spark_credit_shuffle as scs
+    from spark_credit_shuffle.runtime import pipelined
+
+    ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined", buffer_timeout_ms=timeout_ms)
+    options = pipelined.TaskOptions(latency_interval_ms=marker_ms)
+    out, observation = pipelined.build(ex.plan, df, retryable=False, options=options)
+    started = time.perf_counter()
+    noop(out)
+    seconds = time.perf_counter() - started
+    return seconds, metric_rows(observation)
+
+
+def sweep(spark: Any, df: Any, args: argparse.Namespace, data_bytes: int) -> dict[str, Any]:
+    """Throughput and marker latency for each buffer timeout."""
+    p = args.parallelism
+    print(f"\nbuffer-timeout sweep (pipelined, streaming, a latency marker every {args.marker_ms} ms per producer)")
+    print(f"{'timeout ms':>10} {'median s':>9} {'MB/s':>8} {'latency p50 ms':>15} {'p99 ms':>9} {'markers':>8}")
+    out: dict[str, Any] = {}
+    throughput: dict[int, float] = {}
+    run_streaming(df, args.rows, p, 100, args.marker_ms)  # warm-up
+    for timeout_ms in SWEEP:
+        runs = [run_streaming(df, args.rows, p, timeout_ms, args.marker_ms) for _ in range(args.repeat)]
+        seconds = statistics.median(r[0] for r in runs)
+        rows = runs[[r[0] for r in runs].index(sorted(r[0] for r in runs)[len(runs) // 2])][1]
+        p50, p99 = worst(rows, "latencyMs", "p50"), worst(rows, "latencyMs", "p99")
+        markers = sum(r["value"] for r in rows if r["metric"] == "numLatencyMarkersIn")
+        throughput[timeout_ms] = data_bytes / seconds
+        print(
+            f"{timeout_ms:>10} {seconds:9.2f} {data_bytes / seconds / 1e6:8.1f} "
+            f"{p50 or 0:15.2f} {p99 or 0:9.2f} {markers:8.0f}"
+        )
+        out[f"sweep_{timeout_ms}ms"] = {"seconds": round(seconds, 3), "p50_ms": p50, "p99_ms": p99}
+    ratio = throughput[1] / throughput[100]
+    out["timeout_1ms_vs_100ms_throughput"] = round(ratio, 3)
+    print(f"1 ms keeps {ratio:.0%} of the 100 ms throughput (target >= {TARGET_TIMEOUT_RATIO:.0%})")
+    return out
+
+
+def memory(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Peak resident memory of a task (the worst task) at 1x and 10x input."""
+    p = args.parallelism
+    small_rows = max(10, args.rows // 10)
+    peaks = {}
+    for label, rows in (("1x", small_rows), ("10x", args.rows)):
+        data = make_data(spark, rows, p)
+        run_streaming(data, rows, p, 100, 0)  # warm the workers on this input
+        _, metrics = run_streaming(data, rows, p, 100, 0)
+        peaks[label] = (
+            worst(metrics, "taskRssBytes", "max") or 0.0,
+            worst(metrics, "taskArrowAllocatedBytes", "max") or 0.0,
+        )
+        data.unpersist()
+    growth = peaks["10x"][0] / peaks["1x"][0] - 1 if peaks["1x"][0] else float("nan")
+    print(
+        f"\npeak task memory (worst task, pipelined, streaming): {small_rows:,} rows (1x) vs {args.rows:,} rows (10x)"
+    )
+    for label in ("1x", "10x"):
+        rss, arrow = peaks[label]
+        print(f"  {label:>3}: resident {rss / 2**20:8.1f} MiB, Arrow allocated {arrow / 2**20:7.1f} MiB")
+    print(f"  growth {growth:+.1%} (target within {TARGET_MEMORY_GROWTH:.0%})")
+    return {
+        "task_peak_rss_mib_1x": round(peaks["1x"][0] / 2**20, 1),
+        "task_peak_rss_mib_10x": round(peaks["10x"][0] / 2**20, 1),
+        "task_peak_rss_growth": round(growth, 4),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
