@@ -251,9 +251,7 @@ def test_planner_equals_the_pools_a_pipelined_task_sets_up(partitioner, producer
     from spark_credit_shuffle.runtime.pipelined import PipelinedTask
 
     config = NetworkConfig()
-    plan = ExchangePlan(
-        "planner-pipelined", "pipelined", partitioner, producers, consumers, 128, config, SCHEMA, None
-    )
+    plan = ExchangePlan("planner-pipelined", "pipelined", partitioner, producers, consumers, 128, config, SCHEMA, None)
     (stage,) = plan_network(ExchangeSpec(producers, consumers, partitioner, "pipelined"), config=config).stages
     assert len(stage.tasks) == max(producers, consumers)
     for planned in stage.tasks:
