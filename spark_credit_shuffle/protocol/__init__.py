@@ -32,7 +32,6 @@ from .partition import (
     ResultPartitionManager,
     ResultPartitionWriter,
     StoredBuffer,
-    StoredResultPartition,
 )
 from .pools import (
     GateBuffersSpec,
@@ -97,7 +96,6 @@ __all__ = [
     "SequenceNumberingViewReader",
     "SingleInputGate",
     "StoredBuffer",
-    "StoredResultPartition",
     "default_max_frame_length",
     "encode",
     "encode_to_bytes",

@@ -16,7 +16,7 @@ Not thread-safe: callers serialise access (one lock per task in a threaded runti
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..buffers.buffer import Buffer, BufferConsumer, DataType, FinishedBufferConsumer
@@ -40,7 +40,6 @@ __all__ = [
     "ResultPartitionWriter",
     "ResultSubpartitionView",
     "StoredBuffer",
-    "StoredResultPartition",
 ]
 
 #: ``PipelinedSubpartition.add`` returns this when the subpartition is finished or released.
@@ -859,41 +858,6 @@ class BoundedBlockingSubpartitionReader:
     @property
     def backlog(self) -> int:
         return max(self._backlog, 0)
-
-
-class StoredResultPartition:
-    """A finished partition replayed from storage: ``subpartitions[i]`` yields the stored buffers of i.
-
-    What a consumer task serves its own input gate from in the blocking mode (the buffers come from
-    Spark's shuffle). ``num_data_buffers[i]``, if given, lets subpartition i stream without being
-    materialised. Every subpartition may be read once.
-    """
-
-    def __init__(
-        self,
-        subpartitions: Mapping[int, Iterable],
-        *,
-        partition_id: int = 0,
-        num_data_buffers: Mapping[int, int] | None = None,
-    ) -> None:
-        self.partition_id = partition_id
-        self._subpartitions = dict(subpartitions)
-        self._num_data_buffers = dict(num_data_buffers or {})
-        self._read: set[int] = set()
-
-    def create_subpartition_view(
-        self, subpartition: int, listener: BufferAvailabilityListener
-    ) -> BoundedBlockingSubpartitionReader:
-        if subpartition not in self._subpartitions:
-            raise PartitionNotFoundError(self.partition_id, subpartition)
-        if subpartition in self._read:
-            raise PartitionStateError(f"stored subpartition {subpartition} was already read")
-        self._read.add(subpartition)
-        return BoundedBlockingSubpartitionReader(
-            self._subpartitions.pop(subpartition),
-            listener,
-            num_data_buffers=self._num_data_buffers.get(subpartition),
-        )
 
 
 class ResultPartitionManager:

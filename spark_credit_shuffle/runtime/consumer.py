@@ -16,15 +16,12 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ..buffers import Buffer, DataType, FinishedBufferConsumer
+from ..buffers import DataType
 from ..buffers.reader import RecordReader
 from ..errors import ProtocolError
 from ..metrics import CONSUMER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
-from ..protocol.partition import PipelinedSubpartition, ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
-from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, SingleInputGate
-from ..protocol.sender import PartitionRequestServerHandler
-from ..transport.memory import MemoryConnection
+from ..transport.memory import StoredBuffersExchange
 from .common import metrics_batch, with_metrics_column
 
 if TYPE_CHECKING:
@@ -35,23 +32,6 @@ __all__ = ["consume_partition"]
 #: Output batches are combined up to about this many bytes before they go back to Spark.
 _OUTPUT_BATCH_BYTES = 4 << 20
 _METRICS_TYPE = -1
-
-
-class _StoredSubpartition:
-    """The stored output of one producer for this consumer, served as it arrives from storage."""
-
-    def __init__(self, producer: int, receiver_exclusive_buffers: int) -> None:
-        self.partition_id = producer
-        self.subpartition = PipelinedSubpartition(0, None, receiver_exclusive_buffers)
-
-    def create_subpartition_view(self, subpartition: int, listener: object) -> object:
-        return self.subpartition.create_read_view(listener)  # type: ignore[arg-type]
-
-    def add(self, data_type: DataType, payload: bytes) -> None:
-        if data_type is DataType.END_OF_PARTITION:
-            self.subpartition.finish()
-        else:
-            self.subpartition.add(FinishedBufferConsumer(Buffer(data_type, payload)))
 
 
 def consume_partition(
@@ -72,19 +52,9 @@ def consume_partition(
     config = plan.config
     producers = plan.partitioner.producers_of(consumer, plan.num_producers, plan.num_consumers)
 
-    if network is None:
-        network = NetworkBufferPool.from_config(config)
-    gate = SingleInputGate(network, len(producers), config, blocking=True)
-    client = CreditBasedPartitionRequestClientHandler(credit_based=config.credit_based)
-    manager = ResultPartitionManager()
-    server = PartitionRequestServerHandler(manager, credit_based=config.credit_based)
-    connection = MemoryConnection(client, server)
-    stored: dict[int, _StoredSubpartition] = {}
-    for i, p in enumerate(producers):
-        stored[p] = _StoredSubpartition(p, gate.spec.exclusive_per_channel)
-        manager.register_partition(stored[p], partition_id=p)
-        gate.remote_channel(i, p, client, partition_id=p, subpartition=0)
-    gate.request_partitions()
+    replay = StoredBuffersExchange(config, len(producers), network_pool=network)
+    gate = replay.gate
+    channel_of = {p: i for i, p in enumerate(producers)}
     readers = [RecordReader(plan.schema, channel=p) for p in producers]
 
     metrics = TaskMetrics(CONSUMER, consumer)
@@ -93,7 +63,6 @@ def consume_partition(
     pending_bytes = 0
     started = time.perf_counter()
     timeline = TimelineSampler(CONSUMER, consumer, config.metrics_sample_interval_ms)
-    sender_readers = server.queue.all_readers
     records_in = RateMeter()
 
     def gauges() -> Iterator[tuple[str, int | None, float]]:
@@ -101,9 +70,8 @@ def consume_partition(
         yield "inputExclusiveBuffersUsage", None, gate.input_exclusive_buffers_usage
         yield "inputFloatingBuffersUsage", None, gate.input_floating_buffers_usage
         yield "numRecordsInPerSecond", None, records_in.rate(sum(r.num_records_in for r in readers))
-        for channel, p in zip(gate.channels, producers):
-            reader = sender_readers.get(p)  # the sending side of the channel (gone once it finished)
-            yield "credit", p, float(reader.num_credits_available if reader is not None else 0)
+        for index, (channel, p) in enumerate(zip(gate.channels, producers)):
+            yield "credit", p, float(replay.sender_credit(index))
             yield "unannouncedCredit", p, float(channel.unannounced_credit)  # type: ignore[union-attr]
             yield "backlog", p, float(max(0, channel.sender_backlog))  # type: ignore[union-attr]
             yield "inputQueueLength", p, float(channel.queue_length())  # type: ignore[union-attr]
@@ -113,9 +81,8 @@ def consume_partition(
     def pump() -> Iterator[pa.RecordBatch]:
         nonlocal pending_bytes
         while True:
-            moved = connection.pump()
             polled = 0
-            while (item := gate.poll_next()) is not None:
+            while (item := replay.poll()) is not None:
                 polled += 1
                 metrics.sample("inPoolUsage", gate.in_pool_usage)
                 metrics.sample("inputExclusiveBuffersUsage", gate.input_exclusive_buffers_usage)
@@ -132,7 +99,7 @@ def consume_partition(
                     yield _combine(pending)
                     pending.clear()
                     pending_bytes = 0
-            if not moved and not polled:
+            if not polled:
                 return
 
     try:
@@ -144,10 +111,10 @@ def consume_partition(
                 if data_type == _METRICS_TYPE:
                     producer_metrics.extend(MetricRow(**row) for row in json.loads(payload))
                     continue
-                target = stored.get(producer)
-                if target is None:
+                channel = channel_of.get(producer)
+                if channel is None:
                     raise ProtocolError(f"consumer {consumer} got a buffer from producer {producer}, not an input")
-                target.add(DataType(data_type), payload)
+                replay.add(channel, DataType(data_type), payload)
             yield from pump()
         yield from pump()
         timeline.record(gauges)
@@ -159,7 +126,7 @@ def consume_partition(
         if pending:
             yield _combine(pending)
     finally:
-        gate.close()
+        replay.close()
 
     for i, p in enumerate(producers):
         reader = readers[i]

@@ -16,13 +16,14 @@ every message goes through the wire codec, so the framing is exercised too.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
+from ..buffers.buffer import Buffer, DataType, FinishedBufferConsumer
 from ..config import NetworkConfig
 from ..errors import ProtocolError
 from ..protocol.codec import FrameDecoder, default_max_frame_length, encode, encoded_size
 from ..protocol.messages import BufferResponse, Message
-from ..protocol.partition import ResultPartitionManager, StoredResultPartition
+from ..protocol.partition import PipelinedSubpartition, ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import BufferOrEvent, CreditBasedPartitionRequestClientHandler, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
@@ -239,45 +240,40 @@ class MemoryConnection:
 
 
 class StoredBuffersExchange:
-    """A consumer subtask's input gate fed, in process, from the stored buffers of each of its producers.
+    """A consumer subtask's input gate fed, in process, with the stored buffers of each of its producers.
 
-    The blocking exchange's consumer side: channel ``i`` replays ``sources[i]`` (the buffers producer ``i``
-    stored for this consumer, as :class:`~spark_credit_shuffle.protocol.StoredBuffer` or ``(data_type,
-    payload)`` pairs, ending with END_OF_PARTITION) through a reader, a PartitionRequestQueue, a
-    connection of its own and a remote input channel of one :class:`SingleInputGate`: exclusive and
-    floating buffers, backlog, credits and AddCredit work exactly as over TCP, so at most the gate's
-    buffers are held at any time. ``num_data_buffers[i]``, if known, lets source ``i`` stream without
-    being materialised. Iterate to get :class:`BufferOrEvent` items and recycle each buffer when done
-    with it; buffers not recycled keep their credit, and a gate whose every buffer is held raises
-    :class:`ProtocolError` instead of hanging.
+    The blocking exchange's consumer side. Stored buffers are pushed as they come out of storage
+    (:meth:`add`: channel ``i``'s buffers in the order producer ``i`` stored them, ending with
+    END_OF_PARTITION); each channel queues them in a subpartition on the sending side of a connection of its
+    own and they reach the gate's remote input channel only as BufferResponses a credit allowed: exclusive
+    and floating buffers, backlog and AddCredit work exactly as over TCP, so at most the gate's buffers are
+    held on the receiving side. :meth:`poll` returns :class:`BufferOrEvent` items; recycle each buffer when
+    done with it. A consumer that holds every receive buffer gets a :class:`ProtocolError` when it iterates,
+    not a hang.
     """
 
     def __init__(
         self,
         config: NetworkConfig,
-        sources: Sequence[Iterable],
+        num_channels: int,
         *,
-        num_data_buffers: Sequence[int | None] | None = None,
         network_pool: NetworkBufferPool | None = None,
         encode: bool = False,
     ) -> None:
-        if not sources:
+        if num_channels < 1:
             raise ValueError("a gate needs at least one source channel")
-        counts = list(num_data_buffers) if num_data_buffers is not None else [None] * len(sources)
-        if len(counts) != len(sources):
-            raise ValueError(f"num_data_buffers has {len(counts)} entries for {len(sources)} sources")
         self.network_pool = network_pool if network_pool is not None else NetworkBufferPool.from_config(config)
-        self.gate = SingleInputGate(self.network_pool, len(sources), config)
+        self.gate = SingleInputGate(self.network_pool, num_channels, config, blocking=True)
         manager = ResultPartitionManager()
         self.connections: list[MemoryConnection] = []
+        self._subpartitions: list[PipelinedSubpartition] = []
         self._dirty: dict[MemoryConnection, None] = {}
         max_frame = default_max_frame_length(config.segment_size)
-        for index, (source, count) in enumerate(zip(sources, counts, strict=True)):
-            manager.register_partition(
-                StoredResultPartition(
-                    {0: source}, partition_id=index, num_data_buffers=None if count is None else {0: count}
-                )
-            )
+        exclusive = self.gate.spec.exclusive_per_channel
+        for index in range(num_channels):
+            stored = _StoredPartition(index, exclusive)
+            self._subpartitions.append(stored.subpartition)
+            manager.register_partition(stored)
             client = CreditBasedPartitionRequestClientHandler(
                 credit_based=config.credit_based, max_frame_length=max_frame
             )
@@ -291,6 +287,14 @@ class StoredBuffersExchange:
         self.gate.request_partitions()
         for connection in self.connections:
             self._dirty[connection] = None
+
+    def add(self, channel: int, data_type: DataType, payload: object) -> None:
+        """Queue one stored buffer of ``channel``; END_OF_PARTITION ends the channel."""
+        subpartition = self._subpartitions[channel]
+        if data_type is DataType.END_OF_PARTITION:
+            subpartition.finish()
+        else:
+            subpartition.add(FinishedBufferConsumer(Buffer(data_type, payload)))
 
     def _marker(self, connection: MemoryConnection) -> Callable[[], None]:
         dirty = self._dirty
@@ -308,7 +312,7 @@ class StoredBuffersExchange:
             connection.pump()
 
     def poll(self) -> BufferOrEvent | None:
-        """The next buffer or event, or None if none can arrive until held buffers are recycled."""
+        """The next buffer or event, or None if none can arrive until more is added or held buffers recycled."""
         self._pump()
         item = self.gate.poll_next()
         if item is not None:
@@ -317,16 +321,37 @@ class StoredBuffersExchange:
         return self.gate.poll_next()
 
     def __iter__(self) -> Iterator[BufferOrEvent]:
+        """Every item until the gate finished; everything must have been added before."""
         while not self.gate.is_finished:
             item = self.poll()
             if item is None:
                 raise ProtocolError(
-                    "stored-buffer exchange stalled: every receive buffer of the gate is held by the consumer; "
-                    "recycle the buffers already returned before asking for more"
+                    "stored-buffer exchange stalled: every receive buffer of the gate is held by the consumer "
+                    "or a channel's end of partition was never added; recycle the buffers already returned"
                 )
             yield item
+
+    @property
+    def is_finished(self) -> bool:
+        return self.gate.is_finished
+
+    def sender_credit(self, channel: int) -> int:
+        """Credits the sending side of ``channel`` holds now (0 once the channel finished)."""
+        reader = self.connections[channel].server.queue.all_readers.get(channel + 1)
+        return reader.num_credits_available if reader is not None else 0
 
     def close(self) -> None:
         """Release the gate and its connections (buffers still held return when recycled)."""
         self.gate.close()
         self._pump()
+
+
+class _StoredPartition:
+    """The stored output of one producer for this consumer, served as it arrives from storage."""
+
+    def __init__(self, partition_id: int, receiver_exclusive_buffers: int) -> None:
+        self.partition_id = partition_id
+        self.subpartition = PipelinedSubpartition(0, None, receiver_exclusive_buffers)
+
+    def create_subpartition_view(self, subpartition: int, listener: object) -> object:
+        return self.subpartition.create_read_view(listener)  # type: ignore[arg-type]

@@ -49,9 +49,10 @@ def test_blocking_partitions_replayed_through_the_credit_protocol(encode):
     network = NetworkBufferPool(400, CONFIG.segment_size)
     partitions, written = _produce_blocking(network, 3, 2, rng)
     for c in range(2):
-        sources = [partitions[p].stored_buffers(c) for p in range(3)]
-        counts = [partitions[p].num_data_buffers[c] for p in range(3)]
-        exchange = StoredBuffersExchange(CONFIG, sources, num_data_buffers=counts, network_pool=network, encode=encode)
+        exchange = StoredBuffersExchange(CONFIG, 3, network_pool=network, encode=encode)
+        for p in range(3):
+            for data_type, payload in partitions[p].stored_buffers(c):
+                exchange.add(p, data_type, payload)
         gate = exchange.gate
         received = {p: [] for p in range(3)}
         sequence = {p: -1 for p in range(3)}
@@ -74,7 +75,9 @@ def test_blocking_partitions_replayed_through_the_credit_protocol(encode):
 def test_a_consumer_holding_every_buffer_gets_an_error_not_a_hang():
     network = NetworkBufferPool(100, CONFIG.segment_size)
     stored = [(DataType.DATA_BUFFER, b"x" * 100)] * 50 + [(DataType.END_OF_PARTITION, b"")]
-    exchange = StoredBuffersExchange(CONFIG, [stored], network_pool=network)
+    exchange = StoredBuffersExchange(CONFIG, 1, network_pool=network)
+    for data_type, payload in stored:
+        exchange.add(0, data_type, payload)
     held = []
     with pytest.raises(ProtocolError, match="stalled"):
         for item in exchange:
@@ -85,6 +88,26 @@ def test_a_consumer_holding_every_buffer_gets_an_error_not_a_hang():
         buffer.recycle()
     rest = sum(1 for item in exchange if item.buffer.recycle() is None)
     assert len(held) + rest == 51
+
+
+def test_buffers_pushed_while_consuming_arrive_in_order_through_the_credits():
+    network = NetworkBufferPool(100, CONFIG.segment_size)
+    exchange = StoredBuffersExchange(CONFIG, 2, network_pool=network)
+    received: dict[int, list[bytes]] = {0: [], 1: []}
+    for k in range(40):  # the storage delivers producer 0's run, then producer 1's, a buffer at a time
+        channel = 0 if k < 20 else 1
+        exchange.add(channel, DataType.DATA_BUFFER, bytes([channel, k]))
+        while (item := exchange.poll()) is not None:
+            received[item.channel_index].append(bytes(item.buffer.data))
+            assert exchange.gate.in_pool_usage <= 1.0
+            item.buffer.recycle()
+    exchange.add(0, DataType.END_OF_PARTITION, b"")
+    exchange.add(1, DataType.END_OF_PARTITION, b"")
+    rest = [item for item in exchange if item.buffer.recycle() is None]
+    assert exchange.is_finished and all(item.buffer.data_type is DataType.END_OF_PARTITION for item in rest)
+    assert received == {0: [bytes([0, k]) for k in range(20)], 1: [bytes([1, k]) for k in range(20, 40)]}
+    exchange.close()
+    assert network.num_available == network.total
 
 
 def _old_model(pool_size: int):
