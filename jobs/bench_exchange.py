@@ -134,29 +134,33 @@ def main(argv: list[str] | None = None) -> int:
     def identity(batches):  # nested: pickled by value, so workers need not import this script
         yield from batches
 
-    results: dict[str, tuple[float, list[float]]] = {}
-
-    def run_case(name: str, action: Callable[[], Any]) -> None:
-        action()  # warm-up: Python workers started, code loaded
-        results[name] = timed(action, args.repeat)
-        median, times = results[name]
-        print(f"  {name:<28} median {median:7.2f} s   runs {', '.join(f'{t:.2f}' for t in times)}", flush=True)
-
-    print(
-        f"{args.rows:,} rows ({data_bytes / 1e6:.0f} MB of values), parallelism {p}, {spark.conf.get('spark.master')}"
-    )
-    run_case("repartition", lambda: noop(df.repartition(p, "a")))
-    run_case("repartition + mapInArrow", lambda: noop(df.repartition(p, "a").mapInArrow(identity, df.schema)))
+    cases: list[tuple[str, Callable[[], Any]]] = [
+        ("repartition", lambda: noop(df.repartition(p, "a"))),
+        ("repartition + mapInArrow", lambda: noop(df.repartition(p, "a").mapInArrow(identity, df.schema))),
+    ]
     if "blocking" in modes:
-        run_case("exchange blocking", lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="blocking").df))
+        cases.append(("exchange blocking", lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="blocking").df)))
     if "pipelined" in modes:
-        run_case("exchange pipelined", lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="pipelined").df))
 
         def streaming() -> None:
             ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined")
             noop(pipelined.build(ex.plan, df, retryable=False)[0])
 
-        run_case("pipelined, streaming", streaming)
+        cases.append(("exchange pipelined", lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="pipelined").df)))
+        cases.append(("pipelined, streaming", streaming))
+
+    print(
+        f"{args.rows:,} rows ({data_bytes / 1e6:.0f} MB of values), parallelism {p}, {spark.conf.get('spark.master')}"
+    )
+    for _, action in cases:  # warm-up: Python workers started, code loaded
+        action()
+    times: dict[str, list[float]] = {name: [] for name, _ in cases}
+    for _ in range(args.repeat):  # interleaved, so that a busy moment of the machine hits every case alike
+        for name, action in cases:
+            times[name].append(timed(action, 1)[0])
+    results = {name: (statistics.median(ts), ts) for name, ts in times.items()}
+    for name, (median, ts) in results.items():
+        print(f"  {name:<28} median {median:7.2f} s   runs {', '.join(f'{t:.2f}' for t in ts)}", flush=True)
 
     reference = results["repartition + mapInArrow"][0]
     print(f"\n{'case':<28} {'median s':>9} {'rows/s':>12} {'MB/s':>8} {'vs repartition+mapInArrow':>26}")

@@ -18,20 +18,34 @@ drives every socket (:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) 
 the output flusher (``buffer_timeout_ms``), sends latency markers and samples memory. All protocol objects
 of a task are guarded by one re-entrant lock.
 
-**Placement.** The stage has max(S, T) tasks. With S == T (the common case) the input's partitions feed
-the stage directly. With S < T the input is first placed by an identity shuffle (``repartitionById`` on
-the producer index), one extra shuffle of the input rows. With S > T the stage's output (S partitions,
-the last S - T holding only metrics) is placed on T partitions by an identity shuffle of the output rows.
+**Placement.** The stage has max(S, T) tasks, and the cluster must be able to run them all at once
+(:class:`InsufficientSlotsError` before launch otherwise). With S == T (the common case) the input's
+partitions feed the stage directly. With S < T the input is first placed by an identity shuffle
+(``repartitionById`` on the producer index): one extra shuffle of the input rows.
+
+**Output and retries.** A failure in one task fails the barrier stage. Spark never retries a failed
+barrier *result* stage, and refuses jobs that run only some of a barrier stage's partitions (``show``,
+``take``, ``limit``, the sampling of a skewed sort). So by default (``retryable=True``) the consumers'
+output is placed on its partitions by an identity ``repartitionById``: the barrier stage then feeds a
+shuffle, which Spark re-runs whole after a failure (output exact: every producer and consumer runs again),
+and every DataFrame operation works downstream; the cost is one shuffle of the output rows.
+``retryable=False`` streams the consumers' rows straight into what follows (the fastest form, for
+actions that run every partition: ``write``, ``collect``, ``count``, ``foreachPartition``); with S > T
+the output is always placed on T partitions by that shuffle.
 
 **Faults.** Every wait has a timeout and raises :class:`ExchangeTimeoutError` naming what it waited for
 and from whom: connecting (``partition_request_timeout_ms``), data on a channel (a live producer sends a
 latency marker on every channel at least every quarter of ``partition_request_timeout_ms``, so silence
 means a stalled peer), a network buffer while back-pressured (``buffers_request_timeout_ms`` without a
-single buffer coming back), and the end of the exchange. A failure in one task fails the barrier stage.
-Spark never retries a failed barrier *result* stage; a barrier stage whose output feeds a shuffle is re-run
-whole. ``retryable=True`` adds an identity ``repartitionById`` after the stage so that a retry is possible
-(one shuffle of the output rows); it is on automatically when the plan injects a failure. Output after a
-retry is exact, because the whole stage, every producer and consumer, runs again.
+single data buffer moving), and the end of the exchange. Connections must present the exchange's secret;
+a wrong secret, garbage or an oversized frame closes that connection (logged) and nothing else.
+
+**Backpressure.** The producer thread checks the pool's availability (Flink's ``isAvailable``) before every
+slice of about one buffer per subpartition of its input batch, so what it may take beyond its pool stays
+about one buffer per channel whatever the size of Spark's input batches, and the time it waits is its
+back-pressured time. Threads that make data or credit sendable write it to the socket themselves (see
+:meth:`TcpTransport.sending`): every hand-over between threads costs a wait for the interpreter lock, and
+the credit loop is the latency that bounds a channel's throughput.
 
 **Metrics** are the blocking mode's (same schema), plus Flink's time metrics per side:
 ``accumulateBackPressuredTimeMs``, ``accumulateIdleTimeMs``, ``accumulateBusyTimeMs`` (stat ``total``) and
@@ -191,9 +205,10 @@ def build(
 
     Raises :class:`InsufficientSlotsError` before launch if the cluster has fewer task slots than the
     exchange has tasks. ``retryable`` (default: the plan's ``retryable`` attribute if it has one, else
-    whether it injects a failure) adds an identity shuffle after the barrier stage so that Spark can re-run
-    the stage after a task failure; without it a task failure fails the job, as Spark never retries a failed
-    barrier result stage.
+    True) places the output with an identity shuffle after the barrier stage, so that Spark can re-run the
+    stage after a task failure and any operation works downstream; ``False`` streams the consumers' rows
+    straight into the next operator (see the module documentation). ``options`` are the task knobs
+    (latency marker interval, output batch size, memory sampling).
     """
     from pyspark.sql import functions as F
 
@@ -486,6 +501,8 @@ class PipelinedTask:
         self.consumer_metrics = TaskMetrics(CONSUMER, index)
         self._memory = TaskMetrics(CONSUMER if self.is_consumer else PRODUCER, index)
         self._cpu_start = time.process_time()
+        self._main_cpu_start = time.thread_time()
+        self._producer_cpu_s = 0.0
         self._wall_start = time.monotonic()
         self.producer_clock = _Clock()
         self.consumer_clock = _Clock()
@@ -698,6 +715,7 @@ class PipelinedTask:
         emit = writer.broadcast_emit if writer.selector.is_broadcast else writer.emit
         schema = self.plan.schema
         sending = self.transport.sending  # type: ignore[union-attr]
+        thread_cpu = time.thread_time()
         try:
             injection = self.plan.injection
             if injection is not None:
@@ -728,6 +746,7 @@ class PipelinedTask:
                 self.partition.close()  # type: ignore[union-attr]
                 self._producer_done = True
                 clock.stop()
+                self._producer_cpu_s = time.thread_time() - thread_cpu
                 self.cond.notify_all()
         except BaseException as exc:
             self._fail(exc)
@@ -1086,6 +1105,12 @@ class PipelinedTask:
                     rows.append(MetricRow(CONSUMER, self.index, None, "latencyMs", stat, float(value)))
             rows.extend(self.consumer_clock.rows(CONSUMER, self.index))
         self._memory.count("taskCpuTimeMs", (time.process_time() - self._cpu_start) * 1000.0)
+        self._memory.count("consumerThreadCpuTimeMs", (time.thread_time() - self._main_cpu_start) * 1000.0)
+        if self.is_producer:
+            self._memory.count("producerThreadCpuTimeMs", self._producer_cpu_s * 1000.0)
+        io_cpu = _thread_cpu_seconds(getattr(self.transport, "_thread", None))
+        if io_cpu is not None:
+            self._memory.count("ioThreadCpuTimeMs", io_cpu * 1000.0)
         self._memory.count("taskWallTimeMs", (time.monotonic() - self._wall_start) * 1000.0)
         rows.extend(self._memory.rows())
         return rows
@@ -1120,6 +1145,16 @@ class PipelinedTask:
             log.warning("task %d: threads %s did not stop in time", self.index, stuck)
         if transport_error is not None and not failed:
             raise transport_error
+
+
+def _thread_cpu_seconds(thread: threading.Thread | None) -> float | None:
+    """CPU seconds a running thread used (Linux), or None."""
+    if thread is None or thread.ident is None or not thread.is_alive():
+        return None
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (AttributeError, OSError):
+        return None
 
 
 def _rss_bytes() -> int:

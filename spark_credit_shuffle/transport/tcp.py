@@ -208,6 +208,8 @@ class TcpTransport:
         self.error: BaseException | None = None
         self.num_rejected = 0
         self.rejections: list[str] = []
+        #: CPU seconds the I/O thread used (set when it stops).
+        self.thread_cpu_s = 0.0
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -342,6 +344,7 @@ class TcpTransport:
     # -- I/O thread ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        started = time.thread_time()
         try:
             while not self._stopping:
                 events = self._selector.select(self._select_timeout())
@@ -366,6 +369,7 @@ class TcpTransport:
             with self.lock:
                 self._notify()
         finally:
+            self.thread_cpu_s = time.thread_time() - started
             self._close_all()
 
     def _select_timeout(self) -> float | None:
