@@ -55,8 +55,9 @@ a buffer and idle while it waits for its next input batch; a consumer is idle wh
 Producers also report ``outputQueueLength`` per channel (max, mean); consumers report ``latencyMs`` of the
 latency markers they received (p50, p99, max, mean) and ``numLatencyMarkersIn``; each task reports its
 resident memory ``taskRssBytes`` and Arrow memory ``taskArrowAllocatedBytes`` (max, mean), sampled by the
-timer thread. The producer half hands its rows to the consumer half of the same task, whose last output
-row carries both.
+timer thread, and its CPU time (``taskCpuTimeMs``; ``producerThreadCpuTimeMs``, ``consumerThreadCpuTimeMs``,
+``ioThreadCpuTimeMs`` per thread) next to its wall-clock time ``taskWallTimeMs``. The producer half hands its
+rows to the consumer half of the same task, whose last output row carries both.
 
 Latency markers here are events: like any event they finish the open buffer of their subpartition, so they
 measure queueing and transit, not the time a row waits in a partly filled buffer (Flink's markers travel as
@@ -499,7 +500,7 @@ class PipelinedTask:
         self._last_progress = time.monotonic()
         self.producer_metrics = TaskMetrics(PRODUCER, index)
         self.consumer_metrics = TaskMetrics(CONSUMER, index)
-        self._memory = TaskMetrics(CONSUMER if self.is_consumer else PRODUCER, index)
+        self._task_metrics = TaskMetrics(CONSUMER if self.is_consumer else PRODUCER, index)
         self._cpu_start = time.process_time()
         self._main_cpu_start = time.thread_time()
         self._producer_cpu_s = 0.0
@@ -901,8 +902,8 @@ class PipelinedTask:
     def _sample_memory(self) -> None:
         rss = _rss_bytes()
         if rss:
-            self._memory.sample("taskRssBytes", float(rss))
-        self._memory.sample("taskArrowAllocatedBytes", float(pa.total_allocated_bytes()))
+            self._task_metrics.sample("taskRssBytes", float(rss))
+        self._task_metrics.sample("taskArrowAllocatedBytes", float(pa.total_allocated_bytes()))
 
     # -- consumer half (the task thread) --
 
@@ -1104,15 +1105,15 @@ class PipelinedTask:
                 ):
                     rows.append(MetricRow(CONSUMER, self.index, None, "latencyMs", stat, float(value)))
             rows.extend(self.consumer_clock.rows(CONSUMER, self.index))
-        self._memory.count("taskCpuTimeMs", (time.process_time() - self._cpu_start) * 1000.0)
-        self._memory.count("consumerThreadCpuTimeMs", (time.thread_time() - self._main_cpu_start) * 1000.0)
+        self._task_metrics.count("taskCpuTimeMs", (time.process_time() - self._cpu_start) * 1000.0)
+        self._task_metrics.count("consumerThreadCpuTimeMs", (time.thread_time() - self._main_cpu_start) * 1000.0)
         if self.is_producer:
-            self._memory.count("producerThreadCpuTimeMs", self._producer_cpu_s * 1000.0)
+            self._task_metrics.count("producerThreadCpuTimeMs", self._producer_cpu_s * 1000.0)
         io_cpu = _thread_cpu_seconds(getattr(self.transport, "_thread", None))
         if io_cpu is not None:
-            self._memory.count("ioThreadCpuTimeMs", io_cpu * 1000.0)
-        self._memory.count("taskWallTimeMs", (time.monotonic() - self._wall_start) * 1000.0)
-        rows.extend(self._memory.rows())
+            self._task_metrics.count("ioThreadCpuTimeMs", io_cpu * 1000.0)
+        self._task_metrics.count("taskWallTimeMs", (time.monotonic() - self._wall_start) * 1000.0)
+        rows.extend(self._task_metrics.rows())
         return rows
 
     def _close(self) -> None:

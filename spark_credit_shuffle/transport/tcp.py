@@ -264,7 +264,7 @@ class TcpTransport:
         with self.lock:
             dirty, self._dirty = self._dirty, set()
             for conn in dirty:
-                if conn.closed or conn.write_error is not None:
+                if conn.closed or conn.write_shut or conn.write_error is not None:
                     continue
                 self._fill(conn)
                 self._write(conn)
@@ -505,7 +505,7 @@ class TcpTransport:
         with self.lock:
             self._dirty.clear()
             for conn in conns:
-                if conn.write_error is None:
+                if conn.write_error is None and not conn.write_shut:
                     self._fill(conn)
                     if conn.out:
                         self._write(conn)
@@ -515,6 +515,8 @@ class TcpTransport:
             if not conn.closed:
                 self._maybe_half_close(conn)
                 self._update_interest(conn)
+        if self._dirty:  # a handler became ready while others were being filled: look again
+            self.wakeup()
 
     def _fill(self, conn: Connection) -> None:
         handler = conn.handler
@@ -570,10 +572,11 @@ class TcpTransport:
         if conn.role != "client" or conn.write_shut or conn.out:
             return
         handler = conn.handler
-        if getattr(handler, "is_closed", False) and not handler.has_data():
-            conn.write_shut = True
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_WR)
+        with self.lock:  # no other thread writes while the sending side is shut
+            if getattr(handler, "is_closed", False) and not handler.has_data() and not conn.out:
+                conn.write_shut = True
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_WR)
 
     def _update_interest(self, conn: Connection) -> None:
         interest = 0
