@@ -41,8 +41,8 @@ single data buffer moving), and the end of the exchange. Connections must presen
 a wrong secret, garbage or an oversized frame closes that connection (logged) and nothing else.
 
 **Backpressure.** The producer thread checks the pool's availability (Flink's ``isAvailable``) before every
-slice of about one buffer per subpartition of its input batch, so what it may take beyond its pool stays
-about one buffer per channel whatever the size of Spark's input batches, and the time it waits is its
+slice of about two buffers per subpartition of its input batch, so what it may take beyond its pool stays
+about two buffers per channel whatever the size of Spark's input batches, and the time it waits is its
 back-pressured time. Threads that make data or credit sendable write it to the socket themselves (see
 :meth:`TcpTransport.sending`): every hand-over between threads costs a wait for the interpreter lock, and
 the credit loop is the latency that bounds a channel's throughput.
@@ -91,7 +91,7 @@ from ..protocol.codec import default_max_frame_length
 from ..protocol.messages import BufferResponse, Message
 from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
-from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, SingleInputGate
+from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
 from ..transport.tcp import Connection, TcpTransport, resolve_host
 from .common import metrics_batch, output_struct_type, with_metrics_column
@@ -116,6 +116,12 @@ log = logging.getLogger("spark_credit_shuffle")
 _TAG = "__credit_shuffle_subtask"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MAX_LATENCY_SAMPLES = 100_000
+#: A producer checks its pool's availability before every slice of about this many segments per channel.
+_SEGMENTS_PER_EMIT = 2
+#: The longest a consumer holds decoded rows back, waiting for more to send to Spark in one batch.
+_MAX_DEFAULT_LINGER_MS = 2.0
+#: Returned by ``_next_buffer`` when its linger deadline passed with nothing new.
+_LINGER_OVER = object()
 
 
 @dataclass(frozen=True)
@@ -125,13 +131,17 @@ class TaskOptions:
     ``latency_interval_ms``: a producer sends a latency marker to one random channel this often (0: only
     the liveness markers every quarter of the partition request timeout). ``output_batch_rows``: the
     consumer joins decoded batches that are ready at the same moment up to this many rows before handing
-    them to Spark (0: one output batch per network buffer). ``sample_memory_ms``: how often the timer
+    them to Spark (0: one output batch per network buffer). ``output_linger_ms``: how long the consumer waits
+    for more rows when fewer than ``output_batch_rows`` are ready (each output batch costs Spark a fixed
+    amount, as a network buffer costs Flink); None takes a tenth of the buffer timeout, at most 2 ms, none
+    with timeout 0 and 2 ms with -1. ``sample_memory_ms``: how often the timer
     thread samples the task's memory (0: never). ``announce_address_dir``: if set, each task writes its
     listening address there (``task-<i>.addr``) for tests and demos.
     """
 
     latency_interval_ms: int = 0
     output_batch_rows: int = 8192
+    output_linger_ms: float | None = None
     sample_memory_ms: int = 50
     announce_address_dir: str | None = None
 
@@ -526,6 +536,7 @@ class PipelinedTask:
         self._last_delivery: list[float] = []
         self._latencies_ms: list[float] = []
         self._client_connections: dict[int, Connection] = {}
+        self._remote_channels: list[RemoteInputChannel] = []
         if self.is_consumer:
             self._setup_consumer()
 
@@ -701,6 +712,7 @@ class PipelinedTask:
                     partition_id=int(peer["partition"]),
                     subpartition=subpartition,
                 )
+        self._remote_channels = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
         with self.transport.sending(), self.lock:  # type: ignore[union-attr]
             gate.setup()
             gate.request_partitions()
@@ -753,17 +765,18 @@ class PipelinedTask:
             self._fail(exc)
 
     def _rows_per_emit(self, batch: pa.RecordBatch) -> int:
-        """Rows of ``batch`` to write between two availability checks: about one segment per subpartition.
+        """Rows of ``batch`` to write between two availability checks: about two segments per subpartition.
 
-        Flink checks availability before every record; checking before every slice of about one buffer per
+        Flink checks availability before every record; checking before every slice of about two buffers per
         channel keeps the overdraft (what a writer may take beyond its pool while it finishes the rows it
-        was given) to about one buffer per subpartition, whatever the size of Spark's input batches.
+        was given) to about two buffers per subpartition, whatever the size of Spark's input batches, and
+        the cost of a check and of a ``RecordWriter.emit`` call small next to the rows it writes.
         """
         writer = self.writer
         assert writer is not None
         channels = 1 if writer.selector.is_broadcast else writer.num_subpartitions
-        row_bytes = max(1.0, batch.nbytes / max(1, batch.num_rows))
-        return max(64, int(channels * self.config.segment_size / row_bytes))
+        row_bytes = max(1.0, batch.get_total_buffer_size() / max(1, batch.num_rows))
+        return max(64, int(_SEGMENTS_PER_EMIT * channels * self.config.segment_size / row_bytes))
 
     def _await_buffer(self) -> None:
         """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``)."""
@@ -917,8 +930,16 @@ class PipelinedTask:
         pending_rows = 0
         lock = self.lock
         sending = self.transport.sending  # type: ignore[union-attr]
+        linger = self._linger_seconds()
+        linger_until: float | None = None
         while True:
-            polled = self._next_buffer()
+            polled = self._next_buffer(linger_until)
+            if polled is _LINGER_OVER:  # nothing more came while the pending rows waited: hand them on
+                linger_until = None
+                batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                pending, pending_rows = [], 0
+                yield with_metrics_column(batch)
+                continue
             if polled is None:
                 break
             buffer = polled.buffer
@@ -942,15 +963,35 @@ class PipelinedTask:
                     and len(self._latencies_ms) < _MAX_LATENCY_SAMPLES
                 ):
                     self._latencies_ms.append((time.time_ns() - item.timestamp) / 1e6)
-            if pending and (pending_rows >= target or not polled.more_available):
+            if not pending:
+                continue
+            if pending_rows >= target or (not polled.more_available and linger <= 0):
+                linger_until = None
                 batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
                 pending, pending_rows = [], 0
                 yield with_metrics_column(batch)
+            elif not polled.more_available and linger_until is None:
+                linger_until = time.monotonic() + linger
         if pending:
             yield with_metrics_column(pending[0] if len(pending) == 1 else pa.concat_batches(pending))
 
-    def _next_buffer(self) -> Any:
-        """The gate's next buffer or event, waiting for one; None once every channel ended."""
+    def _linger_seconds(self) -> float:
+        """How long decoded rows may wait for more before they go to Spark (see TaskOptions.output_linger_ms)."""
+        linger_ms = self.options.output_linger_ms
+        if linger_ms is None:
+            timeout = self.config.buffer_timeout_ms
+            linger_ms = (
+                0.0
+                if timeout == 0
+                else _MAX_DEFAULT_LINGER_MS
+                if timeout < 0
+                else min(_MAX_DEFAULT_LINGER_MS, timeout / 10.0)
+            )
+        return max(0.0, linger_ms) / 1000.0
+
+    def _next_buffer(self, linger_until: float | None = None) -> Any:
+        """The gate's next buffer or event, waiting for one; None once every channel ended;
+        ``_LINGER_OVER`` if ``linger_until`` (a ``time.monotonic()`` deadline) passed first."""
         gate = self.gate
         assert gate is not None
         timeout = self.config.partition_request_timeout_ms / 1000.0
@@ -967,13 +1008,12 @@ class PipelinedTask:
                     if polled is not None:
                         self._last_delivery[polled.channel_index] = now
                         if polled.buffer.is_buffer:
-                            metrics = self.consumer_metrics
-                            metrics.sample("inPoolUsage", gate.in_pool_usage)
-                            metrics.sample("inputExclusiveBuffersUsage", gate.input_exclusive_buffers_usage)
-                            metrics.sample("inputFloatingBuffersUsage", gate.input_floating_buffers_usage)
+                            self._sample_input(gate)
                         return polled
                     if gate.is_finished:
                         return None
+                    if linger_until is not None and now >= linger_until:
+                        return _LINGER_OVER
                     if waited_since is None:
                         waited_since = now
                     silent = [
@@ -987,10 +1027,31 @@ class PipelinedTask:
                         (last for ch, last in enumerate(self._last_delivery) if not gate.channels[ch].is_released),  # type: ignore[union-attr]
                         default=now,
                     )
-                    self.cond.wait(max(0.001, oldest + timeout - now))
+                    wait = oldest + timeout - now
+                    if linger_until is not None:
+                        wait = min(wait, linger_until - now)
+                    self.cond.wait(max(0.0005, wait))
             finally:
                 if waited_since is not None:
                     self.consumer_clock.idle += time.monotonic() - waited_since
+
+    def _sample_input(self, gate: SingleInputGate) -> None:
+        """inPoolUsage, inputExclusiveBuffersUsage and inputFloatingBuffersUsage (§7), in one pass (lock held)."""
+        exclusive_total = exclusive_used = unused_floating = 0
+        for channel in self._remote_channels:
+            credit = channel.initial_credit
+            manager = channel.buffer_manager
+            exclusive_total += credit
+            exclusive_used += max(0, credit - manager.num_exclusive)
+            unused_floating += manager.num_floating
+        pool = gate.buffer_pool
+        floating_used = max(0, pool.num_used - unused_floating)
+        size = pool.current_pool_size
+        metrics = self.consumer_metrics
+        total = size + exclusive_total
+        metrics.sample("inPoolUsage", (floating_used + exclusive_used) / total if total else 0.0)
+        metrics.sample("inputExclusiveBuffersUsage", exclusive_used / exclusive_total if exclusive_total else 0.0)
+        metrics.sample("inputFloatingBuffersUsage", floating_used / size if size else 0.0)
 
     def _describe_silence(self, channel: int, seconds: float) -> str:
         producer = self.channel_producers[channel]

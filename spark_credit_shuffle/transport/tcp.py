@@ -268,9 +268,14 @@ class TcpTransport:
                     continue
                 self._fill(conn)
                 self._write(conn)
-                leftover = leftover or bool(conn.out) or conn.write_error is not None
+                resumed = getattr(conn.handler, "is_reading", True) and not (
+                    self._interest.get(conn.id, 0) & selectors.EVENT_READ
+                )
+                leftover = leftover or bool(conn.out) or conn.write_error is not None or resumed
         if leftover:
-            self.wakeup()  # the I/O thread waits for the socket to drain (or drops a failed connection)
+            # the I/O thread waits for the socket to drain, drops a failed connection, or reads again from a
+            # connection whose handler stopped reading (the model without credits) and now resumed
+            self.wakeup()
 
     def _ready(self, conn: Connection) -> None:
         """A handler went from nothing to send to something to send (called with ``lock`` held)."""
