@@ -38,16 +38,19 @@ FAST = {"segment_size": 4096, "partition_request_timeout_ms": 5000}
 
 
 def make_plan(partitioner, producers, consumers, injection=None, **settings) -> ExchangePlan:
+    """The plan exchange() would build, without a SparkSession."""
     config = NetworkConfig(**{**FAST, **settings})
+    resolve = getattr(partitioner, "resolve_max_parallelism", None)  # key_by's own max parallelism wins
+    max_parallelism = (
+        resolve(consumers, config.max_parallelism) if resolve else config.resolve_max_parallelism(consumers)
+    )
     return ExchangePlan(
         name="test-pipelined",
         mode="pipelined",
         partitioner=partitioner,
         num_producers=producers,
         num_consumers=consumers,
-        max_parallelism=partitioner.resolve_max_parallelism(consumers, config.max_parallelism)
-        if hasattr(partitioner, "resolve_max_parallelism")
-        else config.resolve_max_parallelism(consumers),
+        max_parallelism=max_parallelism,
         config=config,
         schema=SCHEMA,
         injection=injection,
