@@ -14,7 +14,7 @@ from spark_credit_shuffle.errors import ConfigError, InsufficientNetworkBuffersE
 
 pytestmark = pytest.mark.spark
 
-MODES = ["blocking"]
+MODES = ["blocking", "pipelined"]
 
 
 def rows_df(spark, n=2000, partitions=3):
@@ -86,9 +86,16 @@ def test_rebalance_spreads_each_producers_rows_within_one(spark, mode):
         assert len(values) == 4 and max(values) - min(values) <= 1
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("producers,consumers", [(1, 1), (2, 5), (5, 2), (4, 4)])
-def test_parallelism_shapes(spark, mode, producers, consumers):
+# pipelined mode runs max(S, T) barrier tasks at once: the test session has 4 slots
+SHAPES = [(m, s) for m in MODES for s in [(1, 1), (2, 4), (4, 2), (4, 4)]] + [
+    ("blocking", (2, 5)),
+    ("blocking", (5, 2)),
+]
+
+
+@pytest.mark.parametrize("mode,shape", SHAPES)
+def test_parallelism_shapes(spark, mode, shape):
+    producers, consumers = shape
     df = rows_df(spark, n=700, partitions=producers)
     for partitioner in (scs.key_by("k"), scs.rebalance(), scs.rescale()):
         ex = scs.exchange(df, partitioner, parallelism=consumers, mode=mode)
@@ -99,9 +106,9 @@ def test_parallelism_shapes(spark, mode, producers, consumers):
 @pytest.mark.parametrize("mode", MODES)
 def test_skew_empty_partitions_and_large_rows(spark, mode):
     big = "x" * (100 * 1024)  # three segments per row
-    df = spark.createDataFrame(
-        [(1, big + str(i)) for i in range(7)] + [(1, None), (1, "")], "k int, s string"
-    ).repartition(6)  # some producers get no rows
+    df = spark.createDataFrame([(1, big + str(i)) for i in range(7)] + [(1, None), (1, "")], "k int, s string")
+    # every row on producer 0: producers 1-3 have empty partitions
+    df = df.withColumn("_p", F.lit(0)).repartitionById(4, "_p").drop("_p")
     ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode=mode)
     assert_df_equality(ex.df, df, ignore_row_order=True)
     sizes = placed(ex.df).groupBy("_subtask").count().collect()
