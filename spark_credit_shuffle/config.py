@@ -10,6 +10,7 @@ naming the setting, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -75,6 +76,19 @@ def parse_duration_ms(value: int | str, setting: str = "duration") -> int:
     if match is None or unit not in _DURATION_UNITS_MS:
         raise ConfigError(setting, value, "a duration such as 100, '10ms' or '1 s' (units ms, s, min, h)")
     return int(match.group(1)) * _DURATION_UNITS_MS[unit]
+
+
+def check_count(value: object, setting: str) -> int:
+    """``value`` as an int >= 1 (a parallelism, a number of tasks), or a ConfigError naming ``setting``."""
+    if isinstance(value, bool):
+        raise ConfigError(setting, value, "an integer >= 1")
+    try:
+        count = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigError(setting, value, "an integer >= 1") from None
+    if count < 1:
+        raise ConfigError(setting, value, "an integer >= 1")
+    return count
 
 
 def _parse_int(value: int | str, setting: str) -> int:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .config import NetworkConfig
+from .config import NetworkConfig, check_count
 from .errors import ConfigError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
@@ -211,13 +211,11 @@ def exchange(
     elif settings:
         config = config.replace(**settings)
     if num_producers is not None:
-        if isinstance(num_producers, bool) or not isinstance(num_producers, int) or num_producers < 1:
-            raise ConfigError("num_producers", num_producers, "an integer >= 1")
+        num_producers = check_count(num_producers, "num_producers")
         df = df.repartition(num_producers)
     producers = num_producers or _num_partitions(df)
     consumers = producers if parallelism is None else parallelism
-    if isinstance(consumers, bool) or not isinstance(consumers, int) or consumers < 1:
-        raise ConfigError("parallelism", parallelism, "an integer >= 1")
+    consumers = check_count(consumers, "parallelism")
     max_parallelism = config.resolve_max_parallelism(consumers)
     own = getattr(partitioner, "resolve_max_parallelism", None)
     if own is not None:  # key_by(..., max_parallelism=P) wins over the config's

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import NetworkConfig, parse_size
+from .config import NetworkConfig, check_count, parse_size
 from .errors import ConfigError, InsufficientNetworkBuffersError
 from .partitioners import (
     Partitioner,
@@ -198,18 +197,6 @@ def _partitioner_of(name: str | Partitioner) -> Partitioner:
     return factory()
 
 
-def _count(value: object, setting: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(setting, value, "an integer >= 1")
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigError(setting, value, "an integer >= 1") from None
-    if n < 1:
-        raise ConfigError(setting, value, "an integer >= 1")
-    return n
-
-
 @dataclass(frozen=True)
 class ExchangeSpec:
     """One exchange of a topology: producer and consumer parallelism, partitioner (pattern) and mode.
@@ -226,8 +213,8 @@ class ExchangeSpec:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "producers", _count(self.producers, "producers"))
-        object.__setattr__(self, "consumers", _count(self.consumers, "consumers"))
+        object.__setattr__(self, "producers", check_count(self.producers, "producers"))
+        object.__setattr__(self, "consumers", check_count(self.consumers, "consumers"))
         if self.mode not in _MODES:
             raise ConfigError("mode", self.mode, " or ".join(repr(m) for m in _MODES))
         _partitioner_of(self.partitioner).validate(self.producers, self.consumers)
@@ -269,8 +256,8 @@ class Executors:
     network_memory: int | str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "count", _count(self.count, "executors"))
-        object.__setattr__(self, "slots", _count(self.slots, "slots"))
+        object.__setattr__(self, "count", check_count(self.count, "executors"))
+        object.__setattr__(self, "slots", check_count(self.slots, "slots"))
         if self.network_memory is not None:
             object.__setattr__(self, "network_memory", parse_size(self.network_memory, "network_memory"))
 

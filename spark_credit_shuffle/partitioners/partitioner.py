@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..config import default_max_parallelism
+from ..config import check_count, default_max_parallelism
 from ..errors import ConfigError, PartitionerError, UnsupportedKeyTypeError
 from .keygroups import MAX_TUPLE_ARITY, NullKeys, _check_null_keys, check_parallelism
 from .selectors import (
@@ -55,18 +55,6 @@ __all__ = [
 ]
 
 
-def _check_count(value: object, setting: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(setting, value, "an integer >= 1")
-    try:
-        count = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigError(setting, value, "an integer >= 1") from None
-    if count < 1:
-        raise ConfigError(setting, count, "an integer >= 1")
-    return count
-
-
 def _check_index(value: object, setting: str, count: int) -> int:
     try:
         index = operator.index(value)  # type: ignore[arg-type]
@@ -86,8 +74,8 @@ def pointwise_wiring(num_producers: int, num_consumers: int) -> list[list[int]]:
     ``c % (number of consumers of p)`` — so with 3 -> 7, producer 1 feeds consumers 3 and 4, and its
     subpartition 0 goes to consumer 4, subpartition 1 to consumer 3.
     """
-    s = _check_count(num_producers, "num_producers")
-    t = _check_count(num_consumers, "num_consumers")
+    s = check_count(num_producers, "num_producers")
+    t = check_count(num_consumers, "num_consumers")
     if s >= t:
         wiring: list[list[int]] = [[] for _ in range(s)]
         for consumer in range(t):
@@ -114,8 +102,8 @@ class Partitioner(abc.ABC):
 
     def validate(self, num_producers: int, num_consumers: int) -> None:
         """Raise (before anything runs) if this partitioner cannot serve the exchange."""
-        _check_count(num_producers, "num_producers")
-        _check_count(num_consumers, "num_consumers")
+        check_count(num_producers, "num_producers")
+        check_count(num_consumers, "num_consumers")
 
     def consumers_of(self, producer: int, num_producers: int, num_consumers: int) -> list[int]:
         """The consumer subtask of each subpartition of ``producer``, in subpartition order."""
