@@ -311,8 +311,14 @@ class RemoteInputChannel:
             self.on_error(BufferReorderingError(self.expected_sequence_number, sequence_number, self.channel_index))
             return
         self.expected_sequence_number += 1
-        if backlog >= 0 and self.credit_based:
-            self.on_sender_backlog(backlog)
+        if self.credit_based:
+            # the sender spent a credit on it, so it used one of the buffers reserved for this channel:
+            # take that buffer and give it back at once, as if the empty buffer had been consumed
+            recycler = self.buffer_manager.request_buffer()
+            if recycler is not None:
+                recycler()
+            if backlog >= 0:
+                self.on_sender_backlog(backlog)
 
     def on_sender_backlog(self, backlog: int) -> None:
         """Request floating buffers for ``backlog`` + initial credit; announce what was obtained."""

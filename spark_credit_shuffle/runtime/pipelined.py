@@ -411,32 +411,6 @@ class _LockedPartition:
         return self.partition.is_available()
 
 
-class _ClientHandler(CreditBasedPartitionRequestClientHandler):
-    """The protocol's client handler, plus one rule for channels without exclusive buffers.
-
-    A sender whose receiver has no exclusive buffers sends a finished buffer even when it is empty (so the
-    credit it consumed is not lost), and that empty buffer used one of the channel's reserved buffers. The
-    core's ``on_empty_buffer`` keeps that buffer reserved although the sender no longer counts it as credit,
-    which stalls the channel once its backlog equals the orphaned buffers. Here the buffer is taken and
-    recycled as if the empty buffer had been received and consumed, which returns it to the channel's
-    accounting (and the announced credit stays equal to the receiver's unused buffers).
-    """
-
-    def receive_message(self, message: Message) -> None:
-        if (
-            type(message) is BufferResponse
-            and self.credit_based
-            and message.data_type.is_buffer
-            and not len(message.payload)  # type: ignore[arg-type]
-        ):
-            channel = self.input_channels.get(message.receiver_id)
-            if channel is not None and not channel.is_released:
-                recycler = channel.buffer_manager.request_buffer()
-                if recycler is not None:
-                    recycler()
-        super().receive_message(message)
-
-
 class _Clock:
     """Busy, idle and back-pressured time of one side of a task (Flink's time metrics)."""
 
@@ -694,7 +668,7 @@ class PipelinedTask:
                 )
             conn = self._client_connections.get(producer)
             if conn is None:
-                handler = _ClientHandler(
+                handler = CreditBasedPartitionRequestClientHandler(
                     credit_based=self.config.credit_based, secret=self.secret, max_frame_length=self.max_frame_length
                 )
                 conn = self.transport.connect(  # type: ignore[union-attr]
