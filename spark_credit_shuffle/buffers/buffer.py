@@ -153,16 +153,17 @@ class SegmentLease:
 
 
 class FinishedBufferConsumer:
-    """A consumer over one complete buffer: events, and buffers replayed from storage."""
+    """A consumer over one complete buffer: events, and buffers replayed from storage.
 
-    __slots__ = ("_buffer",)
+    Its ``data_type`` stays that of the buffer after ``build()``, as a Flink ``BufferConsumer``'s does
+    (a subpartition counts its backlog down by the type of what it polled).
+    """
+
+    __slots__ = ("_buffer", "data_type")
 
     def __init__(self, buffer: Buffer) -> None:
         self._buffer: Buffer | None = buffer
-
-    @property
-    def data_type(self) -> DataType:
-        return self._buffer.data_type if self._buffer is not None else DataType.NONE
+        self.data_type: DataType = buffer.data_type
 
     def is_finished(self) -> bool:
         return True

@@ -286,3 +286,21 @@ def test_end_of_partition_is_never_skipped_although_empty(setup):
     assert nxt.buffer.data_type is DataType.END_OF_PARTITION
     assert nxt.buffer.size == 0
     assert view.get_next_buffer() is None
+
+
+def test_backlog_counts_down_for_complete_buffers():
+    """Complete buffers (stored data replayed, events) leave the backlog as they are polled, so the
+    backlog a receiver sees is what is really queued and it does not ask for floating buffers it
+    cannot use."""
+    subpartition = PipelinedSubpartition(0)
+    for _ in range(4):
+        subpartition.add(data_buffer_consumer(1024))
+    view = subpartition.create_read_view(CountingListener())
+    backlogs = []
+    while (nxt := view.get_next_buffer()) is not None:
+        backlogs.append(nxt.backlog)
+        nxt.buffer.recycle()
+    # Flink's count: the last buffer is left out while nothing was flushed (it might still be written to)
+    assert backlogs == [2, 1, 0, 0]
+    assert subpartition.buffers_in_backlog == 0
+    assert subpartition.get_buffers_in_backlog() == 0

@@ -69,9 +69,7 @@ def _check_run(scenario: dict) -> None:
     assert report.buffers_returned  # every segment back in its executor's pool, every pool destroyed
 
 
-# derandomize: a known open deadlock (3 -> 3 on one connection with max_buffers_per_channel 2 and few buffers;
-# see the closing note of issue 4 for a reproduction) must not make CI flaky; the fixed examples cover the rest.
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenarios())
 def test_random_topologies_with_credits(scenario):
     """Credits never go negative and no data buffer is in flight without a receiver buffer reserved for it
@@ -210,3 +208,36 @@ def test_virtual_clock_orders_events_by_time_then_insertion():
         pass
     assert seen == [("a", 1.0), ("b", 2.0), ("c", 2.0)]
     assert clock.now == 2.0
+
+
+@pytest.mark.parametrize(
+    ("buffers_per_channel", "floating", "timeout_ms"),
+    [(0, 1, 10), (1, 0, -1)],
+)
+def test_few_buffers_on_one_connection_do_not_deadlock(buffers_per_channel, floating, timeout_ms):
+    """Three producers and three consumers on one host share one connection, with at most two buffers per
+    channel and no overdraft: channels without exclusive buffers, empty buffers that spend a credit and
+    records spanning buffers must still all get through."""
+    config = NetworkConfig(
+        segment_size=4096,
+        buffers_per_channel=buffers_per_channel,
+        floating_buffers_per_gate=floating,
+        max_buffers_per_channel=2,
+        max_overdraft_buffers_per_gate=0,
+        buffer_timeout_ms=timeout_ms,
+    )
+    _check_run(
+        {
+            "config": config,
+            "num_producers": 3,
+            "num_consumers": 3,
+            "producer_rate": 2e5,
+            "consumer_rate": 2e5,
+            "bytes_per_producer": [0, 53_033, 75_003],
+            "record_size": 2378,
+            "batch_records": 12,
+            "producer_hosts": [0, 0, 0],
+            "consumer_hosts": [0, 0, 0],
+            "connections": "host_pair",
+        }
+    )
