@@ -373,7 +373,15 @@ class PipelinedSubpartition:
 class PipelinedSubpartitionView:
     """The read view of one pipelined subpartition; forwards to it and to its listener."""
 
-    __slots__ = ("_listener", "_released", "failure_cause", "get_next_buffer", "notify_data_available", "parent")
+    __slots__ = (
+        "_listener",
+        "_released",
+        "failure_cause",
+        "get_availability_and_backlog",
+        "get_next_buffer",
+        "notify_data_available",
+        "parent",
+    )
 
     def __init__(self, parent: PipelinedSubpartition, listener: BufferAvailabilityListener) -> None:
         self.parent = parent
@@ -384,9 +392,10 @@ class PipelinedSubpartitionView:
         self.get_next_buffer: Callable[[], BufferAndBacklog | None] = parent.poll_buffer
         #: Tell the listener that data is available (bound directly, as above).
         self.notify_data_available: Callable[[], None] = listener.notify_data_available
-
-    def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog:
-        return self.parent.get_availability_and_backlog(credit_available)
+        #: With credit: data available; without: an event at the head (bound directly, as above).
+        self.get_availability_and_backlog: Callable[[bool], AvailabilityWithBacklog] = (
+            parent.get_availability_and_backlog
+        )
 
     def notify_priority_event(self, sequence_number: int) -> None:
         self._listener.notify_priority_event(sequence_number)

@@ -327,23 +327,43 @@ class PartitionRequestQueue:
         while available:
             reader = available.popleft()
             reader.is_registered_as_available = False
-            nxt = reader.get_next_buffer()
-            if nxt is None:
+            view = reader.view
+            if reader.credit_based and view is not None:
+                # the credit-based reader's get_next_buffer, inline: the hot path of every buffer sent
+                polled = view.get_next_buffer()
+                if polled is not None:
+                    buffer, backlog, next_type, sequence_number = polled
+                    credits = reader.num_credits_available
+                    if IS_BUFFER[buffer.data_type]:
+                        credits -= 1
+                        if credits < 0:
+                            raise ProtocolError(
+                                f"receiver {reader.receiver_id}: data buffer polled with no credit available"
+                            )
+                        reader.num_credits_available = credits
+                    more = IS_EVENT[next_type] or (credits > 0 and IS_BUFFER[next_type])
+            else:
+                nxt = reader.get_next_buffer()
+                if nxt is not None:
+                    polled = nxt
+                    buffer, more, backlog, sequence_number = nxt
+                else:
+                    polled = None
+            if polled is None:
                 if reader.is_released:
                     cause = reader.failure_cause
                     if cause is not None:
                         return ErrorResponse(str(cause), reader.receiver_id)
                 continue
-            if nxt.more_available:
+            if more:
                 reader.is_registered_as_available = True
                 available.append(reader)
-            buffer = nxt.buffer
             payload = buffer.data
             message = new_buffer_response(
                 reader.receiver_id,
                 reader.subpartition,
-                nxt.sequence_number,
-                nxt.backlog,
+                sequence_number,
+                backlog,
                 buffer.data_type,
                 False,
                 payload,
@@ -386,6 +406,8 @@ class PartitionRequestServerHandler:
         self.messages_received = 0
         #: The next message to send, or None (bound to the queue's: the hot path).
         self.next_message: Callable[[], ServerMessage | None] = self.queue.next_message
+        #: Something may be sendable now (bound to the queue's, as above).
+        self.has_data: Callable[[], bool] = self.queue.has_data
 
     # -- inbound --
 
@@ -418,8 +440,9 @@ class PartitionRequestServerHandler:
                 raise ProtocolError(f"AddCredit for receiver {message.receiver_id} announces {credit} credit")
             reader = queue.all_readers.get(message.receiver_id)
             if reader is not None:  # unknown ids are ignored, as in Flink
-                reader.add_credit(credit)
-                queue.enqueue_available_reader(reader)
+                reader.num_credits_available += credit
+                if not reader.is_registered_as_available:
+                    queue.enqueue_available_reader(reader)
         elif kind is PartitionRequest:
             self._on_partition_request(message)
         elif kind is CancelPartitionRequest:
@@ -492,9 +515,6 @@ class PartitionRequestServerHandler:
             self.queue._send_control(ErrorResponse(str(error), receiver_id))
 
     # -- outbound --
-
-    def has_data(self) -> bool:
-        return self.queue.has_data()
 
     def data_to_send(self, max_messages: int | None = None) -> list[object]:
         """Encoded frames of the next messages (all that are sendable, or at most ``max_messages``)."""

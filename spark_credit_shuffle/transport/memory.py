@@ -192,13 +192,16 @@ class MemoryConnection:
         client, server = self.client, self.server
         client_next, server_receive = client.next_message, server.receive_message
         server_next, client_receive = server.next_message, client.receive_message
+        # the handlers' queues, read directly: a pump is the hot loop of every simulation and benchmark
+        client_outbound = client._outbound
+        server_outbox, server_readers = server.queue._outbox, server.queue.available_readers
         moved = 0
         while True:
             up = down = 0
-            while (message := client_next()) is not None:
+            while client_outbound and (message := client_next()) is not None:
                 server_receive(message)
                 up += 1
-            while client.is_reading and (message := server_next()) is not None:
+            while (server_outbox or server_readers) and client.is_reading and (message := server_next()) is not None:
                 client_receive(message)
                 down += 1
             if not up and not down:
