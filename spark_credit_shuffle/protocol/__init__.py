@@ -9,6 +9,7 @@ through the credit protocol) and the pipelined exchange over TCP.
 from __future__ import annotations
 
 from .codec import NEED_DATA, FrameDecoder, default_max_frame_length, encode, encode_to_bytes, encoded_size
+from .debloat import BufferDebloater, BufferSizeEMA, ThroughputCalculator
 from .messages import (
     AckAllUserRecordsProcessed,
     AddCredit,
@@ -66,9 +67,11 @@ __all__ = [
     "BlockingResultPartition",
     "BoundedBlockingSubpartitionReader",
     "BufferAndBacklog",
+    "BufferDebloater",
     "BufferManager",
     "BufferOrEvent",
     "BufferResponse",
+    "BufferSizeEMA",
     "CancelPartitionRequest",
     "CloseRequest",
     "CreditBasedPartitionRequestClientHandler",
@@ -96,6 +99,7 @@ __all__ = [
     "SequenceNumberingViewReader",
     "SingleInputGate",
     "StoredBuffer",
+    "ThroughputCalculator",
     "default_max_frame_length",
     "encode",
     "encode_to_bytes",

@@ -542,6 +542,10 @@ class LocalInputChannel:
         """The producer subpartition's queue length (as Flink reports for local channels)."""
         return self.view.queue_length() if self.view is not None else 0
 
+    def buffers_in_use_count(self) -> int:
+        """Buffers queued in the producer's subpartition (a local channel holds none of its own)."""
+        return self.queue_length()
+
     queue_size_bytes = 0
     exclusive_buffers_used = 0
 
@@ -703,6 +707,18 @@ class SingleInputGate:
 
     def resume_consumption(self, channel_index: int) -> None:
         self.channels[channel_index].resume_consumption()  # type: ignore[union-attr]
+
+    def buffers_in_use_count(self) -> int:
+        """Buffers holding this gate's data, queued or announced as backlog (what debloating sizes)."""
+        return sum(c.buffers_in_use_count() for c in self.channels if c is not None)
+
+    def announce_buffer_size(self, size: int) -> None:
+        """Ask every producer to cut new buffers at ``size`` bytes (``NewBufferSize``; debloating)."""
+        if size <= 0:
+            raise ValueError(f"buffer size must be > 0, got {size}")
+        for channel in self.channels:
+            if channel is not None:
+                channel.announce_buffer_size(size)
 
     def close(self) -> None:
         """Release every channel and destroy the floating pool (buffers in use return when recycled)."""
