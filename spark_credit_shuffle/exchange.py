@@ -79,6 +79,9 @@ class ExchangePlan:
     config: NetworkConfig
     schema: pa.Schema
     injection: Injection | None = None
+    #: Pipelined mode: place the output with an identity shuffle after the barrier stage (True, the
+    #: default when None), or stream it straight into what follows (False). Blocking output always is.
+    retryable: bool | None = None
 
     def describe(self) -> str:
         return (
@@ -191,6 +194,7 @@ def exchange(
     *,
     num_producers: int | None = None,
     injection: Injection | None = None,
+    retryable: bool | None = None,
     **settings: Any,
 ) -> Exchange:
     """Move ``df``'s rows through Flink's network stack to ``parallelism`` consumer subtasks.
@@ -200,9 +204,19 @@ def exchange(
     defaults to the session's ``spark.creditShuffle.*`` settings; keyword ``settings`` override
     single values (``buffer_timeout_ms=10``). Raises :class:`ConfigError`,
     :class:`PartitionerError` or :class:`InsufficientNetworkBuffersError` before any job runs.
+
+    ``retryable`` (pipelined mode; default True): the barrier stage's output is placed on its partitions
+    by an identity shuffle, so that Spark can re-run the whole stage after a task failure (output exact)
+    and every operation works downstream (``show``, ``take``, ``limit``). ``retryable=False`` streams the
+    consumers' rows straight into what follows: faster (no shuffle of the output), but a failed task
+    fails the job (Spark never retries a barrier result stage) and only actions over every partition run
+    (``write``, ``count``, ``collect``, ``foreachPartition``). Blocking mode's output always comes from
+    a Spark shuffle and is always retryable; there the keyword changes nothing.
     """
     if mode not in MODES:
         raise ConfigError("mode", mode, " or ".join(repr(m) for m in MODES))
+    if retryable is not None and not isinstance(retryable, bool):
+        raise ConfigError("retryable", retryable, "True, False or None (the default: True)")
     if not isinstance(partitioner, Partitioner):
         raise ConfigError("partitioner", partitioner, "a partitioner such as key_by('k'), rebalance() or broadcast()")
     spark = df.sparkSession
@@ -234,6 +248,7 @@ def exchange(
         config=config,
         schema=to_arrow_schema(df.schema),
         injection=injection,
+        retryable=retryable,
     )
     from .planner import check_fits
 

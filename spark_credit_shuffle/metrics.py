@@ -23,16 +23,24 @@ The timeline (``Exchange.timeline()``) has the same columns plus one at the end:
 time_ms    double    wall-clock time of the sample, milliseconds since the Unix epoch
 =========  ========  ===================================================================
 
-Timeline rows have ``stat = "sample"``: every ``metrics_sample_interval_ms`` of wall time (checked
-once per input batch or received buffer, never per row) a task records its gauges.
+Timeline rows have ``stat = "sample"``: every ``metrics_sample_interval_ms`` of wall time a task
+records its gauges, plus once at its start and once at its end. In blocking mode the clock is checked
+once per input batch or received buffer (never per row); in pipelined mode each task's timer thread
+samples both of its sides on time, whether data moves or the task waits.
 
 - Producers: ``outPoolUsage``, ``isBackPressured`` (0/1), ``numRecordsOutPerSecond`` since the
   previous sample and, per subpartition (channel = consumer), ``backlog`` (buffers queued and not
-  yet consumed; in blocking mode every buffer stored so far).
+  yet consumed; in blocking mode every buffer stored so far). Pipelined mode adds
+  ``backPressuredTimeMsPerSecond`` since the previous sample and, per subpartition,
+  ``outputQueueLength`` and ``credit`` (the credit the consumer granted and the sender has not used
+  yet; remote channels only, a task reads its own subpartition without credit).
 - Consumers: ``inPoolUsage``, ``inputExclusiveBuffersUsage``, ``inputFloatingBuffersUsage``,
   ``numRecordsInPerSecond`` since the previous sample and, per channel (channel = producer),
-  ``credit`` (buffers the sender may send now), ``unannouncedCredit`` (credit not yet announced to
-  the sender), ``backlog`` (the sender's last announced backlog) and ``inputQueueLength``.
+  ``credit`` (buffers the sender may send now, as the receiver knows it: its free buffers for the
+  channel minus the credit not yet announced), ``unannouncedCredit`` (credit not yet announced to the
+  sender), ``backlog`` (the sender's last announced backlog) and ``inputQueueLength``. In pipelined
+  mode the local channel (a task's own subpartition) has no credit and no announced backlog: only its
+  ``inputQueueLength``.
 
 A task keeps at most :data:`MAX_TIMELINE_POINTS` sample times; past that it drops every other one and
 doubles its interval, so long runs stay cheap.

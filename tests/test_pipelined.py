@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.config import NetworkConfig
-from spark_credit_shuffle.errors import ExchangeTimeoutError, InsufficientSlotsError
+from spark_credit_shuffle.errors import ConfigError, ExchangeTimeoutError, InsufficientSlotsError
 from spark_credit_shuffle.exchange import ExchangePlan, Injection
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
 from spark_credit_shuffle.protocol import Hello, encode_to_bytes
@@ -159,7 +159,7 @@ def test_metrics_are_flinks_and_add_up():
     _, rows = run_in_threads(plan, inputs(3, 4000), options=TaskOptions(latency_interval_ms=5))
     for side in (PRODUCER, CONSUMER):
         for subtask in range(3):
-            mine = [r for r in rows if r.side == side and r.subtask == subtask]
+            mine = [r for r in rows if r.side == side and r.subtask == subtask and r.time_ms is None]
             totals = {r.metric: r.value for r in mine if r.stat == "total" and r.channel is None}
             per_second = {r.metric: r.value for r in mine if r.metric.endswith("PerSecond")}
             assert set(per_second) == {"backPressuredTimeMsPerSecond", "idleTimeMsPerSecond", "busyTimeMsPerSecond"}
@@ -205,6 +205,63 @@ def test_a_slow_consumer_backpressures_its_producers_and_loses_nothing():
     assert max(r.value for r in metric(rows, PRODUCER, "outPoolUsage", "max")) >= 0.5
     busy = {r.subtask: r.value for r in metric(rows, CONSUMER, "busyTimeMsPerSecond")}
     assert busy[0] > max(busy[1], busy[2])  # the slow consumer is the busy one; the others wait for data
+
+
+def test_tasks_sample_a_timeline_of_pools_credits_and_backpressure():
+    # consumer 0 is slow: its producers' channels to it fill up and they wait for buffers
+    plan = make_plan(
+        scs.key_by("k"),
+        3,
+        3,
+        injection=Injection(consumer_delay_s=((0, 4e-5),)),
+        max_buffers_per_channel=4,
+        floating_buffers_per_gate=2,
+        metrics_sample_interval_ms=2,
+    )
+    data = inputs(3, 8000)
+    received, rows = run_in_threads(plan, data)
+    assert sum(b.num_rows for batches in received for b in batches) == 3 * 8000
+    timeline = [r for r in rows if r.time_ms is not None]
+    assert {r.stat for r in timeline} == {"sample"}
+    assert all(r.stat != "sample" for r in rows if r.time_ms is None)
+    by_task = collections.defaultdict(set)
+    for r in timeline:
+        by_task[(r.side, r.subtask)].add(r.metric)
+    producer = {"outPoolUsage", "isBackPressured", "backPressuredTimeMsPerSecond", "numRecordsOutPerSecond"}
+    producer |= {"backlog", "outputQueueLength", "credit"}
+    consumer = {"inPoolUsage", "inputExclusiveBuffersUsage", "inputFloatingBuffersUsage", "numRecordsInPerSecond"}
+    consumer |= {"credit", "unannouncedCredit", "backlog", "inputQueueLength"}
+    assert by_task == {**{(PRODUCER, i): producer for i in range(3)}, **{(CONSUMER, i): consumer for i in range(3)}}
+    for side, subtask in by_task:
+        mine = [r for r in timeline if (r.side, r.subtask) == (side, subtask)]
+        assert len({r.time_ms for r in mine}) >= 2  # sampled over time, not once
+        # per channel: producers name the consumer of each subpartition, consumers each producer;
+        # credits only on remote channels (a task reads its own subpartition without credit)
+        remote = {0, 1, 2} - {subtask}
+        assert {r.channel for r in mine if r.metric == "credit"} == remote
+        assert {r.channel for r in mine if r.metric == "backlog"} == ({0, 1, 2} if side == PRODUCER else remote)
+        queue = "outputQueueLength" if side == PRODUCER else "inputQueueLength"
+        assert {r.channel for r in mine if r.metric == queue} == {0, 1, 2}
+        for r in mine:
+            if r.metric.endswith("Usage"):
+                assert 0.0 <= r.value <= 1.0, r
+            if r.metric in ("credit", "backlog", "outputQueueLength", "inputQueueLength", "isBackPressured"):
+                assert r.value >= 0 and r.value == int(r.value), r
+    cap = plan.config.buffers_per_channel + plan.config.floating_buffers_per_gate
+    assert all(r.value <= cap for r in timeline if r.metric == "credit" and r.side == CONSUMER)
+    # backpressure shows over time: producers were seen waiting, and over the samples their queues to the
+    # slow consumer were the longest
+    assert max(r.value for r in timeline if r.metric == "isBackPressured") == 1.0
+    assert max(r.value for r in timeline if r.metric == "backPressuredTimeMsPerSecond") > 0
+    queued = collections.defaultdict(list)
+    for r in timeline:
+        if r.side == PRODUCER and r.metric == "outputQueueLength":
+            queued[r.channel].append(r.value)
+    mean = {c: sum(v) / len(v) for c, v in queued.items()}
+    assert mean[0] > max(mean[1], mean[2]), mean
+    # with sampling off, no timeline at all
+    _, rows = run_in_threads(make_plan(scs.key_by("k"), 2, 2, metrics_sample_interval_ms=0), inputs(2, 500))
+    assert rows and all(r.time_ms is None for r in rows)
 
 
 def test_a_consumer_that_stops_reading_makes_its_producers_time_out_naming_it():
@@ -374,6 +431,31 @@ def test_streaming_into_the_sink_is_exact_and_keeps_flinks_placement(spark):
     assert [s for _, s in keys] == channels
     rows = [r for cell in observation.get["metrics"] for r in cell]
     assert sum(r["value"] for r in rows if r["metric"] == "numRecordsIn") == 3000
+
+
+@pytest.mark.spark
+def test_the_retryable_keyword_chooses_how_the_output_is_placed(spark):
+    df = spark_rows(spark, 2000, 2)
+
+    def shuffles(ex) -> int:
+        return ex.df._jdf.queryExecution().executedPlan().toString().count("Exchange")
+
+    streaming = scs.exchange(df, scs.key_by("k"), mode="pipelined", retryable=False)
+    retryable = scs.exchange(df, scs.key_by("k"), mode="pipelined", retryable=True)
+    default = scs.exchange(df, scs.key_by("k"), mode="pipelined")
+    assert (streaming.plan.retryable, retryable.plan.retryable, default.plan.retryable) == (False, True, None)
+    assert shuffles(streaming) == 0 and shuffles(retryable) == shuffles(default) == 1  # the output's placement
+    for ex in (streaming, retryable):
+        got = ex.df.withColumn("_subtask", F.spark_partition_id()).collect()
+        assert sorted(r["id"] for r in got) == list(range(2000))
+        keys = sorted({(r["k"], r["_subtask"]) for r in got})  # same placement either way
+        assert [s for _, s in keys] == scs.key_group_channels(
+            pa.array([k for k, _ in keys], pa.int32()), 2, 128
+        ).tolist()
+    blocking = scs.exchange(df, scs.key_by("k"), mode="blocking", retryable=False)  # always retryable there
+    assert blocking.df.count() == 2000
+    with pytest.raises(ConfigError, match="retryable"):
+        scs.exchange(df, scs.key_by("k"), mode="pipelined", retryable="yes")
 
 
 @pytest.mark.spark

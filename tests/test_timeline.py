@@ -164,12 +164,14 @@ def test_plots_return_figures_and_write_pngs(tmp_path):
 
 
 @pytest.mark.spark
-def test_exchange_timeline_is_a_dataframe_next_to_the_stable_metrics(spark, tmp_path):
+@pytest.mark.parametrize("mode", ["blocking", "pipelined"])
+def test_exchange_timeline_is_a_dataframe_next_to_the_stable_metrics(spark, tmp_path, mode):
     df = spark.range(0, 3000, 1, 2).select(F.col("id"), (F.col("id") % 11).cast("int").alias("k"))
     ex = scs.exchange(
         df,
         scs.key_by("k"),
         parallelism=2,
+        mode=mode,
         metrics_sample_interval_ms=2,
         segment_size="4kb",
         injection=Injection(consumer_delay_s=((0, 0.00005),)),
@@ -183,6 +185,11 @@ def test_exchange_timeline_is_a_dataframe_next_to_the_stable_metrics(spark, tmp_
     assert timeline.where(F.col("time_ms").isNull() | (F.col("stat") != SAMPLE)).count() == 0
     tasks = {(r["side"], r["subtask"]) for r in timeline.select("side", "subtask").distinct().collect()}
     assert tasks == {("producer", 0), ("producer", 1), ("consumer", 0), ("consumer", 1)}
+    assert {r["mode"] for r in timeline.select("mode").distinct().collect()} == {mode}
+    samples = timeline.groupBy("side", "subtask").agg(F.countDistinct("time_ms").alias("n")).collect()
+    assert all(r["n"] >= 2 for r in samples)  # every task sampled at least at its start and its end
+    names = {r["metric"] for r in timeline.select("metric").distinct().collect()}
+    assert {"outPoolUsage", "isBackPressured", "backlog", "inPoolUsage", "credit", "numRecordsInPerSecond"} <= names
     fig = plot_timeline(ex, path=tmp_path / "t.png")
     assert fig.axes and (tmp_path / "t.png").exists()
     fig = plot_metrics(ex, "numBuffersOut", side="producer")

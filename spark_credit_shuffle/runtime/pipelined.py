@@ -59,6 +59,10 @@ timer thread, and its CPU time (``taskCpuTimeMs``; ``producerThreadCpuTimeMs``, 
 ``ioThreadCpuTimeMs`` per thread) next to its wall-clock time ``taskWallTimeMs``. The producer half hands its
 rows to the consumer half of the same task, whose last output row carries both.
 
+**Timeline.** Every ``metrics_sample_interval_ms`` the timer thread samples both sides of its task (pool
+usage, backpressure, rates, and per channel backlog, queue length and credits; the list is in
+:mod:`spark_credit_shuffle.metrics`), once more when a side ends; ``Exchange.timeline()`` returns them.
+
 Latency markers here are events: like any event they finish the open buffer of their subpartition, so they
 measure queueing and transit, not the time a row waits in a partly filled buffer (Flink's markers travel as
 records). That wait is bounded by the buffer timeout.
@@ -86,7 +90,7 @@ from ..buffers.format import LatencyMarker
 from ..buffers.reader import RecordReader
 from ..buffers.writer import RecordWriter
 from ..errors import CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
-from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics
+from ..metrics import CONSUMER, PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.codec import default_max_frame_length
 from ..protocol.messages import BufferResponse, Message
 from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
@@ -491,6 +495,14 @@ class PipelinedTask:
         self._wall_start = time.monotonic()
         self.producer_clock = _Clock()
         self.consumer_clock = _Clock()
+        interval = config.metrics_sample_interval_ms
+        self.producer_timeline = TimelineSampler(PRODUCER, index, interval)
+        self.consumer_timeline = TimelineSampler(CONSUMER, index, interval)
+        self._records_out_rate = RateMeter()
+        self._records_in_rate = RateMeter()
+        self._back_pressure_rate = RateMeter()
+        self._waiting_since: float | None = None  # set while the producer waits for a buffer
+        self._consumer_done = not self.is_consumer
         # producer half
         self.partition: PipelinedResultPartition | None = None
         self.writer: RecordWriter | None = None
@@ -612,6 +624,9 @@ class PipelinedTask:
                 injection.maybe_fail(CONSUMER, self.index)
             if self.gate is not None:
                 yield from self._consume()
+                with self.lock:  # the consumer's last timeline sample
+                    self.consumer_timeline.record(self._consumer_gauges)
+            self._consumer_done = True
             self.consumer_clock.stop()
             self._await_end()
             yield metrics_batch(self.plan.schema, self._metric_rows())
@@ -731,6 +746,7 @@ class PipelinedTask:
             with self.cond:
                 self._sample_output()
                 self.partition.close()  # type: ignore[union-attr]
+                self.producer_timeline.record(self._producer_gauges)
                 self._producer_done = True
                 clock.stop()
                 self._producer_cpu_s = time.thread_time() - thread_cpu
@@ -761,6 +777,7 @@ class PipelinedTask:
         timeout = self.config.buffers_request_timeout_ms / 1000.0
         started = time.monotonic()
         with self.cond:
+            self._waiting_since = started
             try:
                 while not partition.is_available():
                     self._raise_if_failed()
@@ -773,6 +790,7 @@ class PipelinedTask:
                     self.cond.wait(timeout - since)
             finally:
                 self.producer_clock.back_pressured += time.monotonic() - started
+                self._waiting_since = None
 
     def _describe_buffer_wait(self, waited: float) -> str:
         partition = self.partition
@@ -830,6 +848,63 @@ class PipelinedTask:
                 f"partition: {conn.error}"
             )
 
+    # -- timeline (timer thread, lock held) --
+
+    def _producer_gauges(self) -> Iterator[tuple[str, int | None, float]]:
+        """The producer's timeline gauges (see :mod:`spark_credit_shuffle.metrics`); lock held."""
+        partition, writer = self.partition, self.writer
+        assert partition is not None and writer is not None
+        now = time.monotonic()
+        waiting = self._waiting_since
+        back_pressured_ms = (self.producer_clock.back_pressured + (now - waiting if waiting else 0.0)) * 1000.0
+        yield "outPoolUsage", None, partition.out_pool_usage
+        yield "isBackPressured", None, 1.0 if waiting is not None or not partition.is_available() else 0.0
+        yield "backPressuredTimeMsPerSecond", None, min(1000.0, self._back_pressure_rate.rate(back_pressured_ms))
+        yield "numRecordsOutPerSecond", None, self._records_out_rate.rate(sum(writer.num_records_out))
+        credits: dict[int, int] = {}
+        if self.transport is not None:
+            for conn in self.transport.connections:
+                queue = getattr(conn.handler, "queue", None)
+                for reader in getattr(queue, "all_readers", {}).values():
+                    view = reader.view
+                    if view is not None:
+                        credits[view.parent.index] = reader.num_credits_available
+        for sp, (sub, consumer) in enumerate(zip(partition.subpartitions, self.subpartition_consumers)):
+            yield "backlog", consumer, float(sub.get_buffers_in_backlog())
+            yield "outputQueueLength", consumer, float(sub.queue_length())
+            if sp in credits:  # remote channels only: a local channel reads without credit
+                yield "credit", consumer, float(credits[sp])
+
+    def _consumer_gauges(self) -> Iterator[tuple[str, int | None, float]]:
+        """The consumer's timeline gauges; lock held."""
+        gate = self.gate
+        assert gate is not None
+        for name, value in self._input_usage(gate):
+            yield name, None, value
+        yield "numRecordsInPerSecond", None, self._records_in_rate.rate(sum(r.num_records_in for r in self.readers))
+        for channel, producer in zip(gate.channels, self.channel_producers):
+            if isinstance(channel, RemoteInputChannel):
+                unannounced = channel.unannounced_credit
+                yield "credit", producer, float(max(0, channel.num_available_buffers - unannounced))
+                yield "unannouncedCredit", producer, float(unannounced)
+                yield "backlog", producer, float(max(0, channel.sender_backlog))
+            if channel is not None:
+                yield "inputQueueLength", producer, float(channel.queue_length())
+
+    def _sample_timeline(self) -> float:
+        """One timeline sample of each side still running; returns the seconds until the next one
+        (``inf`` once both sides ended or sampling is off)."""
+        intervals = []
+        with self.lock:
+            if self.is_producer and not self._producer_done and self.producer_timeline.interval > 0:
+                self.producer_timeline.record(self._producer_gauges)
+                intervals.append(self.producer_timeline.interval)
+            if self.gate is not None and not self._consumer_done and self.consumer_timeline.interval > 0:
+                if self._remote_channels or self._last_delivery:  # channels requested
+                    self.consumer_timeline.record(self._consumer_gauges)
+                intervals.append(self.consumer_timeline.interval)
+        return min(intervals, default=float("inf"))
+
     # -- timer thread: output flusher, latency markers, memory samples --
 
     def _timer(self) -> None:
@@ -843,11 +918,14 @@ class PipelinedTask:
         next_heartbeat = now + heartbeat_every
         next_marker = now + marker_every if marker_every else float("inf")
         next_sample = now if sample_every else float("inf")
+        next_timeline = now if config.metrics_sample_interval_ms > 0 else float("inf")
         rng = random.Random(self.index)
         try:
             while True:
                 producing = self.is_producer and not self._writer_finished
-                due = min((next_sample, *((next_flush, next_heartbeat, next_marker) if producing else ())))
+                due = min(
+                    (next_sample, next_timeline, *((next_flush, next_heartbeat, next_marker) if producing else ()))
+                )
                 if due == float("inf"):
                     due = now + 1.0
                 if self._stop.wait(max(0.0, due - time.monotonic())):
@@ -856,6 +934,8 @@ class PipelinedTask:
                 if now >= next_sample:
                     self._sample_memory()
                     next_sample = max(next_sample + sample_every, now)  # type: ignore[operator]
+                if now >= next_timeline:
+                    next_timeline = max(next_timeline + self._sample_timeline(), now)
                 if not producing:
                     continue
                 with self.transport.sending(), self.writer_lock:  # type: ignore[union-attr]
@@ -1011,6 +1091,11 @@ class PipelinedTask:
 
     def _sample_input(self, gate: SingleInputGate) -> None:
         """inPoolUsage, inputExclusiveBuffersUsage and inputFloatingBuffersUsage (§7), in one pass (lock held)."""
+        metrics = self.consumer_metrics
+        for name, value in self._input_usage(gate):
+            metrics.sample(name, value)
+
+    def _input_usage(self, gate: SingleInputGate) -> tuple[tuple[str, float], ...]:
         exclusive_total = exclusive_used = unused_floating = 0
         for channel in self._remote_channels:
             credit = channel.initial_credit
@@ -1021,11 +1106,12 @@ class PipelinedTask:
         pool = gate.buffer_pool
         floating_used = max(0, pool.num_used - unused_floating)
         size = pool.current_pool_size
-        metrics = self.consumer_metrics
         total = size + exclusive_total
-        metrics.sample("inPoolUsage", (floating_used + exclusive_used) / total if total else 0.0)
-        metrics.sample("inputExclusiveBuffersUsage", exclusive_used / exclusive_total if exclusive_total else 0.0)
-        metrics.sample("inputFloatingBuffersUsage", floating_used / size if size else 0.0)
+        return (
+            ("inPoolUsage", (floating_used + exclusive_used) / total if total else 0.0),
+            ("inputExclusiveBuffersUsage", exclusive_used / exclusive_total if exclusive_total else 0.0),
+            ("inputFloatingBuffersUsage", floating_used / size if size else 0.0),
+        )
 
     def _describe_silence(self, channel: int, seconds: float) -> str:
         producer = self.channel_producers[channel]
@@ -1149,6 +1235,11 @@ class PipelinedTask:
             self._task_metrics.count("ioThreadCpuTimeMs", io_cpu * 1000.0)
         self._task_metrics.count("taskWallTimeMs", (time.monotonic() - self._wall_start) * 1000.0)
         rows.extend(self._task_metrics.rows())
+        with self.lock:
+            if self.is_producer:
+                rows.extend(self.producer_timeline.timeline_rows())
+            if self.gate is not None:
+                rows.extend(self.consumer_timeline.timeline_rows())
         return rows
 
     def _close(self) -> None:
