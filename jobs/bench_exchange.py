@@ -15,8 +15,8 @@ action, ``write.format("noop")``, repeated ``--repeat`` times; the table shows t
 
 Pipelined mode also gets a buffer-timeout sweep (0, 1, 10, 100 ms and -1) of the streaming form with a
 latency marker every ``--marker-ms`` from every producer, printing throughput and the per-record latency
-(p50, p99 of the markers: the worst task's), and the peak resident memory of a task at 1x
-(``--rows / 10``) and 10x (``--rows``) input, which must stay flat.
+(p50, p99 of the markers: the worst task's), drawn into ``--png`` (``buffer_timeout_sweep.png``), and the
+peak resident memory of a task at 1x (``--rows / 10``) and 10x (``--rows``) input, which must stay flat.
 
 Run ``python jobs/bench_exchange.py --mode pipelined --rows 1000000 --repeat 1`` for a quick check. The
 last line printed is one JSON object with the headline figures.
@@ -56,6 +56,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--marker-ms", type=int, default=10, help="latency marker interval in the sweep")
     parser.add_argument("--driver-memory", default="4g", help="when this script starts the JVM")
     parser.add_argument("--no-sweep", action="store_true", help="skip the buffer-timeout sweep and memory runs")
+    parser.add_argument(
+        "--png",
+        default="buffer_timeout_sweep.png",
+        help="where the sweep's picture goes (throughput and latency against the timeout); '' for none",
+    )
     args = parser.parse_args(argv)
     if args.rows < 10 or args.parallelism < 1 or args.repeat < 1:
         parser.error("--rows must be >= 10, --parallelism and --repeat >= 1")
@@ -245,6 +250,19 @@ def sweep(spark: Any, df: Any, args: argparse.Namespace, data_bytes: int) -> dic
     ratio = throughput[1] / throughput[100]
     out["timeout_1ms_vs_100ms_throughput"] = round(ratio, 3)
     print(f"1 ms keeps {ratio:.0%} of the 100 ms throughput (target >= {TARGET_TIMEOUT_RATIO:.0%})")
+    if args.png:
+        from spark_credit_shuffle.plot import plot_timeout_sweep
+
+        plot_timeout_sweep(
+            list(SWEEP),
+            [throughput[t] / 1e6 for t in SWEEP],
+            [out[f"sweep_{t}ms"]["p50_ms"] for t in SWEEP],
+            [out[f"sweep_{t}ms"]["p99_ms"] for t in SWEEP],
+            title=f"buffer timeout sweep: {args.rows:,} rows, parallelism {p}, pipelined",
+            path=args.png,
+        )
+        out["sweep_png"] = args.png
+        print(f"sweep picture: {args.png}")
     return out
 
 

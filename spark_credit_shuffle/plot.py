@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-__all__ = ["bar_chart", "line_chart", "plot_metrics", "plot_timeline", "timeline_from_simulation", "to_pandas"]
+__all__ = [
+    "bar_chart",
+    "line_chart",
+    "plot_metrics",
+    "plot_timeline",
+    "plot_timeout_sweep",
+    "timeline_from_simulation",
+    "to_pandas",
+]
 
 #: The timeline metrics drawn by default, in this order (those present in the data).
 DEFAULT_TIMELINE_METRICS = (
@@ -268,4 +276,49 @@ def line_chart(
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_timeout_sweep(
+    timeouts: Sequence[int],
+    throughput_mb_s: Sequence[float],
+    latency_p50_ms: Sequence[float | None],
+    latency_p99_ms: Sequence[float | None],
+    *,
+    title: str = "buffer timeout: throughput and latency",
+    path: str | os.PathLike[str] | None = None,
+) -> Figure:
+    """Throughput and per-record latency (p50, p99 of the latency markers) against the buffer timeout.
+
+    One point per timeout, in the order given; ``-1`` (flush only when full) is labelled "off". Two panels
+    sharing the x axis: throughput (MB/s) above, latency (ms, log scale) below.
+    """
+    n = len(timeouts)
+    if not n or any(len(v) != n for v in (throughput_mb_s, latency_p50_ms, latency_p99_ms)):
+        raise ConfigError(
+            "sweep",
+            {"timeouts": n, "throughput": len(throughput_mb_s), "p50": len(latency_p50_ms), "p99": len(latency_p99_ms)},
+            "one throughput and one p50 and p99 latency per timeout",
+        )
+    labels = ["off (-1)" if t < 0 else f"{t} ms" for t in timeouts]
+    x = list(range(n))
+    Figure = _figure_class()
+    fig = Figure(figsize=(7, 5.2), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    top.bar(x, list(throughput_mb_s), color="tab:blue")
+    for i, value in enumerate(throughput_mb_s):
+        top.annotate(f"{value:.3g}", (i, value), ha="center", va="bottom", fontsize=8)
+    top.set_ylabel("throughput MB/s")
+    top.grid(True, axis="y", alpha=0.3)
+    for name, values in (("p50", latency_p50_ms), ("p99", latency_p99_ms)):
+        points = [(i, v) for i, v in zip(x, values) if v is not None and v > 0]
+        if points:
+            bottom.plot([i for i, _ in points], [v for _, v in points], marker="o", label=f"latency {name}")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("latency ms (markers)")
+    bottom.set_xlabel("buffer timeout")
+    bottom.set_xticks(x, labels)
+    bottom.grid(True, alpha=0.3)
+    bottom.legend(fontsize=8)
+    fig.suptitle(title)
     return _save(fig, path)

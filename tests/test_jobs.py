@@ -86,7 +86,8 @@ def test_multiplexing_demo_shows_what_credits_do(tmp_path, capsys):
 
 
 @pytest.mark.spark
-def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys):
+@pytest.mark.parametrize("mode", ["blocking", "pipelined"])
+def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys, mode):
     job = load_job("exchange_job")
     source = spark.range(0, 2000, 1, 2).select(
         F.col("id"),
@@ -103,6 +104,7 @@ def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys
         "--timeline", str(tmp_path / "timeline.json"),
         "--timeline-png", str(tmp_path / "timeline.png"),
         "--conf", "spark.creditShuffle.metricsSampleIntervalMs=5",
+        "--mode", mode,
     ]  # fmt: skip
     assert job.main(argv) == 0
     headline = last_json(capsys.readouterr().out)

@@ -15,7 +15,7 @@ from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError
 from spark_credit_shuffle.exchange import ExchangePlan, Injection
 from spark_credit_shuffle.metrics import MAX_TIMELINE_POINTS, SAMPLE, MetricRow, TimelineSampler
-from spark_credit_shuffle.plot import bar_chart, line_chart, plot_metrics, plot_timeline
+from spark_credit_shuffle.plot import bar_chart, line_chart, plot_metrics, plot_timeline, plot_timeout_sweep
 from spark_credit_shuffle.runtime.blocking import produce_partition
 from spark_credit_shuffle.runtime.consumer import consume_partition
 
@@ -161,6 +161,22 @@ def test_plots_return_figures_and_write_pngs(tmp_path):
     assert len(fig.axes[0].get_lines()) == 1
     with pytest.raises(ConfigError):
         bar_chart(["a"], {"x": [1.0, 2.0]})
+
+
+def test_the_timeout_sweep_picture_has_throughput_and_latency_per_timeout(tmp_path):
+    timeouts = [0, 1, 10, 100, -1]
+    fig = plot_timeout_sweep(
+        timeouts, [10.0, 30.0, 32.0, 33.0, 33.0], [0.2, 1.1, 6.0, None, 40.0], [0.9, 3.0, 12.0, None, 90.0],
+        path=tmp_path / "sweep.png",
+    )  # fmt: skip
+    top, bottom = fig.axes
+    assert [round(p.get_height()) for p in top.patches] == [10, 30, 32, 33, 33]
+    assert [t.get_text() for t in bottom.get_xticklabels()] == ["0 ms", "1 ms", "10 ms", "100 ms", "off (-1)"]
+    p50, p99 = bottom.get_lines()
+    assert list(p50.get_xdata()) == list(p99.get_xdata()) == [0, 1, 2, 4]  # no markers, no latency point
+    assert (tmp_path / "sweep.png").read_bytes().startswith(PNG)
+    with pytest.raises(ConfigError, match="one throughput"):
+        plot_timeout_sweep(timeouts, [1.0], [1.0], [1.0])
 
 
 @pytest.mark.spark
