@@ -191,6 +191,59 @@ def test_flipped_bytes_give_an_error_or_a_valid_batch(schema, seed, flips):
         pa.ipc.read_record_batch(item.serialize(), schema).validate(full=True)  # every byte can be read
 
 
+def _string_message(offsets: list[int], data: bytes) -> bytes:
+    """A data payload of SCHEMA whose ``name`` column has exactly these offsets and bytes."""
+    names = pa.StringArray.from_buffers(
+        len(offsets) - 1, pa.py_buffer(np.array(offsets, np.int32).tobytes()), pa.py_buffer(data)
+    )
+    ids = pa.array(range(len(offsets) - 1), pa.int64())
+    tags = pa.array([[]] * (len(offsets) - 1), pa.list_(pa.int32()))
+    message = pa.RecordBatch.from_arrays([ids, names, tags], schema=SCHEMA).serialize().to_pybytes()
+    return pack_chunk_header(len(offsets) - 1, len(message)) + message
+
+
+@pytest.mark.parametrize(
+    "offsets",
+    [
+        [0, 6, 3, 10],  # not monotone, first and last in bounds (what Arrow's cheap validation lets through)
+        [0, 4, 90, 10],  # a middle offset past the data
+        [0, -8, 4, 10],  # a negative one
+    ],
+)
+def test_offsets_out_of_order_or_bounds_are_errors(offsets):
+    reader = RecordReader(SCHEMA, 4)
+    reader.feed(written(sample())[0], 0)
+    with pytest.raises(BufferDecodeError, match="channel 4, sequence number 1"):
+        reader.feed(Buffer(DataType.DATA_BUFFER, _string_message(offsets, b"abcdefghij")), 1)
+    reader = RecordReader(SCHEMA, 4)
+    reader.feed(written(sample())[0], 0)
+    (batch,) = reader.feed(Buffer(DataType.DATA_BUFFER, _string_message([0, 3, 6, 10], b"abcdefghij")), 1)
+    assert batch.column("name").to_pylist() == ["abc", "def", "ghij"]
+
+
+def test_list_offsets_out_of_order_or_bounds_are_errors():
+    values = pa.array(range(6), pa.int32())
+    for offsets in ([0, 4, 2, 6], [0, 2, 9, 6]):
+        tags = pa.ListArray.from_buffers(
+            pa.list_(pa.int32()), 3, [None, pa.py_buffer(np.array(offsets, np.int32).tobytes())], children=[values]
+        )
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array([1, 2, 3], pa.int64()), pa.array(["a", "b", "c"]), tags], schema=SCHEMA
+        )
+        message = batch.serialize().to_pybytes()
+        reader = RecordReader(SCHEMA, 0)
+        reader.feed(written(sample())[0], 0)
+        with pytest.raises(BufferDecodeError, match="does not decode"):
+            reader.feed(Buffer(DataType.DATA_BUFFER, pack_chunk_header(3, len(message)) + message), 1)
+
+
+def test_invalid_utf8_is_an_error():
+    reader = RecordReader(SCHEMA, 0)
+    reader.feed(written(sample())[0], 0)
+    with pytest.raises(BufferDecodeError, match="does not decode"):
+        reader.feed(Buffer(DataType.DATA_BUFFER, _string_message([0, 3, 6, 10], b"ab\xffdefghij")), 1)
+
+
 def test_fragments_out_of_order_missing_or_repeated_are_errors():
     buffers = written(sample(20, big=3 * SEGMENT))
     fragments = [i for i, b in enumerate(buffers) if b.data_type is DataType.DATA_BUFFER]

@@ -5,7 +5,11 @@ until the last one arrives, surfaces events where they are in the stream, and co
 Every payload is untrusted: a header or length that does not add up, fragments out of order, a
 schema other than the channel's, or an Arrow message that does not decode or validate raises
 :class:`~spark_credit_shuffle.errors.BufferDecodeError` naming the channel and sequence number,
-before anything is allocated from a declared length.
+before anything is allocated from a declared length. Every decoded batch goes through Arrow's full
+validation (sizes, every offset monotone and in bounds at every depth, null counts, UTF-8, decimal
+precision): a corrupted buffer cannot crash a later reader of the batch. Checking only the structure
+(offsets and sizes, not UTF-8) was measured to save about 2 µs of the ~6 µs a 32 KiB buffer's
+validation costs, too little to give up the value checks for.
 
 Decoded batches reference the payload's memory when it is immutable (``bytes``, a read-only
 ``pyarrow.Buffer``); mutable payloads (``bytearray``, writable views) are copied first, because
@@ -98,7 +102,22 @@ class RecordReader:
             if data_type is _DATA or data_type is _DATA_CLEAR_END:
                 if self._schema is None:
                     raise MalformedPayload("data buffer before the channel's schema event")
-                return self._decode_data(_immutable(data), size) if size else []
+                if not size:
+                    return []
+                payload = _immutable(data)
+                if size > _HEADER and not self._pieces:  # the usual buffer: one whole chunk
+                    magic, version, flags, rows, index, count, length, reserved = _unpack_header(payload)
+                    if (
+                        length + _HEADER == size
+                        and count == 1
+                        and index == 0
+                        and magic == MAGIC
+                        and version == FORMAT_VERSION
+                        and not flags
+                        and not reserved
+                    ):
+                        return [self._decode_message(payload.slice(_HEADER, length), rows)]
+                return self._decode_data(payload, size)
             return self._decode_event(data_type, data)
         except MalformedPayload as exc:
             raise BufferDecodeError(str(exc), self.channel, sequence_number) from None

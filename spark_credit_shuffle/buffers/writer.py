@@ -17,6 +17,10 @@ exceeds the segment. As in Flink (``BufferWritingResultPartition``):
 - broadcast rows are serialised once into one shared builder whose consumers (one per
   subpartition) return the same bytes objects.
 
+Per input batch the work is vectorised: one ``take`` groups the rows, the size model's cumulative
+bits give every cut, and a run of rows that fills a fresh segment is serialised straight into a
+finished buffer (no builder object), so Python does a few calls per buffer and Arrow does the rest.
+
 The builder is the only state shared with the consumer side; it takes a lock around its pending
 rows, so a subpartition may build slices from another thread while the writer appends.
 """
@@ -33,7 +37,7 @@ import pyarrow as pa
 
 from ..config import MIN_SEGMENT_SIZE
 from ..errors import ConfigError
-from .buffer import Buffer, BufferConsumer, DataType
+from .buffer import Buffer, BufferConsumer, DataType, FinishedBufferConsumer
 from .format import (
     CHUNK_HEADER,
     FORMAT_VERSION,
@@ -423,7 +427,7 @@ class RecordWriter:
             lo = 0
             for sp, count in enumerate(counts.tolist()):
                 if count:
-                    self._write_rows(sp, grouped, lo, lo + count, cum, overhead)
+                    self._write_run(sp, grouped, lo, lo + count, cum, overhead)
                     lo += count
             self._records_out += counts
         if self.flush_always:
@@ -612,6 +616,68 @@ class RecordWriter:
                 lo += 1
             else:
                 self._finish(target)
+
+    def _write_run(self, sp: int, batch: pa.RecordBatch, lo: int, hi: int, cum: np.ndarray, overhead: int) -> None:
+        """:meth:`_write_rows` for one subpartition's run of rows, with a short path for full segments.
+
+        The open builder is topped up and finished as usual; after that, every run of rows that fills
+        a fresh segment (and is not followed by a spanning row) is serialised straight into a finished
+        buffer, without a builder: the same bytes and the same buffer cuts as a builder would make.
+        The rest of the run (the last, partly filled segment, spanning rows) takes the general path.
+        """
+        builder = self._unicast[sp]
+        item = cum.item
+        if builder is not None:
+            if builder._overflow:
+                self._write_rows(sp, batch, lo, hi, cum, overhead)
+                return
+            free = builder.free_bits(overhead)
+            base = item(lo)
+            end = int(cum.searchsorted(base + free, "right")) - 1
+            if end >= hi or end <= lo:  # everything fits, or row lo needs the general rules
+                self._write_rows(sp, batch, lo, hi, cum, overhead)
+                return
+            builder.append(batch.slice(lo, end - lo), item(end) - base, overhead)
+            lo = end
+            if builder._overflow or item(lo + 1) - item(lo) > (self.segment_size - overhead) * 8:
+                self._write_rows(sp, batch, lo, hi, cum, overhead)  # a spanning row starts in this builder
+                return
+            self._finish(sp)
+        free = (self.segment_size - overhead) * 8  # what a fresh builder takes (BufferBuilder.free_bits)
+        searchsorted = cum.searchsorted
+        write_full = self._write_full
+        while lo < hi:
+            base = item(lo)
+            end = int(searchsorted(base + free, "right")) - 1
+            if end >= hi or end <= lo or item(end + 1) - item(end) > free:
+                break  # the last, partly filled segment, or a spanning row: the general path
+            write_full(sp, batch.slice(lo, end - lo), overhead + -(-(item(end) - base) // 8))
+            lo = end
+        if lo < hi:
+            self._write_rows(sp, batch, lo, hi, cum, overhead)
+
+    def _write_full(self, sp: int, rows: pa.RecordBatch, bound: int) -> None:
+        """Queue ``rows``, which the size model says fill a segment, as one finished buffer of ``sp``.
+
+        ``bound`` is the model's bound for their chunk. If Arrow writes more than a segment anyway,
+        the rows are written exactly (split until they fit), as a builder's overflow is.
+        """
+        model = self._model
+        message = model.serialize(rows, bound) if model.has_nested_lists else rows.serialize()  # type: ignore[union-attr]
+        size = message.size
+        if _HEADER + size > self.segment_size:
+            self._write_exact(sp, rows)
+            self._finish(sp)
+            return
+        chunk = b"".join((_PACK(MAGIC, FORMAT_VERSION, 0, rows.num_rows, 0, 1, size, 0), message))
+        partition = self.partition
+        recycler = partition.request_segment(sp)
+        if not self._schema_sent[sp]:
+            self._schema_sent[sp] = True
+            partition.add_event(sp, Buffer(DataType.EVENT_BUFFER, self._schema_payload))
+        partition.add_consumer(sp, FinishedBufferConsumer(Buffer(DataType.DATA_BUFFER, chunk, recycler)), 0)
+        self._buffers_out[sp] += 1
+        self._bytes_out[sp] += len(chunk)
 
     def _write_spanning(self, target: int, row: pa.RecordBatch) -> None:
         """Write one row that the size model says is larger than a segment, cut into fragments.
