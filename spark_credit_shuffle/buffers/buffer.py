@@ -191,6 +191,7 @@ class ByteBufferBuilder:
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity}")
         self.capacity = capacity
+        self.max_capacity = capacity
         self._data = bytearray()
         self._lease = SegmentLease(recycler)
         self._finished = False
@@ -208,6 +209,11 @@ class ByteBufferBuilder:
 
     def is_full(self) -> bool:
         return len(self._data) >= self.capacity
+
+    def trim(self, size: int) -> None:
+        """Lower the usable capacity to ``size`` (debloating), never below what was written nor above the
+        segment."""
+        self.capacity = min(max(size, len(self._data)), self.max_capacity)
 
     @property
     def written(self) -> int:

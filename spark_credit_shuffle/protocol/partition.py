@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from ..buffers.buffer import Buffer, BufferConsumer, DataType, FinishedBufferConsumer
+from ..buffers.buffer import Buffer, BufferConsumer, ByteBufferBuilder, DataType, FinishedBufferConsumer
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
 from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER, IS_EVENT
@@ -114,7 +114,9 @@ class ResultPartitionWriter(Protocol):
 
     def request_segment(self, subpartition: int) -> Callable[[], None]: ...
 
-    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None: ...
+    def add_consumer(
+        self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0
+    ) -> int | None: ...
 
     def add_event(self, subpartition: int, buffer: Buffer) -> None: ...
 
@@ -470,6 +472,7 @@ class PipelinedResultPartition:
         self._consumed = [False] * num_subpartitions
         self._all_data_processed = [False] * num_subpartitions
         self.num_events_out = 0
+        self._unicast_builders: list[ByteBufferBuilder | None] = [None] * num_subpartitions
 
     @classmethod
     def create(
@@ -512,10 +515,41 @@ class PipelinedResultPartition:
             pool.request_buffer_forced(subpartition)
         return SegmentRecycler(pool, subpartition)
 
-    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None:
+    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> int:
+        """Queue ``consumer``; the subpartition's desired buffer size (debloating), as Flink's ``add``."""
         if self.is_finished or self.is_released:
             self._check_in_produce_state()
-        self.subpartitions[subpartition].add(consumer, partial_record_length)
+        return self.subpartitions[subpartition].add(consumer, partial_record_length)
+
+    def emit_record(self, record: bytes | bytearray | memoryview, subpartition: int) -> None:
+        """Append one serialised record to ``subpartition``'s open buffer (Flink's ``emitRecord``).
+
+        A new buffer is trimmed to the larger of the record and the size the consumer announced
+        (``NewBufferSize``); a record longer than the room left spans further buffers, each added with the
+        length of the record's part it carries; a buffer left exactly full is finished. The Arrow
+        :class:`~spark_credit_shuffle.buffers.RecordWriter` is the writer of exchanges; this raw-bytes path
+        serves protocol tests and simulations.
+        """
+        self._check_in_produce_state()
+        view = memoryview(record).cast("B")
+        builders = self._unicast_builders
+        builder = builders[subpartition]
+        if builder is None:
+            builder = ByteBufferBuilder(self.buffer_pool.network_pool.segment_size, self.request_segment(subpartition))
+            desired = self.add_consumer(subpartition, builder.create_buffer_consumer())
+            builder.trim(max(len(view), desired))
+        view = view[builder.append(view) :]
+        while view:
+            builder.finish()
+            builder = ByteBufferBuilder(self.buffer_pool.network_pool.segment_size, self.request_segment(subpartition))
+            taken = builder.append(view)
+            view = view[taken:]
+            desired = self.add_consumer(subpartition, builder.create_buffer_consumer(), taken)
+            builder.trim(max(taken, desired))
+        if builder.is_full():
+            builder.finish()
+            builder = None
+        builders[subpartition] = builder
 
     def add_event(self, subpartition: int, buffer: Buffer) -> None:
         self._check_in_produce_state()
@@ -530,8 +564,13 @@ class PipelinedResultPartition:
             subpartition.flush()
 
     def finish(self) -> None:
-        """END_OF_PARTITION into every subpartition."""
+        """END_OF_PARTITION into every subpartition (after finishing the buffers :meth:`emit_record` left open)."""
         self._check_in_produce_state()
+        builders = self._unicast_builders
+        for i, builder in enumerate(builders):
+            if builder is not None:
+                builder.finish()
+                builders[i] = None
         for subpartition in self.subpartitions:
             subpartition.finish()
         self.is_finished = True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from protocol_helpers import data_buffer_consumer, event_consumer, filled_finished_consumer
+from protocol_helpers import CountingListener, data_buffer_consumer, event_consumer, filled_finished_consumer
 
 from spark_credit_shuffle.buffers.buffer import DataType
 from spark_credit_shuffle.config import NetworkConfig
@@ -21,6 +21,7 @@ from spark_credit_shuffle.protocol import (
     PartitionRequest,
     PartitionRequestQueue,
     PartitionRequestServerHandler,
+    PipelinedResultPartition,
     PipelinedSubpartition,
     ResultPartitionManager,
     StoredBuffer,
@@ -135,6 +136,49 @@ def test_notify_new_buffer_size():
     assert subpartition.add(filled_finished_consumer(128)) == DEFAULT_BUFFER_SIZE
     handler.receive_message(NewBufferSize(7, 65))
     assert subpartition.add(filled_finished_consumer(10)) == 65
+
+
+def test_notify_new_buffer_size_cuts_the_next_buffers():
+    """Flink's testNotifyNewBufferSize: after NewBufferSize(65), records of 128, 10 and 60 bytes go out as a
+    buffer of 128 (never smaller than its first record) and one of 65 (the rest spans into the next)."""
+    config = NetworkConfig(segment_size=4096)
+    network = NetworkBufferPool(100, config.segment_size)
+    partition = PipelinedResultPartition.create(network, 1, config, partition_id=0)
+    manager = ResultPartitionManager()
+    manager.register_partition(partition)
+    handler = PartitionRequestServerHandler(manager)
+    handler.receive_message(PartitionRequest(7, 0, 10))
+    handler.receive_message(NewBufferSize(7, 65))
+    for size in (128, 10, 60):
+        partition.emit_record(bytes(size), 0)
+    partition.flush_all()
+    sizes = []
+    while (message := handler.next_message()) is not None:
+        if isinstance(message, BufferResponse):
+            sizes.append(message.size)
+    assert sizes[:2] == [128, 65]
+    assert sum(sizes) == 128 + 10 + 60
+
+
+def test_emit_record_spans_segments_and_keeps_bytes_in_order():
+    config = NetworkConfig(segment_size=4096)
+    network = NetworkBufferPool(100, config.segment_size)
+    partition = PipelinedResultPartition.create(network, 2, config, partition_id=0)
+    view = partition.create_subpartition_view(1, CountingListener())
+    records = [bytes([i]) * n for i, n in enumerate((10, 5000, 4086, 1, 9000))]
+    for record in records:
+        partition.emit_record(record, 1)
+    partition.finish()
+    received = bytearray()
+    sizes = []
+    while (nxt := view.get_next_buffer()) is not None:
+        if nxt.buffer.data_type is DataType.DATA_BUFFER:
+            received += bytes(nxt.buffer.data)
+            sizes.append(len(nxt.buffer.data))
+        nxt.buffer.recycle()
+    assert bytes(received) == b"".join(records)
+    assert max(sizes) <= 4096
+    assert partition.buffer_pool.num_used == 0  # every segment back
 
 
 class SinglePartition:
