@@ -272,7 +272,18 @@ class PipelinedSubpartition:
             self.flush_requested = False
             return None
         buffer = None
-        while buffers:
+        consumer = buffers[0][0]
+        if len(buffers) > 1 and type(consumer) is FinishedBufferConsumer and not self._num_priority:
+            # the common case first: a complete buffer with more behind it (the loop below does the rest)
+            data_type = consumer.data_type
+            buffer = consumer.build()
+            buffers.popleft()
+            if IS_BUFFER[data_type]:
+                self.buffers_in_backlog -= 1
+                if not len(buffer.data) and self.receiver_exclusive_buffers_per_channel:  # type: ignore[arg-type]
+                    buffer.recycle()
+                    buffer = None
+        while buffer is None and buffers:
             consumer = buffers[0][0]
             buffer = consumer.build()
             finished = consumer.is_finished()
