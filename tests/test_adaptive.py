@@ -144,10 +144,11 @@ def test_slow_consumer_demo_job(spark, capsys):
     )
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)  # type: ignore[union-attr]
-    assert demo.main(["--rows", "3000"]) == 0
+    assert demo.main(["--rows", "3000", "--round-robin-rows", "400", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert [line[:5] for line in out.splitlines() if line.startswith("[")] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
     headline = json.loads(out.strip().splitlines()[-1])
-    assert headline["rows"] == 6000
+    assert headline["rows"] == 6000 and headline["round_robin_rows"] == 800 and headline["repeat"] == 1
+    assert len(headline["adaptive_shares"]) == 1 and headline["fast_unthrottled_rows_s"] > 0
     assert headline["rows_to_slow_consumer_adaptive"] < 6000 * 0.45, out  # round robin gives it half
     assert spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch") == "10000"  # the session as it was

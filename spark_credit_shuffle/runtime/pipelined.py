@@ -765,7 +765,7 @@ class PipelinedTask:
         writer = self.writer
         assert writer is not None
         channels = 1 if writer.selector.is_broadcast else writer.num_subpartitions
-        row_bytes = max(1.0, batch.get_total_buffer_size() / max(1, batch.num_rows))
+        row_bytes = max(1.0, batch.nbytes / max(1, batch.num_rows))
         return max(64, int(_SEGMENTS_PER_EMIT * channels * self.config.segment_size / row_bytes))
 
     def _await_buffer(self) -> None:

@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import ExchangeTimeoutError, ProtocolError
@@ -137,6 +137,28 @@ class Connection:
         return f"Connection({self.role} {self.peer}, {state}, in={self.bytes_in}, out={self.bytes_out})"
 
 
+class _SendingBlock:
+    """The context manager :meth:`TcpTransport.sending` returns (the depth of nested blocks is per thread)."""
+
+    __slots__ = ("_local", "_transport")
+
+    def __init__(self, transport: TcpTransport) -> None:
+        self._transport = transport
+        self._local = transport._local
+
+    def __enter__(self) -> None:
+        local = self._local
+        local.depth = getattr(local, "depth", 0) + 1
+
+    def __exit__(self, *exc: object) -> None:
+        local = self._local
+        depth = local.depth - 1
+        local.depth = depth
+        transport = self._transport
+        if depth == 0 and transport._dirty:
+            transport.flush()
+
+
 class TcpTransport:
     """The listening socket, the connections and the I/O thread of one task.
 
@@ -202,6 +224,7 @@ class TcpTransport:
         self._pending_lock = threading.Lock()
         self._dirty: set[Connection] = set()
         self._local = threading.local()
+        self._sending_block = _SendingBlock(self)
         self._stopping = False
         self._thread: threading.Thread | None = None
         #: The exception that stopped the I/O thread, if any (a bug or an OS failure, not a peer's fault).
@@ -241,22 +264,14 @@ class TcpTransport:
         with contextlib.suppress(BlockingIOError, OSError):
             self._wake_w.send(b"\0")
 
-    @contextlib.contextmanager
-    def sending(self) -> Iterator[None]:
+    def sending(self) -> _SendingBlock:
         """Within this block the calling thread writes what its protocol calls made sendable, at its end.
 
         Without it, a handler that becomes ready to send wakes the I/O thread. Blocks nest; the outermost
-        one writes. Writes never block: what the socket does not take is left to the I/O thread.
+        one writes. Writes never block: what the socket does not take is left to the I/O thread. (One
+        reusable block object: its nesting depth is per thread; entering it costs no generator.)
         """
-        local = self._local
-        depth = getattr(local, "depth", 0)
-        local.depth = depth + 1
-        try:
-            yield
-        finally:
-            local.depth = depth
-            if depth == 0 and self._dirty:
-                self.flush()
+        return self._sending_block
 
     def flush(self) -> None:
         """Write, from the calling thread, every connection whose handler has something to send."""
