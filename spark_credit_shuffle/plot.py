@@ -160,7 +160,8 @@ def plot_timeline(
             keys = ["side", "subtask", "channel"]
         for key, series in grouped.groupby(keys):
             series = series.sort_values("time_ms")
-            label = f"{key[0]} {key[1]}" + (f" <- {int(key[2])}" if len(key) > 2 else "")
+            arrow = " -> " if key[0] == "producer" else " <- "  # a producer's channel names its consumer
+            label = f"{key[0]} {key[1]}" + (f"{arrow}{int(key[2])}" if len(key) > 2 else "")
             ax.step((series["time_ms"] - start) / 1000.0, series["value"], where="post", label=label)
         suffix = "" if per_task or per_channel else " (sum over channels)"
         ax.set_ylabel(metric + suffix, fontsize=8)

@@ -111,5 +111,7 @@ def test_notebooks_and_their_databricks_versions_run(tmp_path, monkeypatch):
     assert "runs the exchange in pipelined mode" in backpressure  # local[2]: two slots
     assert "consumer 0 slowed: 4000 rows" in backpressure
     assert "adaptive,    consumer 0 slowed: {0: (" in backpressure
-    assert pictures("backpressure") >= 2  # the pool usage bars and the virtual-clock timeline
+    # the pool usage bars, the exchange's timeline and its producers' queues per consumer (pipelined mode),
+    # the virtual-clock timeline
+    assert pictures("backpressure") >= 4
     assert not [o for o in outputs("databricks/tour.py") + outputs("databricks/backpressure.py") if o.get("ename")]

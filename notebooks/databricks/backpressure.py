@@ -117,17 +117,30 @@ plot.plot_metrics(slow, "outPoolUsage", stat="max", side="producer", title="prod
 # MAGIC %md
 # MAGIC ## Over time
 # MAGIC
-# MAGIC Every `metrics_sample_interval_ms` (10 ms here) each task samples its gauges: producers their
-# MAGIC pool usage, backlog per subpartition and whether they are back-pressured; consumers their buffer
-# MAGIC usage and the credit of each channel.
+# MAGIC Every `metrics_sample_interval_ms` (10 ms here) each task samples its gauges; in pipelined mode the
+# MAGIC task's timer thread does it on time, whether data moves or not. Producers: pool usage, whether they
+# MAGIC are back-pressured and for how many ms per second, and per subpartition its queue and the credit its
+# MAGIC consumer granted; consumers: their buffer usage and, per channel, the credit they announced. With
+# MAGIC consumer 0 slowed, every producer's queue towards consumer 0 fills up to its limit and stays there,
+# MAGIC its pool runs dry and it waits (`backPressuredTimeMsPerSecond` near 1000) while the queues towards
+# MAGIC consumer 1 stay short.
 
 # COMMAND ----------
 
 timeline = slow.timeline_rows()
-if timeline:
-    display(plot.plot_timeline(timeline, title=f"consumer 0 slowed ({MODE} mode)"))
-else:
-    print(f"the {MODE} runtime of this version samples no timeline yet; the virtual-clock run below shows one")
+present = {r.metric for r in timeline}
+wanted = ["outPoolUsage", "backPressuredTimeMsPerSecond", "inPoolUsage", "credit", "numRecordsInPerSecond"]
+display(plot.plot_timeline(timeline, [m for m in wanted if m in present], title=f"consumer 0 slowed ({MODE} mode)"))
+if "outputQueueLength" in present:  # pipelined mode: each producer's queue per consumer
+    display(
+        plot.plot_timeline(
+            timeline,
+            ["outputQueueLength"],
+            side="producer",
+            per_channel=True,
+            title="buffers queued at each producer, per consumer",
+        )
+    )
 
 # COMMAND ----------
 
