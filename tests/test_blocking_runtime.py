@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import spark_credit_shuffle as scs
+from spark_credit_shuffle.buffers import DataType
+from spark_credit_shuffle.errors import ProtocolError
 from spark_credit_shuffle.exchange import ExchangePlan
+from spark_credit_shuffle.metrics import CONSUMER, TaskMetrics
 from spark_credit_shuffle.runtime.blocking import STORAGE_SCHEMA, produce_partition
 from spark_credit_shuffle.runtime.common import METRICS_COLUMN
-from spark_credit_shuffle.runtime.consumer import consume_partition
+from spark_credit_shuffle.runtime.consumer import GateGauges, consume_partition, stored_buffers
+from spark_credit_shuffle.transport.memory import StoredBuffersExchange
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("s", pa.string())])
 
@@ -111,3 +117,51 @@ def test_every_row_arrives_once_on_its_channel(
     fan_out = consumers if partitioner.is_broadcast else 1
     assert total_in == producers * rows * fan_out
     assert total_out == producers * rows * fan_out
+
+
+def test_gate_gauges_equal_the_gates_own_metrics():
+    """The consumer samples its pool gauges in one pass; at every step they equal the gate's properties."""
+    config = scs.NetworkConfig(segment_size=4096, buffers_per_channel=2, floating_buffers_per_gate=3)
+    replay = StoredBuffersExchange(config, 3)
+    gate = replay.gate
+    gauges = GateGauges(gate, TaskMetrics(CONSUMER, 0))
+    for channel in range(3):
+        for _ in range(6):
+            replay.add(channel, DataType.DATA_BUFFER, bytes(100))
+        replay.add(channel, DataType.END_OF_PARTITION, b"")
+    held: list = []
+    seen = set()
+    while not gate.is_finished or held:
+        item = replay.poll()
+        if item is None:
+            held.pop(0).recycle()
+            continue
+        expected = (gate.in_pool_usage, gate.input_exclusive_buffers_usage, gate.input_floating_buffers_usage)
+        assert gauges.values() == pytest.approx(expected)
+        seen.add(gauges.values())
+        if len(held) < 5:
+            held.append(item.buffer)  # the consumer holds buffers: usage goes up
+        else:
+            item.buffer.recycle()
+    assert len(seen) > 3
+    replay.close()
+
+
+def test_stored_buffers_are_read_only_slices_and_bad_offsets_are_errors():
+    payloads = [b"abc", b"", b"defgh"]
+    batch = pa.RecordBatch.from_pydict(
+        {"channel": [0, 0, 0], "producer": [2, 1, 2], "seq": [0, 0, 1], "data_type": [1, 10, 1], "payload": payloads},
+        schema=STORAGE_SCHEMA,
+    )
+    rows = list(stored_buffers(batch))
+    assert [(p, t, bytes(b)) for p, t, b in rows] == [(2, 1, b"abc"), (1, 10, b""), (2, 1, b"defgh")]
+    assert not any(b.is_mutable for _, _, b in rows)
+    sliced = list(stored_buffers(batch.slice(1)))
+    assert [bytes(b) for _, _, b in sliced] == [b"", b"defgh"]
+    column = batch.column(4)
+    for offsets in ([0, 3, 2, 8], [0, 99, 3, 8]):  # Arrow itself refuses a last offset past the data
+        bad = pa.Array.from_buffers(
+            pa.binary(), 3, [None, pa.py_buffer(np.array(offsets, np.int32).tobytes()), column.buffers()[2]]
+        )
+        with pytest.raises(ProtocolError, match="offsets"):
+            list(stored_buffers(pa.RecordBatch.from_arrays([*batch.columns[:4], bad], schema=STORAGE_SCHEMA)))

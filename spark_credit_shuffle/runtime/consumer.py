@@ -9,18 +9,21 @@ buffers bound what is held on the receiving side, backlog and AddCredit flow as 
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from ..buffers import DataType
 from ..buffers.reader import RecordReader
 from ..errors import ProtocolError
-from ..metrics import CONSUMER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ..metrics import CONSUMER, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.pools import NetworkBufferPool
+from ..protocol.receiver import RemoteInputChannel, SingleInputGate
 from ..transport.memory import StoredBuffersExchange
 from .common import metrics_batch, with_metrics_column
 
@@ -78,19 +81,22 @@ def consume_partition(
 
     timeline.record(gauges)
 
+    sample_gauges = GateGauges(gate, metrics)
+    poll = replay.poll
+    due = timeline.due
+    record_batch = pa.RecordBatch
+
     def pump() -> Iterator[pa.RecordBatch]:
         nonlocal pending_bytes
         while True:
             polled = 0
-            while (item := replay.poll()) is not None:
+            while (item := poll()) is not None:
                 polled += 1
-                metrics.sample("inPoolUsage", gate.in_pool_usage)
-                metrics.sample("inputExclusiveBuffersUsage", gate.input_exclusive_buffers_usage)
-                metrics.sample("inputFloatingBuffersUsage", gate.input_floating_buffers_usage)
-                if timeline.due():
+                sample_gauges()
+                if due():
                     timeline.record(gauges)
                 for out in readers[item.channel_index].feed(item.buffer, item.sequence_number):
-                    if isinstance(out, pa.RecordBatch) and out.num_rows:
+                    if type(out) is record_batch and out.num_rows:
                         if delay:
                             time.sleep(delay * out.num_rows)
                         pending.append(out)
@@ -102,19 +108,22 @@ def consume_partition(
             if not polled:
                 return
 
+    add = replay.add
+    data_types = {int(t): t for t in DataType}
     try:
         for batch in batches:
-            columns = batch.to_pydict() if batch.num_rows else None
-            if columns is None:
+            if not batch.num_rows:
                 continue
-            for producer, data_type, payload in zip(columns["producer"], columns["data_type"], columns["payload"]):
+            for producer, data_type, payload in stored_buffers(batch):
                 if data_type == _METRICS_TYPE:
-                    producer_metrics.extend(MetricRow(**row) for row in json.loads(payload))
+                    producer_metrics.extend(MetricRow(**row) for row in json.loads(payload.to_pybytes()))
                     continue
                 channel = channel_of.get(producer)
-                if channel is None:
-                    raise ProtocolError(f"consumer {consumer} got a buffer from producer {producer}, not an input")
-                replay.add(channel, DataType(data_type), payload)
+                kind = data_types.get(data_type)
+                if channel is None or kind is None:
+                    what = f"producer {producer}, not an input" if channel is None else f"data type {data_type}"
+                    raise ProtocolError(f"consumer {consumer} got a stored buffer from {what}")
+                add(channel, kind, payload)
             yield from pump()
         yield from pump()
         timeline.record(gauges)
@@ -135,6 +144,78 @@ def consume_partition(
         metrics.count("numBuffersIn", reader.num_buffers_in, p)
     metrics.set("accumulateBusyTimeMs", (time.perf_counter() - started) * 1000.0)
     yield metrics_batch(plan.schema, [*producer_metrics, *metrics.rows(), *timeline.timeline_rows()])
+
+
+def stored_buffers(batch: pa.RecordBatch) -> Iterator[tuple[int, int, pa.Buffer]]:
+    """(producer, data type, payload) of every stored-buffer row of ``batch`` (STORAGE_SCHEMA).
+
+    Payloads are zero-copy, read-only slices of the batch's binary column: Spark hands each batch
+    to the task in memory of its own that nothing writes to again, so the RecordReader may decode
+    straight from it (a writable buffer would be copied first). Offsets out of order or outside the
+    column's data are a :class:`ProtocolError`, never a read outside it.
+    """
+    n = batch.num_rows
+    producers = batch.column(1).to_numpy(zero_copy_only=False).tolist()
+    data_types = batch.column(3).to_numpy(zero_copy_only=False).tolist()
+    payload = batch.column(4)
+    if payload.null_count:
+        raise ProtocolError("a stored buffer without a payload (null)")
+    _validity, offsets_buffer, data = payload.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int32, count=n + 1, offset=payload.offset * 4)
+    size = data.size if data is not None else 0
+    if n and (offsets[0] < 0 or offsets[-1] > size or bool(np.any(offsets[1:] < offsets[:-1]))):
+        raise ProtocolError("stored-buffer payload offsets out of order or outside the column's data")
+    if data is None:
+        data = pa.py_buffer(b"")
+    elif data.is_mutable:
+        data = pa.foreign_buffer(data.address, data.size, base=data)  # a read-only view of the same memory
+    starts = offsets.tolist()
+    return zip(producers, data_types, [data.slice(a, b - a) for a, b in itertools.pairwise(starts)])
+
+
+class GateGauges:
+    """Samples the gate's inPoolUsage, inputExclusiveBuffersUsage and inputFloatingBuffersUsage in one
+    pass over its remote channels (the values of the gate's properties of those names, computed
+    once per buffer instead of three passes each)."""
+
+    __slots__ = ("_exclusive", "_exclusive_total", "_floating", "_in_pool", "_managers", "_pool")
+
+    def __init__(self, gate: SingleInputGate, metrics: TaskMetrics) -> None:
+        remote = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
+        self._managers = [(c.buffer_manager, c.initial_credit) for c in remote]
+        self._exclusive_total = sum(c.initial_credit for c in remote)
+        self._pool = gate.buffer_pool
+        gauges = metrics.gauges
+        self._in_pool = gauges.setdefault("inPoolUsage", GaugeStats())
+        self._exclusive = gauges.setdefault("inputExclusiveBuffersUsage", GaugeStats())
+        self._floating = gauges.setdefault("inputFloatingBuffersUsage", GaugeStats())
+
+    def values(self) -> tuple[float, float, float]:
+        """(inPoolUsage, inputExclusiveBuffersUsage, inputFloatingBuffersUsage) now."""
+        exclusive_used = unused_floating = 0
+        for manager, initial in self._managers:
+            unused = manager.num_exclusive
+            if initial > unused:
+                exclusive_used += initial - unused
+            unused_floating += manager.num_floating
+        pool = self._pool
+        floating_used = pool.num_used - unused_floating
+        if floating_used < 0:
+            floating_used = 0
+        size = pool.current_pool_size
+        exclusive_total = self._exclusive_total
+        denominator = size + exclusive_total
+        return (
+            (floating_used + exclusive_used) / denominator if denominator else 0.0,
+            exclusive_used / exclusive_total if exclusive_total else 0.0,
+            floating_used / size if size else 0.0,
+        )
+
+    def __call__(self) -> None:
+        in_pool, exclusive, floating = self.values()
+        self._in_pool.sample(in_pool)
+        self._exclusive.sample(exclusive)
+        self._floating.sample(floating)
 
 
 def _combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
