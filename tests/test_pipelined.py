@@ -243,8 +243,8 @@ def test_tasks_sample_a_timeline_of_pools_credits_and_backpressure():
         queue = "outputQueueLength" if side == PRODUCER else "inputQueueLength"
         assert {r.channel for r in mine if r.metric == queue} == {0, 1, 2}
         for r in mine:
-            if r.metric.endswith("Usage"):
-                assert 0.0 <= r.value <= 1.0, r
+            if r.metric.endswith("Usage"):  # a writer may overdraw its pool while it finishes the rows it has
+                assert 0.0 <= r.value <= (2.0 if r.metric == "outPoolUsage" else 1.0), r
             if r.metric in ("credit", "backlog", "outputQueueLength", "inputQueueLength", "isBackPressured"):
                 assert r.value >= 0 and r.value == int(r.value), r
     cap = plan.config.buffers_per_channel + plan.config.floating_buffers_per_gate
@@ -514,3 +514,71 @@ def test_a_rogue_connection_during_a_spark_exchange_changes_nothing(spark, tmp_p
             assert closed_by_peer(rogue)
     runner.join(60)
     assert sorted(r["id"] for r in result["rows"]) == list(range(6000))
+
+
+# -- the driver's address service -----------------------------------------------------------------------
+
+
+def test_the_address_service_answers_every_task_in_order_and_turns_away_strangers(caplog):
+    from spark_credit_shuffle.errors import CreditShuffleError
+    from spark_credit_shuffle.runtime.rendezvous import AddressRendezvous, all_gather_via
+
+    service = AddressRendezvous("127.0.0.1", timeout_s=30)
+    try:
+        secret = os.urandom(32)
+        service.register("ex/1", secret, 3)
+        answers: dict[int, list[str]] = {}
+
+        def task(i: int, attempt: int, key: str = "ex/1", secret: bytes = secret) -> None:
+            gather = all_gather_via(service.address, key, secret, "stage 7", i, attempt, 10.0)
+            try:
+                answers[i] = gather(f"address of {i}")
+            except CreditShuffleError as exc:
+                answers[i] = [str(exc)]
+
+        threads = [threading.Thread(target=task, args=(i, 10 + i)) for i in (2, 0)]
+        for t in threads:
+            t.start()
+        with caplog.at_level(logging.WARNING, logger="spark_credit_shuffle"):
+            for bad in (  # none of these joins the group: a wrong secret, an unknown exchange, an old attempt
+                lambda: all_gather_via(service.address, "ex/1", os.urandom(32), "stage 7", 1, 99, 5.0)("rogue"),
+                lambda: all_gather_via(service.address, "ex/9", secret, "stage 7", 1, 99, 5.0)("rogue"),
+            ):
+                with pytest.raises(CreditShuffleError, match="address service"):
+                    bad()
+            with socket.create_connection(service.address, timeout=5) as rogue:
+                rogue.sendall(b"\x00garbage\n")
+                assert closed_by_peer(rogue)
+        assert service.num_rejected == 3 and "wrong secret" in caplog.text
+        task(1, 11)  # the last task completes the group: everyone gets every message, in task order
+        for t in threads:
+            t.join(10)
+        assert answers == {i: ["address of 0", "address of 1", "address of 2"] for i in range(3)}
+        # the stage again: a late task of an older attempt is turned away, the newer attempt keeps its place
+        answers.clear()
+        waiting = threading.Thread(target=task, args=(0, 20))
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while not service._groups and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with caplog.at_level(logging.WARNING, logger="spark_credit_shuffle"):
+            task(0, 5)
+        assert "attempt 5 is older than attempt 20" in caplog.text and "address service" in answers[0][0]
+        others = [threading.Thread(target=task, args=(i, 20 + i)) for i in (1, 2)]
+        for t in others:
+            t.start()
+        for t in [*others, waiting]:
+            t.join(10)
+        assert answers == {i: ["address of 0", "address of 1", "address of 2"] for i in range(3)}
+    finally:
+        service.close()
+
+
+@pytest.mark.spark
+def test_tasks_exchange_addresses_through_spark_allgather_when_asked(spark):
+    df = spark_rows(spark, 2000, 2)
+    ex = scs.exchange(df, scs.key_by("k"), mode="pipelined")
+    out, _ = pipelined.build(ex.plan, df, retryable=False, options=TaskOptions(address_exchange="allgather"))
+    assert sorted(r["id"] for r in out.collect()) == list(range(2000))
+    with pytest.raises(ConfigError, match="address_exchange"):
+        TaskOptions(address_exchange="carrier pigeon")

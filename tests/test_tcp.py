@@ -130,11 +130,11 @@ class Consumer:
         self.gate = SingleInputGate(self.network, len(subpartitions), CONFIG)
         self.gate.listener = self.notify
         self.handler = CreditBasedPartitionRequestClientHandler(secret=secret, max_frame_length=FRAME)
-        self.conn = self.transport.connect(address, self.handler, peer="producer subtask 0", timeout_s=5)
-        with self.lock:
+        with self.lock:  # channels first: a connection refused at once still fails them
             for channel, sp in enumerate(subpartitions):
                 self.gate.remote_channel(channel, channel + 1, self.handler, partition_id=7, subpartition=sp)
             self.gate.request_partitions()
+        self.conn = self.transport.connect(address, self.handler, peer="producer subtask 0", timeout_s=5)
 
     def notify(self) -> None:
         with self.cond:

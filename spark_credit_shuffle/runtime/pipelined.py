@@ -71,6 +71,7 @@ records). That wait is bounded by the buffer timeout.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -89,7 +90,7 @@ from ..buffers.buffer import Buffer
 from ..buffers.format import LatencyMarker
 from ..buffers.reader import RecordReader
 from ..buffers.writer import RecordWriter
-from ..errors import CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
+from ..errors import ConfigError, CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.codec import default_max_frame_length
 from ..protocol.messages import BufferResponse, Message
@@ -126,6 +127,9 @@ _SEGMENTS_PER_EMIT = 2
 _MAX_DEFAULT_LINGER_MS = 2.0
 #: Returned by ``_next_buffer`` when its linger deadline passed with nothing new.
 _LINGER_OVER = object()
+_ADDRESS_EXCHANGES = ("auto", "allgather")
+#: The least time a task waits for the other tasks' addresses (tasks of a stage may start seconds apart).
+_MIN_ADDRESS_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,11 @@ class TaskOptions:
     amount, as a network buffer costs Flink); None takes a tenth of the buffer timeout, at most 2 ms, none
     with timeout 0 and 2 ms with -1. ``sample_memory_ms``: how often the timer
     thread samples the task's memory (0: never). ``announce_address_dir``: if set, each task writes its
-    listening address there (``task-<i>.addr``) for tests and demos.
+    listening address there (``task-<i>.addr``) for tests and demos. ``address_exchange``: how tasks learn
+    each other's addresses: ``"auto"`` through the driver's address service on a classic session (see
+    :mod:`~spark_credit_shuffle.runtime.rendezvous`), Spark's ``allGather`` on Spark Connect;
+    ``"allgather"``: always Spark's ``allGather`` (about a second per exchange; for clusters whose
+    executors cannot open connections to the driver).
     """
 
     latency_interval_ms: int = 0
@@ -148,6 +156,13 @@ class TaskOptions:
     output_linger_ms: float | None = None
     sample_memory_ms: int = 50
     announce_address_dir: str | None = None
+    address_exchange: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.address_exchange not in _ADDRESS_EXCHANGES:
+            raise ConfigError(
+                "address_exchange", self.address_exchange, " or ".join(repr(a) for a in _ADDRESS_EXCHANGES)
+            )
 
 
 # -- the Spark side ------------------------------------------------------------------------------------
@@ -242,8 +257,10 @@ def build(
     if producers < consumers:  # place producer p's rows on task p of `width` tasks
         source = df.withColumn(_TAG, F.spark_partition_id()).repartitionById(width, _TAG).drop(_TAG)
 
+    rendezvous = _address_service(df.sparkSession, plan, secret, width) if options.address_exchange == "auto" else None
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from run_barrier_task(batches, plan, secret, options)
+        yield from run_barrier_task(batches, plan, secret, options, rendezvous)
 
     run.__name__ = f"credit_shuffle_{plan.name.replace('-', '_')}"
     consumed = source.mapInArrow(run, output_struct_type(df), barrier=True)
@@ -252,10 +269,33 @@ def build(
     return finish_plan(plan, consumed)
 
 
+def _address_service(spark: Any, plan: ExchangePlan, secret: bytes, width: int) -> tuple[str, int, str] | None:
+    """(host, port, exchange key) of the driver's address service, with this exchange registered; None on
+    Spark Connect or if the service cannot start (the tasks then use Spark's ``allGather``)."""
+    from .rendezvous import driver_rendezvous
+
+    try:
+        spark.sparkContext  # noqa: B018 - raises on Spark Connect, which has no driver process here
+        host = spark.conf.get("spark.driver.host", None) or "127.0.0.1"
+        service = driver_rendezvous(host)
+    except Exception as exc:
+        log.info("%s: addresses through Spark's allGather (%s: %s)", plan.name, type(exc).__name__, exc)
+        return None
+    key = f"{plan.name}/{hashlib.sha256(secret).hexdigest()[:16]}"
+    service.register(key, secret, width)
+    host, port = service.address
+    return host, port, key
+
+
 def run_barrier_task(
-    batches: Iterator[pa.RecordBatch], plan: ExchangePlan, secret: bytes, options: TaskOptions
+    batches: Iterator[pa.RecordBatch],
+    plan: ExchangePlan,
+    secret: bytes,
+    options: TaskOptions,
+    rendezvous: tuple[str, int, str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The body of one barrier task: its subtasks, addresses published with one ``allGather``."""
+    """The body of one barrier task: its subtasks, addresses published once, through the driver's address
+    service at ``rendezvous`` (host, port, exchange key) or with Spark's ``allGather``."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -271,7 +311,16 @@ def run_barrier_task(
     address = infos[index].address
     host = resolve_host(address.rsplit(":", 1)[0] if ":" in address else address)
     task = PipelinedTask(plan, index, secret, host, options, attempt_id=ctx.taskAttemptId())
-    yield from task.run(batches, ctx.allGather)
+    all_gather: Callable[[str], list[str]] = ctx.allGather
+    if rendezvous is not None:
+        from .rendezvous import all_gather_via
+
+        service_host, service_port, key = rendezvous
+        wait_s = max(_MIN_ADDRESS_WAIT_S, plan.config.partition_request_timeout_ms / 1000.0)
+        group = f"stage {ctx.stageId()}"
+        address = (service_host, service_port)
+        all_gather = all_gather_via(address, key, secret, group, index, ctx.taskAttemptId(), wait_s)
+    yield from task.run(batches, all_gather)
 
 
 # -- in-process runs (tests, demos) -------------------------------------------------------------------
@@ -707,6 +756,12 @@ class PipelinedTask:
             gate.request_partitions()
             now = time.monotonic()
             self._last_delivery = [now] * len(self.channel_producers)
+            for conn in self._client_connections.values():  # closed before its channels were registered
+                if conn.closed:
+                    raise CreditShuffleError(
+                        f"consumer subtask {self.index}: the connection to {conn.peer} closed before its "
+                        f"partitions were requested: {conn.error or 'closed by the producer'}"
+                    )
 
     # -- producer half (producer thread) --
 
