@@ -52,6 +52,8 @@ STORAGE_SCHEMA = pa.schema(
 STORAGE_DDL = "channel int, producer int, seq int, data_type tinyint, payload binary"
 #: Not a Flink data type: the row that carries a producer's metrics to a consumer of its output.
 METRICS_TYPE = -1
+#: A producer's metric rows travel as JSON lists of these fields, in this order.
+_METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(MetricRow))
 
 
 def _storage_batch(rows: list[tuple[int, int, int, int, object]]) -> pa.RecordBatch:
@@ -138,14 +140,15 @@ def produce_partition(
         metrics.count("numRecordsOut", writer.num_records_out[sp], consumer)
         metrics.count("numBytesOut", writer.num_bytes_out[sp], consumer)
         metrics.count("numBuffersOut", writer.num_buffers_out[sp], consumer)
-    rows = [dataclasses.asdict(r) for r in (*metrics.rows(), *timeline.timeline_rows())]
+    rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in (*metrics.rows(), *timeline.timeline_rows())]
     out.append((consumers[0], producer, -1, METRICS_TYPE, json.dumps(rows).encode()))
     yield _storage_batch(out)
     partition.release()
 
 
 def _producer_metrics(payload: bytes) -> list[MetricRow]:
-    return [MetricRow(**row) for row in json.loads(payload)]
+    """The metric rows a producer shipped (JSON lists of the MetricRow fields in order)."""
+    return [MetricRow(*row) for row in json.loads(payload)]
 
 
 def build(plan: ExchangePlan, df: DataFrame) -> tuple[DataFrame, Observation]:

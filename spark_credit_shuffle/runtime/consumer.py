@@ -100,7 +100,7 @@ def consume_partition(
                         if delay:
                             time.sleep(delay * out.num_rows)
                         pending.append(out)
-                        pending_bytes += out.nbytes
+                        pending_bytes += out.get_total_buffer_size()  # nbytes costs ~15 µs a call
                 if pending_bytes >= _OUTPUT_BATCH_BYTES:
                     yield _combine(pending)
                     pending.clear()
@@ -116,7 +116,7 @@ def consume_partition(
                 continue
             for producer, data_type, payload in stored_buffers(batch):
                 if data_type == _METRICS_TYPE:
-                    producer_metrics.extend(MetricRow(**row) for row in json.loads(payload.to_pybytes()))
+                    producer_metrics.extend(MetricRow(*row) for row in json.loads(payload.to_pybytes()))
                     continue
                 channel = channel_of.get(producer)
                 kind = data_types.get(data_type)
