@@ -52,6 +52,9 @@ STORAGE_SCHEMA = pa.schema(
 STORAGE_DDL = "channel int, producer int, seq int, data_type tinyint, payload binary"
 #: Not a Flink data type: the row that carries a producer's metrics to a consumer of its output.
 METRICS_TYPE = -1
+#: Stored buffers are handed to Spark in batches of about this many payload bytes (fewer, larger
+#: batches than one per input batch; memory stays a few MiB).
+_STORAGE_BATCH_BYTES = 4 << 20
 #: A producer's metric rows travel as JSON lists of these fields, in this order.
 _METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(MetricRow))
 
@@ -103,11 +106,15 @@ def produce_partition(
     )
     out: list[tuple[int, int, int, int, object]] = []
     seqs = [0] * n
+    out_bytes = 0
 
     def store(subpartition: int, buffer: StoredBuffer) -> None:
+        nonlocal out_bytes
         seq = seqs[subpartition]
         seqs[subpartition] = seq + 1
-        out.append((consumers[subpartition], producer, seq, int(buffer.data_type), bytes(buffer.payload)))
+        payload = bytes(buffer.payload)
+        out_bytes += len(payload)
+        out.append((consumers[subpartition], producer, seq, int(buffer.data_type), payload))
 
     partition = BlockingResultPartition(n, pool, partition_id=producer, sink=store)
     writer = RecordWriter(partition, selector, config.segment_size)
@@ -130,9 +137,10 @@ def produce_partition(
             metrics.sample("outPoolUsage", partition.out_pool_usage)
             if timeline.due():
                 timeline.record(gauges)
-        if out:
+        if out_bytes >= _STORAGE_BATCH_BYTES:
             yield _storage_batch(out)
             out.clear()
+            out_bytes = 0
     writer.finish()
     metrics.sample("outPoolUsage", partition.out_pool_usage)
     timeline.record(gauges)
