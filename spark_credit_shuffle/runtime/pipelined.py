@@ -28,10 +28,7 @@ barrier *result* stage, and refuses jobs that run only some of a barrier stage's
 ``take``, ``limit``, the sampling of a skewed sort). So by default (``retryable=True``) the consumers'
 output is placed on its partitions by an identity ``repartitionById``: the barrier stage then feeds a
 shuffle, which Spark re-runs whole after a failure (output exact: every producer and consumer runs again),
-and every DataFrame operation works downstream. What crosses that shuffle are the consumers' batches as
-Arrow IPC messages (a row per message of up to 8 MiB, cheaper for Spark to shuffle than the rows they
-hold), turned back into rows by a plain stage after it; the cost is that shuffle and one more hop between
-the JVM and Python.
+and every DataFrame operation works downstream; the cost is one shuffle of the output rows.
 ``retryable=False`` streams the consumers' rows straight into what follows (the fastest form, for
 actions that run every partition: ``write``, ``collect``, ``count``, ``foreachPartition``); with S > T
 the output is always placed on T partitions by that shuffle.
@@ -122,10 +119,6 @@ log = logging.getLogger("spark_credit_shuffle")
 
 #: Hidden column used by the identity placements around the barrier stage.
 _TAG = "__credit_shuffle_subtask"
-#: Hidden column of the placed output: the consumers' batches as Arrow IPC messages.
-_MESSAGE = "__credit_shuffle_batch"
-#: The largest message of placed output (a batch is cut into messages of about this size).
-_MAX_MESSAGE_BYTES = 8 << 20
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MAX_LATENCY_SAMPLES = 100_000
 #: A producer checks its pool's availability before every slice of about this many segments per channel.
@@ -266,60 +259,14 @@ def build(
 
     rendezvous = _address_service(df.sparkSession, plan, secret, width) if options.address_exchange == "auto" else None
 
-    name = f"credit_shuffle_{plan.name.replace('-', '_')}"
-    if not (producers > consumers or retryable):
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from run_barrier_task(batches, plan, secret, options, rendezvous)
 
-        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            yield from run_barrier_task(batches, plan, secret, options, rendezvous)
-
-        run.__name__ = name
-        return finish_plan(plan, source.mapInArrow(run, output_struct_type(df), barrier=True))
-
-    # Placed output: the consumers hand on their decoded batches as Arrow IPC messages, a few big rows that
-    # Spark shuffles far more cheaply than the rows they hold; a plain (non-barrier) stage after the shuffle
-    # turns them back into rows on the consumer's partition.
-    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
-
-    def run_placed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import BarrierTaskContext
-
-        tag = BarrierTaskContext.get().partitionId()  # a producer-only task's metrics go to tag mod consumers
-        for batch in run_barrier_task(batches, plan, secret, options, rendezvous):
-            yield _as_messages(batch, tag)
-
-    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _from_messages(batches, plan.schema)
-
-    run_placed.__name__ = name
-    decode.__name__ = f"{name}_output"
-    messages_type = StructType([StructField(_TAG, IntegerType(), False), StructField(_MESSAGE, BinaryType(), False)])
-    placed = source.mapInArrow(run_placed, messages_type, barrier=True).repartitionById(consumers, _TAG)
-    return finish_plan(plan, placed.mapInArrow(decode, output_struct_type(df)))
-
-
-def _as_messages(batch: pa.RecordBatch, tag: int) -> pa.RecordBatch:
-    """``batch`` (data rows and metrics cell) as rows of Arrow IPC messages of at most about
-    :data:`_MAX_MESSAGE_BYTES` each, tagged with the consumer's partition."""
-    pieces = max(1, min(batch.num_rows, -(-batch.nbytes // _MAX_MESSAGE_BYTES)))
-    step = -(-batch.num_rows // pieces) if batch.num_rows else 0
-    parts = [batch] if pieces == 1 else [batch.slice(i, step) for i in range(0, batch.num_rows, step)]
-    messages = [part.serialize() for part in parts]
-    offsets = np.zeros(len(messages) + 1, dtype=np.int64)
-    np.cumsum([m.size for m in messages], out=offsets[1:])
-    data = pa.py_buffer(b"".join(messages))  # one copy: the messages side by side
-    column = pa.Array.from_buffers(pa.large_binary(), len(messages), [None, pa.py_buffer(offsets), data])
-    tags = pa.array(np.full(len(messages), tag, dtype=np.int32))
-    return pa.RecordBatch.from_arrays([tags, column.cast(pa.binary())], [_TAG, _MESSAGE])
-
-
-def _from_messages(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """The batches of :func:`_as_messages` again (one per message: per batch, never per row)."""
-    from .common import output_schema
-
-    full = output_schema(schema)
-    for batch in batches:
-        for message in batch.column(1).to_pylist():  # a few messages of thousands of rows each
-            yield pa.ipc.read_record_batch(pa.py_buffer(message), full)
+    run.__name__ = f"credit_shuffle_{plan.name.replace('-', '_')}"
+    consumed = source.mapInArrow(run, output_struct_type(df), barrier=True)
+    if producers > consumers or retryable:
+        consumed = consumed.withColumn(_TAG, F.spark_partition_id()).repartitionById(consumers, _TAG).drop(_TAG)
+    return finish_plan(plan, consumed)
 
 
 def _address_service(spark: Any, plan: ExchangePlan, secret: bytes, width: int) -> tuple[str, int, str] | None:
