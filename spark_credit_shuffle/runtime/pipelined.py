@@ -8,12 +8,15 @@ flow control, with real backpressure: a producer whose buffer pool is exhausted 
 until its consumers return credit, and the time it waits is measured.
 
 **Wiring.** Each task listens on its own address (the executor's host as Spark reports it; 127.0.0.1 in
-local mode) and publishes ``host:port`` with ONE ``allGather`` (each barrier call costs about a second);
-after that tasks talk only over their own sockets. A consumer opens one TCP connection per remote producer
-task, carrying every channel between the two (framed with the protocol codec, authenticated with a random
-per-exchange secret generated on the driver); its own subpartition is read through a local channel, with
-no credit and no copy. Threads per task: the Spark task thread is the consumer (it yields the received
-rows as they arrive), one producer thread feeds the input batches to the RecordWriter, one I/O thread
+local mode) and publishes ``host:port`` once: through the driver's address service on a classic session
+(:mod:`~spark_credit_shuffle.runtime.rendezvous`: milliseconds), or with ONE ``allGather`` (Spark Connect,
+or ``TaskOptions(address_exchange="allgather")``; each barrier call costs about a second, during which no
+consumer reads); after that tasks talk only over their own sockets. A consumer opens one TCP connection
+per remote producer task, carrying every channel between the two (framed with the protocol codec,
+authenticated with a random per-exchange secret generated on the driver); its own subpartition is read
+through a local channel, with no credit and no copy. Threads per task: the Spark task thread is the
+consumer (it yields the received rows as they arrive), one producer thread feeds the input batches to the
+RecordWriter, one I/O thread
 drives every socket (:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread is
 the output flusher (``buffer_timeout_ms``), sends latency markers and samples memory. All protocol objects
 of a task are guarded by one re-entrant lock.
