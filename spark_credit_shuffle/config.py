@@ -119,6 +119,22 @@ def _parse_bool(value: bool | str, setting: str) -> bool:
     raise ConfigError(setting, value, "true or false")
 
 
+#: How the tasks of a pipelined exchange learn each other's listening addresses.
+ADDRESS_EXCHANGES = ("auto", "allgather")
+
+
+def _parse_address_exchange(value: str, setting: str) -> str:
+    text = str(value).strip().lower()
+    if text not in ADDRESS_EXCHANGES:
+        raise ConfigError(
+            setting,
+            value,
+            "'auto' (the driver's address service on a classic session, Spark's allGather on Spark Connect) "
+            "or 'allgather' (always allGather, about a second per exchange)",
+        )
+    return text
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -198,6 +214,14 @@ class NetworkConfig:
         100, "metrics.reporter.<name>.interval", parse_duration_ms,
         "how often each task samples its pool usage, backlog, credits and backpressure for the metrics "
         "timeline (wall time); 0 turns the timeline off",
+    )  # fmt: skip
+
+    address_exchange: str = _setting(
+        "auto", "none (Flink's JobManager deploys consumers with their producers' addresses)",
+        _parse_address_exchange,
+        "how the tasks of a pipelined exchange learn each other's addresses: 'auto' through a small "
+        "authenticated service on the driver (Spark's allGather on Spark Connect), 'allgather' always through "
+        "Spark's allGather, for clusters whose executors cannot open connections to the driver",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

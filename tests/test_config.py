@@ -198,3 +198,10 @@ def test_unknown_key_set_on_a_spark_session_is_refused(spark):
             NetworkConfig.from_spark(spark)
     finally:
         spark.conf.unset("spark.creditShuffle.bufferTimeout")
+
+
+def test_address_exchange_setting():
+    assert NetworkConfig().address_exchange == "auto"
+    assert NetworkConfig.from_conf({"spark.creditShuffle.addressExchange": "AllGather"}).address_exchange == "allgather"
+    with pytest.raises(ConfigError, match=r"address_exchange.*'auto'.*'allgather'"):
+        NetworkConfig(address_exchange="gossip")

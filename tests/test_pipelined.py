@@ -576,9 +576,10 @@ def test_the_address_service_answers_every_task_in_order_and_turns_away_stranger
 
 @pytest.mark.spark
 def test_tasks_exchange_addresses_through_spark_allgather_when_asked(spark):
+    """The public setting (keyword or spark.creditShuffle.addressExchange) reaches the tasks."""
     df = spark_rows(spark, 2000, 2)
-    ex = scs.exchange(df, scs.key_by("k"), mode="pipelined")
-    out, _ = pipelined.build(ex.plan, df, retryable=False, options=TaskOptions(address_exchange="allgather"))
-    assert sorted(r["id"] for r in out.collect()) == list(range(2000))
+    ex = scs.exchange(df, scs.key_by("k"), mode="pipelined", address_exchange="allgather", retryable=False)
+    assert ex.plan.config.address_exchange == "allgather"
+    assert sorted(r["id"] for r in ex.df.collect()) == list(range(2000))
     with pytest.raises(ConfigError, match="address_exchange"):
         TaskOptions(address_exchange="carrier pigeon")

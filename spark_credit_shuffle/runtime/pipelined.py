@@ -93,6 +93,7 @@ from ..buffers.buffer import Buffer
 from ..buffers.format import LatencyMarker
 from ..buffers.reader import RecordReader
 from ..buffers.writer import RecordWriter
+from ..config import ADDRESS_EXCHANGES
 from ..errors import ConfigError, CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.codec import default_max_frame_length
@@ -130,7 +131,7 @@ _SEGMENTS_PER_EMIT = 2
 _MAX_DEFAULT_LINGER_MS = 2.0
 #: Returned by ``_next_buffer`` when its linger deadline passed with nothing new.
 _LINGER_OVER = object()
-_ADDRESS_EXCHANGES = ("auto", "allgather")
+_ADDRESS_EXCHANGES = ADDRESS_EXCHANGES
 #: The least time a task waits for the other tasks' addresses (tasks of a stage may start seconds apart).
 _MIN_ADDRESS_WAIT_S = 60.0
 
@@ -252,7 +253,7 @@ def build(
         retryable = getattr(plan, "retryable", None)
     if retryable is None:
         retryable = True
-    options = options or TaskOptions()
+    options = options or TaskOptions(address_exchange=plan.config.address_exchange)
     producers, consumers = plan.num_producers, plan.num_consumers
     width = max(producers, consumers)
     secret = _secrets.token_bytes(32)

@@ -248,12 +248,12 @@ def all_gather_via(
             raise ExchangeTimeoutError(
                 f"task {task} of {exchange} waited {(time.monotonic() - started) * 1000:.0f} ms for the addresses "
                 f"of the other tasks from {where} (partition_request_timeout_ms); set "
-                f"TaskOptions(address_exchange='allgather') if executors cannot reach the driver"
+                f"spark.creditShuffle.addressExchange=allgather if executors cannot reach the driver"
             ) from None
         except (OSError, ValueError) as exc:
             raise CreditShuffleError(
                 f"task {task} of {exchange}: exchanging addresses through {where} failed: {exc}; set "
-                f"TaskOptions(address_exchange='allgather') if executors cannot reach the driver"
+                f"spark.creditShuffle.addressExchange=allgather if executors cannot reach the driver"
             ) from exc
         if not isinstance(answer, list) or not all(isinstance(m, str) for m in answer):
             raise CreditShuffleError(f"task {task} of {exchange}: malformed answer from {where}")
