@@ -604,9 +604,16 @@ class LocalBufferPool:
         """Refresh availability, taking a segment from the global pool if below size; notify on a change.
 
         A segment the pool gains this way goes to a waiting buffer listener first (Flink serves listeners
-        only on recycle; a channel could then wait while its pool holds a free segment)."""
+        only on recycle; a channel could then wait while its pool holds a free segment). A free segment
+        first settles a borrowed one: the borrowed segment is in use and counts as this pooled one from
+        then on, so a pool never sits on a free segment while it is unavailable for a borrowed one."""
+        while self.num_borrowed and self.num_available_segments:
+            self.num_borrowed -= 1
+            self.num_available_segments -= 1
         if self.num_available_segments == 0 and self.num_requested < self.current_pool_size and not self.is_destroyed:
             if self._request_from_global():
+                if self.num_borrowed:
+                    return self.check_availability()
                 if self._listeners:
                     self.num_available_segments -= 1
                     self._offer_segment()

@@ -210,34 +210,43 @@ def test_virtual_clock_orders_events_by_time_then_insertion():
     assert clock.now == 2.0
 
 
-@pytest.mark.parametrize(
-    ("buffers_per_channel", "floating", "timeout_ms"),
-    [(0, 1, 10), (1, 0, -1)],
-)
-def test_few_buffers_on_one_connection_do_not_deadlock(buffers_per_channel, floating, timeout_ms):
-    """Three producers and three consumers on one host share one connection, with at most two buffers per
-    channel and no overdraft: channels without exclusive buffers, empty buffers that spend a credit and
-    records spanning buffers must still all get through."""
-    config = NetworkConfig(
-        segment_size=4096,
-        buffers_per_channel=buffers_per_channel,
-        floating_buffers_per_gate=floating,
-        max_buffers_per_channel=2,
-        max_overdraft_buffers_per_gate=0,
-        buffer_timeout_ms=timeout_ms,
-    )
+_FEW_BUFFERS = {
+    "one connection, no exclusive buffers": (
+        {"buffers_per_channel": 0, "floating_buffers_per_gate": 1, "buffer_timeout_ms": 10},
+        {"num_producers": 3, "num_consumers": 3, "bytes_per_producer": [0, 53_033, 75_003], "record_size": 2378,
+         "batch_records": 12},
+    ),
+    "one connection, no floating buffers": (
+        {"buffers_per_channel": 1, "floating_buffers_per_gate": 0, "buffer_timeout_ms": -1},
+        {"num_producers": 3, "num_consumers": 3, "bytes_per_producer": [0, 53_033, 75_003], "record_size": 2378,
+         "batch_records": 12},
+    ),
+    # a producer that had to borrow a segment beyond network memory got a pooled one back while the borrowed
+    # one sat in an open buffer: it must count as settled, or the producer waits for its own segment
+    "borrowed segment settled by a pooled one": (
+        {"buffers_per_channel": 0, "floating_buffers_per_gate": 1, "buffer_timeout_ms": -1},
+        {"num_producers": 2, "num_consumers": 3, "bytes_per_producer": [12_294, 14_343], "record_size": 2049,
+         "batch_records": 6, "extra_buffers_per_host": 0},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(_FEW_BUFFERS))
+def test_few_buffers_on_one_host_do_not_deadlock(case):
+    """All subtasks on one host, at most two buffers per channel and no overdraft: channels without exclusive
+    buffers, empty buffers that spend a credit, records spanning buffers and segments borrowed beyond
+    network memory must still let everything through."""
+    settings, scenario = _FEW_BUFFERS[case]
+    config = NetworkConfig(segment_size=4096, max_buffers_per_channel=2, max_overdraft_buffers_per_gate=0, **settings)
+    producers, consumers = scenario["num_producers"], scenario["num_consumers"]
     _check_run(
         {
             "config": config,
-            "num_producers": 3,
-            "num_consumers": 3,
-            "producer_rate": 2e5,
-            "consumer_rate": 2e5,
-            "bytes_per_producer": [0, 53_033, 75_003],
-            "record_size": 2378,
-            "batch_records": 12,
-            "producer_hosts": [0, 0, 0],
-            "consumer_hosts": [0, 0, 0],
+            "producer_rate": [2e5] * producers,
+            "consumer_rate": [2e5] * consumers,
+            "producer_hosts": [0] * producers,
+            "consumer_hosts": [0] * consumers,
             "connections": "host_pair",
+            **scenario,
         }
     )
