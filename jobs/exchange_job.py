@@ -23,25 +23,10 @@ import sys
 import time
 from typing import Any
 
+from spark_credit_shuffle.cli import conf_pair, positive_int
+
 FORMATS = ("parquet", "csv", "json", "orc")
 PARTITIONERS = ("hash:<col>[,<col>...]", "rebalance", "rescale", "shuffle", "broadcast", "forward", "global")
-
-
-def _conf_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"invalid --conf {text!r}: allowed is KEY=VALUE")
-    return key.strip(), value.strip()
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {value}: allowed is an integer >= 1")
-    return value
 
 
 def parse_partitioner(text: str):
@@ -81,11 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", help="input path (file or directory)")
-    source.add_argument("--generate", type=_positive, metavar="ROWS", help="generate ROWS rows instead of reading")
+    source.add_argument("--generate", type=positive_int, metavar="ROWS", help="generate ROWS rows instead of reading")
     parser.add_argument("--format", choices=FORMATS, help="input format (default: from the extension, else parquet)")
     parser.add_argument("--partitioner", default="rebalance", help="one of " + ", ".join(PARTITIONERS))
-    parser.add_argument("--parallelism", type=_positive, help="consumer subtasks (default: the producer count)")
-    parser.add_argument("--producers", type=_positive, help="repartition the input to this many producers first")
+    parser.add_argument("--parallelism", type=positive_int, help="consumer subtasks (default: the producer count)")
+    parser.add_argument("--producers", type=positive_int, help="repartition the input to this many producers first")
     parser.add_argument("--mode", choices=("blocking", "pipelined"), default="blocking")
     parser.add_argument("--output", help="where to write the exchanged rows (default: count them only)")
     parser.add_argument("--output-format", choices=FORMATS, help="default: from the extension, else parquet")
@@ -94,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeline-png", help="draw the timeline into this PNG (needs matplotlib)")
     parser.add_argument("--master", help="Spark master under plain python (default local[N])")
     parser.add_argument(
-        "--conf", action="append", type=_conf_pair, default=[], metavar="KEY=VALUE", help="Spark or exchange setting"
+        "--conf", action="append", type=conf_pair, default=[], metavar="KEY=VALUE", help="Spark or exchange setting"
     )
     args = parser.parse_args(argv)
 

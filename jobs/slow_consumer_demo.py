@@ -27,21 +27,13 @@ import sys
 import time
 from typing import Any
 
+from spark_credit_shuffle.cli import conf_pair, positive_int
+
 UNTHROTTLED = "round robin, no delay"
 ROUND_ROBIN = "round robin, consumer 0 slow"
 ADAPTIVE = "adaptive, consumer 0 slow"
 #: The fast consumer's throughput behind adaptive rebalance, as a share of its unthrottled rate.
 ADAPTIVE_GOAL = 0.8
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {value}: allowed is an integer >= 1")
-    return value
 
 
 def consumer_rates(rows: list[Any]) -> dict[int, tuple[float, float]]:
@@ -68,19 +60,19 @@ def rate(per_consumer: dict[int, tuple[float, float]], consumer: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=_positive, default=40_000, help="rows per producer subtask (40,000)")
+    parser.add_argument("--rows", type=positive_int, default=40_000, help="rows per producer subtask (40,000)")
     parser.add_argument(
         "--round-robin-rows",
-        type=_positive,
+        type=positive_int,
         default=4000,
         help="rows per producer behind round robin with the slow consumer (4,000: half of them wait --delay-ms; "
         "several times what the buffers in front of the slow consumer hold, so that their filling does not dominate)",
     )
-    parser.add_argument("--repeat", type=_positive, default=3, help="rounds of the three cases (3)")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="rounds of the three cases (3)")
     parser.add_argument("--delay-ms", type=float, default=1.0, help="consumer 0's sleep per row, ms (1.0)")
-    parser.add_argument("--payload-bytes", type=_positive, default=100, help="bytes of the string column (100)")
-    parser.add_argument("--batch-rows", type=_positive, default=100, help="rows per input Arrow batch (100)")
-    parser.add_argument("--max-traverse", type=_positive, default=4, help="channels adaptive looks at (4)")
+    parser.add_argument("--payload-bytes", type=positive_int, default=100, help="bytes of the string column (100)")
+    parser.add_argument("--batch-rows", type=positive_int, default=100, help="rows per input Arrow batch (100)")
+    parser.add_argument("--max-traverse", type=positive_int, default=4, help="channels adaptive looks at (4)")
     parser.add_argument(
         "--segment-size",
         default="4kb",
@@ -88,16 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         "backpressure shows on small data)",
     )
     parser.add_argument("--master", help="Spark master under plain python (default local[4])")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark or exchange setting")
+    parser.add_argument(
+        "--conf", action="append", type=conf_pair, default=[], metavar="KEY=VALUE", help="Spark or exchange setting"
+    )
     args = parser.parse_args(argv)
     if args.delay_ms <= 0:
         parser.error("--delay-ms: allowed is a delay > 0 ms")
-    conf = []
-    for text in args.conf:
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            parser.error(f"--conf {text!r}: allowed is KEY=VALUE")
-        conf.append((key.strip(), value.strip()))
+    conf: list[tuple[str, str]] = args.conf
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -18,30 +18,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .cli import conf_pair, positive_int
 from .config import CONF_PREFIX, NetworkConfig
 from .errors import ConfigError, PartitionerError
 
 __all__ = ["build_parser", "main", "plan_from_args"]
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}: allowed is an integer >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {value}: allowed is an integer >= 1")
-    return value
-
-
-def _conf_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(
-            f"invalid --conf {text!r}: allowed is KEY=VALUE, e.g. {CONF_PREFIX}buffersPerChannel=4 or "
-            f"buffers_per_channel=4"
-        )
-    return key.strip(), value.strip()
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +30,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     from .planner import PATTERNS
 
     topo = parser.add_argument_group("topology (one exchange, or several with --exchange)")
-    topo.add_argument("--producers", type=_positive, default=4, help="producer subtasks (default 4)")
-    topo.add_argument("--consumers", type=_positive, default=None, help="consumer subtasks (default: --producers)")
+    topo.add_argument("--producers", type=positive_int, default=4, help="producer subtasks (default 4)")
+    topo.add_argument("--consumers", type=positive_int, default=None, help="consumer subtasks (default: --producers)")
     topo.add_argument(
         "--partitioner",
         default="hash",
@@ -70,8 +51,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="consecutive exchanges share tasks (consumer i of one is producer i of the next)",
     )
     ex = parser.add_argument_group("executors")
-    ex.add_argument("--executors", type=_positive, default=None, help="number of executors (default 1)")
-    ex.add_argument("--slots", type=_positive, default=None, help="task slots per executor (default 1)")
+    ex.add_argument("--executors", type=positive_int, default=None, help="number of executors (default 1)")
+    ex.add_argument("--slots", type=positive_int, default=None, help="task slots per executor (default 1)")
     ex.add_argument("--network-memory", default=None, help="network memory per executor, e.g. 64mb (default 64 MiB)")
     cfg = parser.add_argument_group("network settings")
     cfg.add_argument("--segment-size", default=None, help="bytes per network buffer, e.g. 32kb")
@@ -80,7 +61,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     cfg.add_argument(
         "--conf",
         action="append",
-        type=_conf_pair,
+        type=conf_pair,
         default=[],
         metavar="KEY=VALUE",
         help=f"any setting, as {CONF_PREFIX}<name>=value or <python_name>=value; repeatable",
