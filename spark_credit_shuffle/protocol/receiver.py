@@ -687,23 +687,10 @@ class SingleInputGate:
         while queue:
             channel = queue.popleft()
             channel.is_queued = False
-            if type(channel) is RemoteInputChannel and channel.error is None:
-                received = channel.received_buffers  # the remote channel's get_next_buffer, inline
-                if not received:
-                    continue
-                buffer, sequence_number = received.popleft()
-                if channel._num_priority:
-                    channel._num_priority -= 1
-                size = len(buffer.data)  # type: ignore[arg-type]
-                channel.queue_size_bytes -= size
-                channel.num_bytes_in += size
-                channel.num_buffers_in += 1
-                more = bool(received)
-            else:
-                result = channel.get_next_buffer()
-                if result is None:
-                    continue
-                buffer, more, sequence_number = result
+            result = channel.get_next_buffer()
+            if result is None:
+                continue
+            buffer, more, sequence_number = result
             if more:
                 channel.is_queued = True
                 queue.append(channel)
@@ -928,24 +915,16 @@ class CreditBasedPartitionRequestClientHandler:
                 data_type = message.data_type  # type: ignore[union-attr]
                 if (
                     channel is not None and IS_BUFFER[data_type] and not channel.is_released and len(message.payload)  # type: ignore[union-attr,arg-type]
-                ):  # the common case, inline: a data buffer into a credit-backed channel buffer (floating first)
-                    manager = channel.buffer_manager
-                    if manager.num_floating:
-                        manager.num_floating -= 1
-                        recycler = manager.floating_pool.recycle
-                    elif manager.num_exclusive:
-                        manager.num_exclusive -= 1
-                        recycler = manager.recycle_exclusive
-                    else:
-                        recycler = None
+                ):  # the common case, inline: a data buffer into a credit-backed channel buffer
+                    recycler = channel.buffer_manager.request_buffer()
                     if recycler is not None:
-                        manager.num_required_buffers -= 1
                         channel.on_buffer(
                             Buffer(data_type, message.payload, recycler),  # type: ignore[union-attr]
                             message.sequence_number,  # type: ignore[union-attr]
                             message.backlog,  # type: ignore[union-attr]
                         )
                         return
+                    channel.buffer_manager.num_required_buffers += 1  # undo; the slow path takes it again
                 self._decode_buffer_response(message)  # type: ignore[arg-type]
             elif self._staged or not self._decode_without_credit(message):  # type: ignore[arg-type]
                 self._staged.append(message)  # type: ignore[arg-type]

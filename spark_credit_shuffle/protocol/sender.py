@@ -327,34 +327,14 @@ class PartitionRequestQueue:
         while available:
             reader = available.popleft()
             reader.is_registered_as_available = False
-            view = reader.view
-            if reader.credit_based and view is not None:
-                # the credit-based reader's get_next_buffer, inline: the hot path of every buffer sent
-                polled = view.get_next_buffer()
-                if polled is not None:
-                    buffer, backlog, next_type, sequence_number = polled
-                    credits = reader.num_credits_available
-                    if IS_BUFFER[buffer.data_type]:
-                        credits -= 1
-                        if credits < 0:
-                            raise ProtocolError(
-                                f"receiver {reader.receiver_id}: data buffer polled with no credit available"
-                            )
-                        reader.num_credits_available = credits
-                    more = IS_EVENT[next_type] or (credits > 0 and IS_BUFFER[next_type])
-            else:
-                nxt = reader.get_next_buffer()
-                if nxt is not None:
-                    polled = nxt
-                    buffer, more, backlog, sequence_number = nxt
-                else:
-                    polled = None
+            polled = reader.get_next_buffer()
             if polled is None:
                 if reader.is_released:
                     cause = reader.failure_cause
                     if cause is not None:
                         return ErrorResponse(str(cause), reader.receiver_id)
                 continue
+            buffer, more, backlog, sequence_number = polled
             if more:
                 reader.is_registered_as_available = True
                 available.append(reader)
