@@ -121,8 +121,8 @@ def timed(action: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
-def metric_rows(observation: Any) -> list[dict[str, Any]]:
-    return [r.asDict() for cell in observation.get.get("metrics") or [] for r in cell or []]
+def metric_rows(collected: Any) -> list[dict[str, Any]]:
+    return [vars(r) for r in collected.rows()]
 
 
 def worst(rows: list[dict[str, Any]], metric: str, stat: str) -> float | None:
@@ -220,11 +220,11 @@ def run_streaming(df: Any, rows: int, p: int, timeout_ms: int, marker_ms: int) -
 
     ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined", buffer_timeout_ms=timeout_ms)
     options = pipelined.TaskOptions(latency_interval_ms=marker_ms)
-    out, observation = pipelined.build(ex.plan, df, retryable=False, options=options)
+    out, collected = pipelined.build(ex.plan, df, retryable=False, options=options)
     started = time.perf_counter()
     noop(out)
     seconds = time.perf_counter() - started
-    return seconds, metric_rows(observation)
+    return seconds, metric_rows(collected)
 
 
 def sweep(spark: Any, df: Any, args: argparse.Namespace, data_bytes: int) -> dict[str, Any]:

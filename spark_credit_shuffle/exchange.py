@@ -26,7 +26,9 @@ from .partitioners import Partitioner
 
 if TYPE_CHECKING:
     from pyspark import RDD
-    from pyspark.sql import DataFrame, Observation
+    from pyspark.sql import DataFrame
+
+    from .runtime.common import CollectedMetrics
 
 __all__ = ["MODES", "Exchange", "ExchangePlan", "Injection", "exchange", "exchange_rdd", "exchanged"]
 
@@ -93,10 +95,10 @@ class ExchangePlan:
 class Exchange:
     """One planned exchange: its output DataFrame and, after an action, its metrics."""
 
-    def __init__(self, plan: ExchangePlan, df: DataFrame, observation: Observation) -> None:
+    def __init__(self, plan: ExchangePlan, df: DataFrame, collected: CollectedMetrics) -> None:
         self.plan = plan
         self.df = df
-        self._observation = observation
+        self._collected = collected
 
     @property
     def rdd(self) -> RDD[Any]:
@@ -108,22 +110,15 @@ class Exchange:
         return self.plan.name
 
     def metric_rows(self) -> list[MetricRow]:
-        """The metrics of the first action that ran ``df``, as plain rows.
+        """The metrics of the first action that ran ``df`` (of each consumer subtask), as plain rows.
 
-        Blocks until that action finished; call it after an action (``count()``, ``write``...).
+        Call it after an action (``count()``, ``write``...); before one it raises
+        :class:`CreditShuffleError` (on Spark Connect it waits for the action instead).
         """
         return [r for r in self._all_metric_rows() if r.time_ms is None]
 
     def _all_metric_rows(self) -> list[MetricRow]:
-        observed = self._observation.get
-        rows = []
-        for cell in observed.get("metrics") or []:
-            for r in cell or []:
-                time_ms = r["time_ms"]
-                rows.append(
-                    MetricRow(r["side"], r["subtask"], r["channel"], r["metric"], r["stat"], r["value"], time_ms)
-                )
-        return rows
+        return self._collected.rows()
 
     def timeline_rows(self) -> list[MetricRow]:
         """The timeline samples of the first action that ran ``df`` (``stat == "sample"``), by time."""
@@ -258,8 +253,8 @@ def exchange(
         from .runtime.blocking import build
     else:
         from .runtime.pipelined import build
-    out, observation = build(plan, df)
-    return Exchange(plan, out, observation)
+    out, collected = build(plan, df)
+    return Exchange(plan, out, collected)
 
 
 def exchange_rdd(

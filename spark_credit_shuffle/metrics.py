@@ -47,9 +47,11 @@ doubles its interval, so long runs stay cheap.
 Inside an exchange a metric row is ``struct<side, subtask, channel, metric, stat, value, time_ms>``,
 ``time_ms`` null for the summary rows.
 
-Metrics travel with the data (no accumulators, so Spark Connect works): producers ship theirs
-through the exchange itself, consumers report them as the last row of their partition, and
-Spark's ``Observation`` collects them from the successful attempt of every task, once.
+Producers ship their metrics through the exchange itself; consumers hand theirs, and their producers',
+to the driver when they end: through a PySpark accumulator on classic sessions, or, on Spark Connect
+(no accumulators), as a hidden last row that an ``Observation`` collects
+(:mod:`spark_credit_shuffle.runtime.common`). Either way each consumer subtask counts once: its
+successful attempt in the first action that ran it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,14 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
 import spark_credit_shuffle as scs
-from spark_credit_shuffle.errors import ConfigError, InsufficientNetworkBuffersError, PartitionerError
+from spark_credit_shuffle.errors import (
+    ConfigError,
+    CreditShuffleError,
+    InsufficientNetworkBuffersError,
+    PartitionerError,
+)
+from spark_credit_shuffle.runtime import blocking, pipelined
+from spark_credit_shuffle.runtime.common import IN_BAND, CollectedMetrics, metrics_report
 
 pytestmark = pytest.mark.spark
 
@@ -133,6 +140,49 @@ def test_metrics_count_every_record_and_buffer_once(spark, mode):
     frame = ex.metrics()
     assert frame.columns == ["exchange", "mode", "side", "subtask", "channel", "metric", "stat", "value"]
     assert frame.where(F.col("metric") == "numRecordsIn").agg(F.sum("value")).first()[0] == 3000
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_metrics_in_band_as_on_spark_connect_equal_the_accumulated_ones(spark, mode):
+    """Without accumulators (Spark Connect) the metrics ride a hidden column that the user never sees."""
+    df = rows_df(spark, n=2000)
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode=mode)
+    build = blocking.build if mode == "blocking" else pipelined.build
+    out, collected = build(ex.plan, df, report=IN_BAND)
+    assert out.columns == ex.df.columns == df.columns
+    assert_df_equality(out, df, ignore_row_order=True)
+    ex.df.write.format("noop").mode("overwrite").save()
+
+    def records(rows):
+        return sorted(
+            (r.side, r.subtask, r.channel, r.metric, r.value)
+            for r in rows
+            if r.metric in ("numRecordsIn", "numRecordsOut")
+        )
+
+    in_band, accumulated = records(collected.rows()), records(ex.metric_rows())
+    assert in_band == accumulated
+    assert sum(v for side, *_, v in accumulated if side == "consumer") == 2000
+
+
+def test_metrics_before_any_action_say_what_to_run(spark):
+    ex = scs.exchange(rows_df(spark, n=10), scs.key_by("k"), parallelism=2)
+    with pytest.raises(CreditShuffleError, match="no action has run"):
+        ex.metrics()
+
+
+def test_each_consumer_reports_its_first_stage_and_that_stages_latest_attempt(spark):
+    report = metrics_report(spark)
+    assert not report.in_band
+
+    def rows(subtask, value):
+        return [("consumer", subtask, None, "numRecordsIn", "count", value, None)]
+
+    # (stage id, partition, task attempt id, rows): stage 7 ran subtask 0 twice (a retry); stage 9 is a
+    # later action, which ran subtask 1 for the first time
+    report.accumulator.add([(7, 0, 30, rows(0, 1.0)), (9, 0, 50, rows(0, 3.0)), (7, 0, 41, rows(0, 2.0))])
+    report.accumulator.add([(9, 1, 51, rows(1, 4.0))])
+    assert [(r.subtask, r.value) for r in CollectedMetrics(report).rows()] == [(0, 2.0), (1, 4.0)]
 
 
 def test_errors_before_launch(spark):

@@ -423,14 +423,14 @@ def test_insufficient_slots_are_reported_before_launch(spark):
 def test_streaming_into_the_sink_is_exact_and_keeps_flinks_placement(spark):
     df = spark_rows(spark, 3000, 4)
     ex = scs.exchange(df, scs.key_by("k"), mode="pipelined", buffer_timeout_ms=1)
-    out, observation = pipelined.build(ex.plan, df, retryable=False)  # straight from the consumers, no shuffle
+    out, collected = pipelined.build(ex.plan, df, retryable=False)  # straight from the consumers, no shuffle
     got = out.withColumn("_subtask", F.spark_partition_id()).collect()
     assert sorted(r["id"] for r in got) == list(range(3000))
     keys = sorted({(r["k"], r["_subtask"]) for r in got})
     channels = scs.key_group_channels(pa.array([k for k, _ in keys], pa.int32()), 4, 128).tolist()
     assert [s for _, s in keys] == channels
-    rows = [r for cell in observation.get["metrics"] for r in cell]
-    assert sum(r["value"] for r in rows if r["metric"] == "numRecordsIn") == 3000
+    assert out.columns == df.columns
+    assert sum(r.value for r in collected.rows() if r.metric == "numRecordsIn") == 3000
 
 
 @pytest.mark.spark

@@ -29,11 +29,11 @@ from ..buffers.writer import RecordWriter
 from ..metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.partition import BlockingResultPartition, StoredBuffer
 from ..protocol.pools import NetworkBufferPool, PartitionType, result_partition_pool_size
-from .common import finish_plan, output_struct_type
+from .common import CollectedMetrics, MetricsReport, finish_plan, metrics_report
 from .consumer import consume_partition
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, Observation
+    from pyspark.sql import DataFrame
 
     from ..exchange import ExchangePlan
 
@@ -159,8 +159,14 @@ def _producer_metrics(payload: bytes) -> list[MetricRow]:
     return [MetricRow(*row) for row in json.loads(payload)]
 
 
-def build(plan: ExchangePlan, df: DataFrame) -> tuple[DataFrame, Observation]:
-    """The lazy Spark plan of a blocking exchange: (user-facing DataFrame, metrics Observation)."""
+def build(
+    plan: ExchangePlan, df: DataFrame, *, report: MetricsReport | None = None
+) -> tuple[DataFrame, CollectedMetrics]:
+    """The lazy Spark plan of a blocking exchange: (user-facing DataFrame, its metrics after an action).
+
+    ``report``: how consumer tasks report metrics (default: :func:`~.common.metrics_report`'s choice).
+    """
+    report = report if report is not None else metrics_report(df.sparkSession)
 
     def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -170,12 +176,12 @@ def build(plan: ExchangePlan, df: DataFrame) -> tuple[DataFrame, Observation]:
     def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        yield from consume_partition(batches, TaskContext.get().partitionId(), plan)
+        yield from consume_partition(batches, TaskContext.get().partitionId(), plan, report=report)
 
     label = plan.name.replace("-", "_")
     produce.__name__ = f"credit_shuffle_produce_{label}"
     consume.__name__ = f"credit_shuffle_consume_{label}"
     stored = df.mapInArrow(produce, STORAGE_DDL)
     placed = stored.repartitionById(plan.num_consumers, "channel")
-    consumed = placed.mapInArrow(consume, output_struct_type(df))
-    return finish_plan(plan, consumed)
+    consumed = placed.mapInArrow(consume, report.output_type(df))
+    return finish_plan(plan, consumed, report)

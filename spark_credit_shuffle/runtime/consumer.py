@@ -25,7 +25,7 @@ from ..metrics import CONSUMER, GaugeStats, MetricRow, RateMeter, TaskMetrics, T
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import RemoteInputChannel, SingleInputGate
 from ..transport.memory import StoredBuffersExchange
-from .common import metrics_batch, with_metrics_column
+from .common import IN_BAND, MetricsReport
 
 if TYPE_CHECKING:
     from ..exchange import ExchangePlan
@@ -42,11 +42,13 @@ def consume_partition(
     consumer: int,
     plan: ExchangePlan,
     network: NetworkBufferPool | None = None,
+    report: MetricsReport = IN_BAND,
 ) -> Iterator[pa.RecordBatch]:
     """Consumer subtask ``consumer``: stored buffers in (STORAGE_SCHEMA), its received rows out.
 
     ``network`` is the executor's network buffer pool the gate's buffers are taken from (default: a
     fresh one of ``plan.config``'s network memory; pass one to inspect what the task reserves).
+    ``report`` carries the task's metrics to the driver (default: in band, as the last output row).
     """
     injection = plan.injection
     if injection is not None:
@@ -102,7 +104,7 @@ def consume_partition(
                         pending.append(out)
                         pending_bytes += out.get_total_buffer_size()  # nbytes costs ~15 µs a call
                 if pending_bytes >= _OUTPUT_BATCH_BYTES:
-                    yield _combine(pending)
+                    yield report.data(_combine(pending))
                     pending.clear()
                     pending_bytes = 0
             if not polled:
@@ -133,7 +135,7 @@ def consume_partition(
                 f"consumer {consumer}: no end of partition from producers {missing}; their output is incomplete"
             )
         if pending:
-            yield _combine(pending)
+            yield report.data(_combine(pending))
     finally:
         replay.close()
 
@@ -143,7 +145,7 @@ def consume_partition(
         metrics.count("numBytesIn", reader.num_bytes_in, p)
         metrics.count("numBuffersIn", reader.num_buffers_in, p)
     metrics.set("accumulateBusyTimeMs", (time.perf_counter() - started) * 1000.0)
-    yield metrics_batch(plan.schema, [*producer_metrics, *metrics.rows(), *timeline.timeline_rows()])
+    yield from report.last(plan.schema, [*producer_metrics, *metrics.rows(), *timeline.timeline_rows()])
 
 
 def stored_buffers(batch: pa.RecordBatch) -> Iterator[tuple[int, int, pa.Buffer]]:
@@ -219,7 +221,4 @@ class GateGauges:
 
 
 def _combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    if len(batches) == 1:
-        return with_metrics_column(batches[0])
-    table = pa.Table.from_batches(batches).combine_chunks()
-    return with_metrics_column(table.to_batches()[0])
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)

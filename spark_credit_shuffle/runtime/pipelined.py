@@ -103,10 +103,10 @@ from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
 from ..transport.tcp import Connection, TcpTransport, resolve_host
-from .common import metrics_batch, output_struct_type, with_metrics_column
+from .common import IN_BAND, CollectedMetrics, MetricsReport, finish_plan, metrics_report
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, Observation
+    from pyspark.sql import DataFrame
 
     from ..exchange import ExchangePlan
 
@@ -234,19 +234,19 @@ def build(
     *,
     retryable: bool | None = None,
     options: TaskOptions | None = None,
-) -> tuple[DataFrame, Observation]:
-    """The lazy Spark plan of a pipelined exchange: (user-facing DataFrame, metrics Observation).
+    report: MetricsReport | None = None,
+) -> tuple[DataFrame, CollectedMetrics]:
+    """The lazy Spark plan of a pipelined exchange: (user-facing DataFrame, its metrics after an action).
 
     Raises :class:`InsufficientSlotsError` before launch if the cluster has fewer task slots than the
     exchange has tasks. ``retryable`` (default: the plan's ``retryable`` attribute if it has one, else
     True) places the output with an identity shuffle after the barrier stage, so that Spark can re-run the
     stage after a task failure and any operation works downstream; ``False`` streams the consumers' rows
     straight into the next operator (see the module documentation). ``options`` are the task knobs
-    (latency marker interval, output batch size, memory sampling).
+    (latency marker interval, output batch size, memory sampling); ``report`` how tasks report metrics
+    (default: :func:`~.common.metrics_report`'s choice).
     """
     from pyspark.sql import functions as F
-
-    from .common import finish_plan
 
     check_slots(plan, df.sparkSession)
     if retryable is None:
@@ -254,6 +254,7 @@ def build(
     if retryable is None:
         retryable = True
     options = options or TaskOptions(address_exchange=plan.config.address_exchange)
+    report = report if report is not None else metrics_report(df.sparkSession)
     producers, consumers = plan.num_producers, plan.num_consumers
     width = max(producers, consumers)
     secret = _secrets.token_bytes(32)
@@ -264,13 +265,13 @@ def build(
     rendezvous = _address_service(df.sparkSession, plan, secret, width) if options.address_exchange == "auto" else None
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from run_barrier_task(batches, plan, secret, options, rendezvous)
+        yield from run_barrier_task(batches, plan, secret, options, rendezvous, report)
 
     run.__name__ = f"credit_shuffle_{plan.name.replace('-', '_')}"
-    consumed = source.mapInArrow(run, output_struct_type(df), barrier=True)
+    consumed = source.mapInArrow(run, report.output_type(df), barrier=True)
     if producers > consumers or retryable:
         consumed = consumed.withColumn(_TAG, F.spark_partition_id()).repartitionById(consumers, _TAG).drop(_TAG)
-    return finish_plan(plan, consumed)
+    return finish_plan(plan, consumed, report)
 
 
 def _address_service(spark: Any, plan: ExchangePlan, secret: bytes, width: int) -> tuple[str, int, str] | None:
@@ -297,9 +298,11 @@ def run_barrier_task(
     secret: bytes,
     options: TaskOptions,
     rendezvous: tuple[str, int, str] | None = None,
+    report: MetricsReport = IN_BAND,
 ) -> Iterator[pa.RecordBatch]:
     """The body of one barrier task: its subtasks, addresses published once, through the driver's address
-    service at ``rendezvous`` (host, port, exchange key) or with Spark's ``allGather``."""
+    service at ``rendezvous`` (host, port, exchange key) or with Spark's ``allGather``; its metrics go
+    through ``report``."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -314,7 +317,7 @@ def run_barrier_task(
         )
     address = infos[index].address
     host = resolve_host(address.rsplit(":", 1)[0] if ":" in address else address)
-    task = PipelinedTask(plan, index, secret, host, options, attempt_id=ctx.taskAttemptId())
+    task = PipelinedTask(plan, index, secret, host, options, attempt_id=ctx.taskAttemptId(), report=report)
     all_gather: Callable[[str], list[str]] = ctx.allGather
     if rendezvous is not None:
         from .rendezvous import all_gather_via
@@ -502,9 +505,10 @@ class PipelinedTask:
     """Producer subtask ``index`` and consumer subtask ``index`` of a pipelined exchange, in one task.
 
     ``host`` is the address to listen on; ``attempt_id`` distinguishes attempts of the same task (it
-    becomes the partition id that consumers request). :meth:`run` does everything: set-up, one address
-    exchange through ``all_gather``, streaming, and the final metrics row; it closes every socket and joins
-    every thread before it returns or raises.
+    becomes the partition id that consumers request); ``report`` carries the task's metrics to the driver
+    (default: in band, as a last output row). :meth:`run` does everything: set-up, one address exchange
+    through ``all_gather``, streaming, and the final metrics; it closes every socket and joins every thread
+    before it returns or raises.
     """
 
     def __init__(
@@ -516,8 +520,10 @@ class PipelinedTask:
         options: TaskOptions | None = None,
         *,
         attempt_id: int = 0,
+        report: MetricsReport = IN_BAND,
     ) -> None:
         self.plan = plan
+        self.report = report
         self.index = index
         self.secret = secret
         self.host = host
@@ -641,7 +647,7 @@ class PipelinedTask:
     def run(
         self, batches: Iterable[pa.RecordBatch], all_gather: Callable[[str], list[str]]
     ) -> Iterator[pa.RecordBatch]:
-        """Set up, exchange addresses, stream; yields the received rows, then one metrics row."""
+        """Set up, exchange addresses, stream; yields the received rows, then reports the metrics."""
         try:
             self.transport = TcpTransport(
                 self.host,
@@ -682,7 +688,7 @@ class PipelinedTask:
             self._consumer_done = True
             self.consumer_clock.stop()
             self._await_end()
-            yield metrics_batch(self.plan.schema, self._metric_rows())
+            yield from self.report.last(self.plan.schema, self._metric_rows())
         finally:
             self._close()
 
@@ -1048,6 +1054,7 @@ class PipelinedTask:
         pending_rows = 0
         lock = self.lock
         sending = self.transport.sending  # type: ignore[union-attr]
+        data = self.report.data
         linger = self._linger_seconds()
         linger_until: float | None = None
         while True:
@@ -1056,7 +1063,7 @@ class PipelinedTask:
                 linger_until = None
                 batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
                 pending, pending_rows = [], 0
-                yield with_metrics_column(batch)
+                yield data(batch)
                 continue
             if polled is None:
                 break
@@ -1087,11 +1094,11 @@ class PipelinedTask:
                 linger_until = None
                 batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
                 pending, pending_rows = [], 0
-                yield with_metrics_column(batch)
+                yield data(batch)
             elif not polled.more_available and linger_until is None:
                 linger_until = time.monotonic() + linger
         if pending:
-            yield with_metrics_column(pending[0] if len(pending) == 1 else pa.concat_batches(pending))
+            yield data(pending[0] if len(pending) == 1 else pa.concat_batches(pending))
 
     def _linger_seconds(self) -> float:
         """How long decoded rows may wait for more before they go to Spark (see TaskOptions.output_linger_ms)."""
