@@ -13,7 +13,7 @@ channel    int       producer: the consumer subtask a subpartition feeds; consum
                      producer subtask an input channel reads; null for task-level values
 metric     string    Flink's metric name (``numRecordsOut``, ``outPoolUsage``, ...)
 stat       string    ``total`` for counters; ``max`` or ``mean`` of a gauge sampled on every
-                     buffer the task handled
+                     buffer a consumer took, every slice of input a producer wrote
 value      double    the value
 =========  ========  ===================================================================
 

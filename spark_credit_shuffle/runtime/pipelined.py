@@ -104,6 +104,7 @@ from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, Remote
 from ..protocol.sender import PartitionRequestServerHandler
 from ..transport.tcp import Connection, TcpTransport, resolve_host
 from .common import IN_BAND, CollectedMetrics, MetricsReport, finish_plan, metrics_report
+from .consumer import GateGauges
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -129,6 +130,8 @@ _MAX_LATENCY_SAMPLES = 100_000
 _SEGMENTS_PER_EMIT = 2
 #: The longest a consumer holds decoded rows back, waiting for more to send to Spark in one batch.
 _MAX_DEFAULT_LINGER_MS = 2.0
+#: The gate's pool gauges, in the order :meth:`GateGauges.values` returns them.
+_GATE_GAUGES = ("inPoolUsage", "inputExclusiveBuffersUsage", "inputFloatingBuffersUsage")
 #: Returned by ``_next_buffer`` when its linger deadline passed with nothing new.
 _LINGER_OVER = object()
 _ADDRESS_EXCHANGES = ADDRESS_EXCHANGES
@@ -582,6 +585,7 @@ class PipelinedTask:
         self._latencies_ms: list[float] = []
         self._client_connections: dict[int, Connection] = {}
         self._remote_channels: list[RemoteInputChannel] = []
+        self._gate_gauges: GateGauges | None = None  # once the channels are set up
         if self.is_consumer:
             self._setup_consumer()
 
@@ -763,6 +767,7 @@ class PipelinedTask:
         self._remote_channels = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
         with self.transport.sending(), self.lock:  # type: ignore[union-attr]
             gate.setup()
+            self._gate_gauges = GateGauges(gate, self.consumer_metrics)
             gate.request_partitions()
             now = time.monotonic()
             self._last_delivery = [now] * len(self.channel_producers)
@@ -889,7 +894,8 @@ class PipelinedTask:
         )
 
     def _sample_output(self) -> None:
-        """outPoolUsage and the queue length of every subpartition (lock held)."""
+        """outPoolUsage and the queue length of every subpartition (lock held), after every slice of input the
+        producer wrote: the moments its queues are longest."""
         partition = self.partition
         if partition is None:
             return
@@ -904,7 +910,6 @@ class PipelinedTask:
     def _on_send(self, conn: Connection, message: Message) -> None:
         if type(message) is BufferResponse and message.data_type.is_buffer:
             self._last_progress = time.monotonic()  # data moved (events, such as liveness markers, do not count)
-            self._sample_output()
 
     def _on_connection_closed(self, conn: Connection) -> None:
         """A connection ended (lock held): a client connection that fails channels fails the task."""
@@ -949,7 +954,8 @@ class PipelinedTask:
         """The consumer's timeline gauges; lock held."""
         gate = self.gate
         assert gate is not None
-        for name, value in self._input_usage(gate):
+        assert self._gate_gauges is not None
+        for name, value in zip(_GATE_GAUGES, self._gate_gauges.values()):
             yield name, None, value
         yield "numRecordsInPerSecond", None, self._records_in_rate.rate(sum(r.num_records_in for r in self.readers))
         for channel, producer in zip(gate.channels, self.channel_producers):
@@ -970,7 +976,7 @@ class PipelinedTask:
                 self.producer_timeline.record(self._producer_gauges)
                 intervals.append(self.producer_timeline.interval)
             if self.gate is not None and not self._consumer_done and self.consumer_timeline.interval > 0:
-                if self._remote_channels or self._last_delivery:  # channels requested
+                if self._gate_gauges is not None:  # channels requested
                     self.consumer_timeline.record(self._consumer_gauges)
                 intervals.append(self.consumer_timeline.interval)
         return min(intervals, default=float("inf"))
@@ -1045,6 +1051,12 @@ class PipelinedTask:
     # -- consumer half (the task thread) --
 
     def _consume(self) -> Iterator[pa.RecordBatch]:
+        """Decode what the gate delivers and yield it to Spark in batches of up to ``output_batch_rows``.
+
+        Credit for the buffers decoded while more were already waiting is announced once, after the
+        last of them (one AddCredit per channel for the run, not one per buffer, as Netty's flush
+        coalesces Flink's); it is never held across a wait or a yield.
+        """
         self.consumer_clock = _Clock()  # the consumer's life starts once its channels are requested
         started_ns = time.time_ns()
         readers = self.readers
@@ -1054,49 +1066,67 @@ class PipelinedTask:
         pending_rows = 0
         lock = self.lock
         sending = self.transport.sending  # type: ignore[union-attr]
+        credit_hold = sending()  # entered while ready buffers are being decoded: their credit goes out at exit
+        held = False
         data = self.report.data
         linger = self._linger_seconds()
         linger_until: float | None = None
-        while True:
-            polled = self._next_buffer(linger_until)
-            if polled is _LINGER_OVER:  # nothing more came while the pending rows waited: hand them on
-                linger_until = None
-                batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-                pending, pending_rows = [], 0
-                yield data(batch)
-                continue
-            if polled is None:
-                break
-            buffer = polled.buffer
-            recycle = buffer.recycle
+        try:
+            while True:
+                polled = self._next_buffer(linger_until)
+                if polled is _LINGER_OVER:  # nothing more came while the pending rows waited: hand them on
+                    linger_until = None
+                    batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                    pending, pending_rows = [], 0
+                    yield data(batch)
+                    continue
+                if polled is None:
+                    break
+                more = polled.more_available
+                if more and not held:
+                    credit_hold.__enter__()
+                    held = True
+                buffer = polled.buffer
+                recycle = buffer.recycle
 
-            def locked_recycle(recycle: Callable[[], None] = recycle) -> None:
-                with sending(), lock:  # returning the buffer may send credit: write it from here
-                    recycle()
+                def locked_recycle(recycle: Callable[[], None] = recycle) -> None:
+                    with sending(), lock:  # returning the buffer may send credit: written at the outermost block
+                        recycle()
 
-            channel = polled.channel_index
-            items = readers[channel].feed(Buffer(buffer.data_type, buffer.data, locked_recycle), polled.sequence_number)
-            for item in items:
-                if isinstance(item, pa.RecordBatch):
-                    if delay:
-                        time.sleep(delay * item.num_rows)
-                    pending.append(item)
-                    pending_rows += item.num_rows
-                elif (
-                    isinstance(item, LatencyMarker)
-                    and item.timestamp >= started_ns  # markers sent before this consumer asked measure the set-up
-                    and len(self._latencies_ms) < _MAX_LATENCY_SAMPLES
-                ):
-                    self._latencies_ms.append((time.time_ns() - item.timestamp) / 1e6)
-            if not pending:
-                continue
-            if pending_rows >= target or (not polled.more_available and linger <= 0):
-                linger_until = None
-                batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-                pending, pending_rows = [], 0
-                yield data(batch)
-            elif not polled.more_available and linger_until is None:
-                linger_until = time.monotonic() + linger
+                channel = polled.channel_index
+                items = readers[channel].feed(
+                    Buffer(buffer.data_type, buffer.data, locked_recycle), polled.sequence_number
+                )
+                if held and not more:
+                    held = False
+                    credit_hold.__exit__(None, None, None)
+                for item in items:
+                    if isinstance(item, pa.RecordBatch):
+                        if delay:
+                            time.sleep(delay * item.num_rows)
+                        pending.append(item)
+                        pending_rows += item.num_rows
+                    elif (
+                        isinstance(item, LatencyMarker)
+                        and item.timestamp >= started_ns  # markers sent before this consumer asked measure the set-up
+                        and len(self._latencies_ms) < _MAX_LATENCY_SAMPLES
+                    ):
+                        self._latencies_ms.append((time.time_ns() - item.timestamp) / 1e6)
+                if not pending:
+                    continue
+                if pending_rows >= target or (not more and linger <= 0):
+                    linger_until = None
+                    batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                    pending, pending_rows = [], 0
+                    if held:
+                        held = False
+                        credit_hold.__exit__(None, None, None)
+                    yield data(batch)
+                elif not more and linger_until is None:
+                    linger_until = time.monotonic() + linger
+        finally:
+            if held:
+                credit_hold.__exit__(None, None, None)
         if pending:
             yield data(pending[0] if len(pending) == 1 else pa.concat_batches(pending))
 
@@ -1133,7 +1163,7 @@ class PipelinedTask:
                     if polled is not None:
                         self._last_delivery[polled.channel_index] = now
                         if polled.buffer.is_buffer:
-                            self._sample_input(gate)
+                            self._gate_gauges()  # type: ignore[misc]
                         return polled
                     if gate.is_finished:
                         return None
@@ -1159,30 +1189,6 @@ class PipelinedTask:
             finally:
                 if waited_since is not None:
                     self.consumer_clock.idle += time.monotonic() - waited_since
-
-    def _sample_input(self, gate: SingleInputGate) -> None:
-        """inPoolUsage, inputExclusiveBuffersUsage and inputFloatingBuffersUsage (§7), in one pass (lock held)."""
-        metrics = self.consumer_metrics
-        for name, value in self._input_usage(gate):
-            metrics.sample(name, value)
-
-    def _input_usage(self, gate: SingleInputGate) -> tuple[tuple[str, float], ...]:
-        exclusive_total = exclusive_used = unused_floating = 0
-        for channel in self._remote_channels:
-            credit = channel.initial_credit
-            manager = channel.buffer_manager
-            exclusive_total += credit
-            exclusive_used += max(0, credit - manager.num_exclusive)
-            unused_floating += manager.num_floating
-        pool = gate.buffer_pool
-        floating_used = max(0, pool.num_used - unused_floating)
-        size = pool.current_pool_size
-        total = size + exclusive_total
-        return (
-            ("inPoolUsage", (floating_used + exclusive_used) / total if total else 0.0),
-            ("inputExclusiveBuffersUsage", exclusive_used / exclusive_total if exclusive_total else 0.0),
-            ("inputFloatingBuffersUsage", floating_used / size if size else 0.0),
-        )
 
     def _describe_silence(self, channel: int, seconds: float) -> str:
         producer = self.channel_producers[channel]
