@@ -235,8 +235,12 @@ def sweep(spark: Any, df: Any, args: argparse.Namespace, data_bytes: int) -> dic
     out: dict[str, Any] = {}
     throughput: dict[int, float] = {}
     run_streaming(df, args.rows, p, 100, args.marker_ms)  # warm-up
+    all_runs: dict[int, list[tuple[float, list[dict[str, Any]]]]] = {t: [] for t in SWEEP}
+    for _ in range(args.repeat):  # interleaved, so that a busy moment of the machine hits every timeout alike
+        for timeout_ms in SWEEP:
+            all_runs[timeout_ms].append(run_streaming(df, args.rows, p, timeout_ms, args.marker_ms))
     for timeout_ms in SWEEP:
-        runs = [run_streaming(df, args.rows, p, timeout_ms, args.marker_ms) for _ in range(args.repeat)]
+        runs = all_runs[timeout_ms]
         seconds = statistics.median(r[0] for r in runs)
         rows = runs[[r[0] for r in runs].index(sorted(r[0] for r in runs)[len(runs) // 2])][1]
         p50, p99 = worst(rows, "latencyMs", "p50"), worst(rows, "latencyMs", "p99")

@@ -504,6 +504,31 @@ class _Clock:
         return out
 
 
+class _CreditHold:
+    """Keeps a ``TcpTransport.sending()`` block open while a consumer decodes buffers that were ready
+    together, so that the credit their recycling frees is written once, when it is released.
+
+    Credit held back is credit a producer may be waiting for: release before every wait and yield.
+    """
+
+    __slots__ = ("_block", "held")
+
+    def __init__(self, block: Any) -> None:
+        self._block = block
+        self.held = False
+
+    def hold(self) -> None:
+        if not self.held:
+            self._block.__enter__()
+            self.held = True
+
+    def release(self) -> None:
+        """Write what was held back (no-op if nothing is held)."""
+        if self.held:
+            self.held = False
+            self._block.__exit__(None, None, None)
+
+
 class PipelinedTask:
     """Producer subtask ``index`` and consumer subtask ``index`` of a pipelined exchange, in one task.
 
@@ -1055,7 +1080,7 @@ class PipelinedTask:
 
         Credit for the buffers decoded while more were already waiting is announced once, after the
         last of them (one AddCredit per channel for the run, not one per buffer, as Netty's flush
-        coalesces Flink's); it is never held across a wait or a yield.
+        coalesces Flink's); it is never held across a wait or a yield (see :class:`_CreditHold`).
         """
         self.consumer_clock = _Clock()  # the consumer's life starts once its channels are requested
         started_ns = time.time_ns()
@@ -1066,14 +1091,13 @@ class PipelinedTask:
         pending_rows = 0
         lock = self.lock
         sending = self.transport.sending  # type: ignore[union-attr]
-        credit_hold = sending()  # entered while ready buffers are being decoded: their credit goes out at exit
-        held = False
+        hold = _CreditHold(sending())
         data = self.report.data
         linger = self._linger_seconds()
         linger_until: float | None = None
         try:
             while True:
-                polled = self._next_buffer(linger_until)
+                polled = self._next_buffer(linger_until, hold)
                 if polled is _LINGER_OVER:  # nothing more came while the pending rows waited: hand them on
                     linger_until = None
                     batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
@@ -1083,9 +1107,8 @@ class PipelinedTask:
                 if polled is None:
                     break
                 more = polled.more_available
-                if more and not held:
-                    credit_hold.__enter__()
-                    held = True
+                if more:
+                    hold.hold()
                 buffer = polled.buffer
                 recycle = buffer.recycle
 
@@ -1097,12 +1120,12 @@ class PipelinedTask:
                 items = readers[channel].feed(
                     Buffer(buffer.data_type, buffer.data, locked_recycle), polled.sequence_number
                 )
-                if held and not more:
-                    held = False
-                    credit_hold.__exit__(None, None, None)
+                if not more:
+                    hold.release()
                 for item in items:
                     if isinstance(item, pa.RecordBatch):
-                        if delay:
+                        if delay:  # the slowed consumer's work on its records, after their buffer was returned
+                            hold.release()
                             time.sleep(delay * item.num_rows)
                         pending.append(item)
                         pending_rows += item.num_rows
@@ -1118,15 +1141,12 @@ class PipelinedTask:
                     linger_until = None
                     batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
                     pending, pending_rows = [], 0
-                    if held:
-                        held = False
-                        credit_hold.__exit__(None, None, None)
+                    hold.release()
                     yield data(batch)
                 elif not more and linger_until is None:
                     linger_until = time.monotonic() + linger
         finally:
-            if held:
-                credit_hold.__exit__(None, None, None)
+            hold.release()
         if pending:
             yield data(pending[0] if len(pending) == 1 else pa.concat_batches(pending))
 
@@ -1144,9 +1164,13 @@ class PipelinedTask:
             )
         return max(0.0, linger_ms) / 1000.0
 
-    def _next_buffer(self, linger_until: float | None = None) -> Any:
+    def _next_buffer(self, linger_until: float | None = None, hold: _CreditHold | None = None) -> Any:
         """The gate's next buffer or event, waiting for one; None once every channel ended;
-        ``_LINGER_OVER`` if ``linger_until`` (a ``time.monotonic()`` deadline) passed first."""
+        ``_LINGER_OVER`` if ``linger_until`` (a ``time.monotonic()`` deadline) passed first.
+
+        ``hold`` is released as soon as the gate has nothing to give right now: before any wait, and
+        before returning None or ``_LINGER_OVER`` (a gate that said more was available may still have
+        nothing complete, e.g. a local subpartition whose head buffer is still being written)."""
         gate = self.gate
         assert gate is not None
         timeout = self.config.partition_request_timeout_ms / 1000.0
@@ -1165,6 +1189,8 @@ class PipelinedTask:
                         if polled.buffer.is_buffer:
                             self._gate_gauges()  # type: ignore[misc]
                         return polled
+                    if hold is not None:
+                        hold.release()
                     if gate.is_finished:
                         return None
                     if linger_until is not None and now >= linger_until:
