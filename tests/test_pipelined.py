@@ -365,6 +365,42 @@ def test_the_buffer_timeout_hands_on_partly_filled_buffers(timeout_ms, flushed):
     assert (received[0][0].num_rows == 10) is flushed
 
 
+def test_one_credit_keeps_flowing_while_the_consumers_own_subpartition_holds_an_unfinished_buffer():
+    """A consumer whose own subpartition's head is still being written (no buffer timeout) keeps returning
+    credit to a remote producer: it announces the credit of buffers decoded together after the last of
+    them, and never keeps it back while it waits.
+
+    Producer 0 writes two and a bit buffers to its own consumer and then holds on to its input until
+    consumer 0 has every row of producer 1, which has one credit on its channel to consumer 0.
+    """
+    plan = make_plan(
+        scs.custom(lambda keys, n: np.zeros(len(keys), dtype=np.int64), "k"),
+        2,
+        2,
+        buffers_per_channel=1,
+        floating_buffers_per_gate=1,
+        buffer_timeout_ms=-1,
+    )
+    own, remote = inputs(2, 4000, batch_rows=4000)
+    own_rows = own[0].slice(0, 300)  # 4 KiB segments: two full buffers and a partly written one
+    remote_rows = remote[0].num_rows
+    remote_done = threading.Event()
+    seen = collections.Counter()
+
+    def holding_input():
+        yield own_rows
+        remote_done.wait(20.0)
+
+    def on_batch(consumer, batch):
+        seen[consumer] += pa.compute.sum(pa.compute.greater_equal(batch.column("id"), 4000)).as_py() or 0
+        if seen[0] == remote_rows:
+            remote_done.set()
+
+    received, _ = run_in_threads(plan, [holding_input(), remote], on_batch=on_batch, timeout_s=30)
+    assert remote_done.is_set()
+    assert sum(b.num_rows for b in received[0]) == 300 + remote_rows
+
+
 def test_rogue_clients_during_an_exchange_are_closed_logged_and_the_exchange_carries_on(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="spark_credit_shuffle")
     plan = make_plan(scs.key_by("k"), 3, 3, injection=Injection(consumer_delay_s=((0, 1e-4),)))
