@@ -504,31 +504,6 @@ class _Clock:
         return out
 
 
-class _CreditHold:
-    """Keeps a ``TcpTransport.sending()`` block open while a consumer decodes buffers that were ready
-    together, so that the credit their recycling frees is written once, when it is released.
-
-    Credit held back is credit a producer may be waiting for: release before every wait and yield.
-    """
-
-    __slots__ = ("_block", "held")
-
-    def __init__(self, block: Any) -> None:
-        self._block = block
-        self.held = False
-
-    def hold(self) -> None:
-        if not self.held:
-            self._block.__enter__()
-            self.held = True
-
-    def release(self) -> None:
-        """Write what was held back (no-op if nothing is held)."""
-        if self.held:
-            self.held = False
-            self._block.__exit__(None, None, None)
-
-
 class PipelinedTask:
     """Producer subtask ``index`` and consumer subtask ``index`` of a pipelined exchange, in one task.
 
@@ -1076,12 +1051,6 @@ class PipelinedTask:
     # -- consumer half (the task thread) --
 
     def _consume(self) -> Iterator[pa.RecordBatch]:
-        """Decode what the gate delivers and yield it to Spark in batches of up to ``output_batch_rows``.
-
-        Credit for the buffers decoded while more were already waiting is announced once, after the
-        last of them (one AddCredit per channel for the run, not one per buffer, as Netty's flush
-        coalesces Flink's); it is never held across a wait or a yield (see :class:`_CreditHold`).
-        """
         self.consumer_clock = _Clock()  # the consumer's life starts once its channels are requested
         started_ns = time.time_ns()
         readers = self.readers
@@ -1091,62 +1060,49 @@ class PipelinedTask:
         pending_rows = 0
         lock = self.lock
         sending = self.transport.sending  # type: ignore[union-attr]
-        hold = _CreditHold(sending())
         data = self.report.data
         linger = self._linger_seconds()
         linger_until: float | None = None
-        try:
-            while True:
-                polled = self._next_buffer(linger_until, hold)
-                if polled is _LINGER_OVER:  # nothing more came while the pending rows waited: hand them on
-                    linger_until = None
-                    batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-                    pending, pending_rows = [], 0
-                    yield data(batch)
-                    continue
-                if polled is None:
-                    break
-                more = polled.more_available
-                if more:
-                    hold.hold()
-                buffer = polled.buffer
-                recycle = buffer.recycle
+        while True:
+            polled = self._next_buffer(linger_until)
+            if polled is _LINGER_OVER:  # nothing more came while the pending rows waited: hand them on
+                linger_until = None
+                batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                pending, pending_rows = [], 0
+                yield data(batch)
+                continue
+            if polled is None:
+                break
+            buffer = polled.buffer
+            recycle = buffer.recycle
 
-                def locked_recycle(recycle: Callable[[], None] = recycle) -> None:
-                    with sending(), lock:  # returning the buffer may send credit: written at the outermost block
-                        recycle()
+            def locked_recycle(recycle: Callable[[], None] = recycle) -> None:
+                with sending(), lock:  # returning the buffer may send credit: write it from here
+                    recycle()
 
-                channel = polled.channel_index
-                items = readers[channel].feed(
-                    Buffer(buffer.data_type, buffer.data, locked_recycle), polled.sequence_number
-                )
-                if not more:
-                    hold.release()
-                for item in items:
-                    if isinstance(item, pa.RecordBatch):
-                        if delay:  # the slowed consumer's work on its records, after their buffer was returned
-                            hold.release()
-                            time.sleep(delay * item.num_rows)
-                        pending.append(item)
-                        pending_rows += item.num_rows
-                    elif (
-                        isinstance(item, LatencyMarker)
-                        and item.timestamp >= started_ns  # markers sent before this consumer asked measure the set-up
-                        and len(self._latencies_ms) < _MAX_LATENCY_SAMPLES
-                    ):
-                        self._latencies_ms.append((time.time_ns() - item.timestamp) / 1e6)
-                if not pending:
-                    continue
-                if pending_rows >= target or (not more and linger <= 0):
-                    linger_until = None
-                    batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-                    pending, pending_rows = [], 0
-                    hold.release()
-                    yield data(batch)
-                elif not more and linger_until is None:
-                    linger_until = time.monotonic() + linger
-        finally:
-            hold.release()
+            channel = polled.channel_index
+            items = readers[channel].feed(Buffer(buffer.data_type, buffer.data, locked_recycle), polled.sequence_number)
+            for item in items:
+                if isinstance(item, pa.RecordBatch):
+                    if delay:
+                        time.sleep(delay * item.num_rows)
+                    pending.append(item)
+                    pending_rows += item.num_rows
+                elif (
+                    isinstance(item, LatencyMarker)
+                    and item.timestamp >= started_ns  # markers sent before this consumer asked measure the set-up
+                    and len(self._latencies_ms) < _MAX_LATENCY_SAMPLES
+                ):
+                    self._latencies_ms.append((time.time_ns() - item.timestamp) / 1e6)
+            if not pending:
+                continue
+            if pending_rows >= target or (not polled.more_available and linger <= 0):
+                linger_until = None
+                batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                pending, pending_rows = [], 0
+                yield data(batch)
+            elif not polled.more_available and linger_until is None:
+                linger_until = time.monotonic() + linger
         if pending:
             yield data(pending[0] if len(pending) == 1 else pa.concat_batches(pending))
 
@@ -1164,13 +1120,9 @@ class PipelinedTask:
             )
         return max(0.0, linger_ms) / 1000.0
 
-    def _next_buffer(self, linger_until: float | None = None, hold: _CreditHold | None = None) -> Any:
+    def _next_buffer(self, linger_until: float | None = None) -> Any:
         """The gate's next buffer or event, waiting for one; None once every channel ended;
-        ``_LINGER_OVER`` if ``linger_until`` (a ``time.monotonic()`` deadline) passed first.
-
-        ``hold`` is released as soon as the gate has nothing to give right now: before any wait, and
-        before returning None or ``_LINGER_OVER`` (a gate that said more was available may still have
-        nothing complete, e.g. a local subpartition whose head buffer is still being written)."""
+        ``_LINGER_OVER`` if ``linger_until`` (a ``time.monotonic()`` deadline) passed first."""
         gate = self.gate
         assert gate is not None
         timeout = self.config.partition_request_timeout_ms / 1000.0
@@ -1189,8 +1141,6 @@ class PipelinedTask:
                         if polled.buffer.is_buffer:
                             self._gate_gauges()  # type: ignore[misc]
                         return polled
-                    if hold is not None:
-                        hold.release()
                     if gate.is_finished:
                         return None
                     if linger_until is not None and now >= linger_until:
