@@ -121,6 +121,14 @@ def timed(action: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
+def rotated(items: list, round_: int) -> list:
+    """``items`` starting at position ``round_``: each round runs every case once (a busy moment of the
+    machine hits them alike) and each case takes every position in turn (on this machine a run measured
+    up to 20% slower in the position right after another exchange than before it)."""
+    k = round_ % len(items)
+    return items[k:] + items[:k]
+
+
 def metric_rows(collected: Any) -> list[dict[str, Any]]:
     return [vars(r) for r in collected.rows()]
 
@@ -170,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     for _, action in cases:  # warm-up: Python workers started, code loaded
         action()
     times: dict[str, list[float]] = {name: [] for name, _ in cases}
-    for _ in range(args.repeat):  # interleaved, so that a busy moment of the machine hits every case alike
-        for name, action in cases:
+    for round_ in range(args.repeat):  # interleaved and rotated: see rotated()
+        for name, action in rotated(cases, round_):
             times[name].append(timed(action, 1)[0])
     results = {name: (statistics.median(ts), ts) for name, ts in times.items()}
     for name, (median, ts) in results.items():
@@ -236,8 +244,8 @@ def sweep(spark: Any, df: Any, args: argparse.Namespace, data_bytes: int) -> dic
     throughput: dict[int, float] = {}
     run_streaming(df, args.rows, p, 100, args.marker_ms)  # warm-up
     all_runs: dict[int, list[tuple[float, list[dict[str, Any]]]]] = {t: [] for t in SWEEP}
-    for _ in range(args.repeat):  # interleaved, so that a busy moment of the machine hits every timeout alike
-        for timeout_ms in SWEEP:
+    for round_ in range(args.repeat):  # interleaved and rotated: see rotated()
+        for timeout_ms in rotated(list(SWEEP), round_):
             all_runs[timeout_ms].append(run_streaming(df, args.rows, p, timeout_ms, args.marker_ms))
     for timeout_ms in SWEEP:
         runs = all_runs[timeout_ms]
