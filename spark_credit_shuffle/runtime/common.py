@@ -34,6 +34,7 @@ __all__ = [
     "METRICS_COLUMN",
     "CollectedMetrics",
     "MetricsReport",
+    "combine",
     "finish_plan",
     "metrics_batch",
     "metrics_report",
@@ -69,6 +70,11 @@ def output_struct_type(df: DataFrame):
 
 def output_schema(schema: pa.Schema) -> pa.Schema:
     return schema.append(pa.field(METRICS_COLUMN, _METRICS_TYPE))
+
+
+def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """The decoded batches a consumer hands to Spark at once, as one batch (a single one as it is)."""
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 def with_metrics_column(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -25,7 +25,7 @@ from ..metrics import CONSUMER, GaugeStats, MetricRow, RateMeter, TaskMetrics, T
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import RemoteInputChannel, SingleInputGate
 from ..transport.memory import StoredBuffersExchange
-from .common import IN_BAND, MetricsReport
+from .common import IN_BAND, MetricsReport, combine
 
 if TYPE_CHECKING:
     from ..exchange import ExchangePlan
@@ -104,7 +104,7 @@ def consume_partition(
                         pending.append(out)
                         pending_bytes += out.get_total_buffer_size()  # nbytes costs ~15 µs a call
                 if pending_bytes >= _OUTPUT_BATCH_BYTES:
-                    yield report.data(_combine(pending))
+                    yield report.data(combine(pending))
                     pending.clear()
                     pending_bytes = 0
             if not polled:
@@ -135,7 +135,7 @@ def consume_partition(
                 f"consumer {consumer}: no end of partition from producers {missing}; their output is incomplete"
             )
         if pending:
-            yield report.data(_combine(pending))
+            yield report.data(combine(pending))
     finally:
         replay.close()
 
@@ -218,7 +218,3 @@ class GateGauges:
         self._in_pool.sample(in_pool)
         self._exclusive.sample(exclusive)
         self._floating.sample(floating)
-
-
-def _combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)

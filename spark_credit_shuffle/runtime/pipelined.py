@@ -103,7 +103,7 @@ from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
 from ..transport.tcp import Connection, TcpTransport, resolve_host
-from .common import IN_BAND, CollectedMetrics, MetricsReport, finish_plan, metrics_report
+from .common import IN_BAND, CollectedMetrics, MetricsReport, combine, finish_plan, metrics_report
 from .consumer import GateGauges
 
 if TYPE_CHECKING:
@@ -1067,7 +1067,7 @@ class PipelinedTask:
             polled = self._next_buffer(linger_until)
             if polled is _LINGER_OVER:  # nothing more came while the pending rows waited: hand them on
                 linger_until = None
-                batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                batch = combine(pending)
                 pending, pending_rows = [], 0
                 yield data(batch)
                 continue
@@ -1098,13 +1098,13 @@ class PipelinedTask:
                 continue
             if pending_rows >= target or (not polled.more_available and linger <= 0):
                 linger_until = None
-                batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                batch = combine(pending)
                 pending, pending_rows = [], 0
                 yield data(batch)
             elif not polled.more_available and linger_until is None:
                 linger_until = time.monotonic() + linger
         if pending:
-            yield data(pending[0] if len(pending) == 1 else pa.concat_batches(pending))
+            yield data(combine(pending))
 
     def _linger_seconds(self) -> float:
         """How long decoded rows may wait for more before they go to Spark (see TaskOptions.output_linger_ms)."""
