@@ -70,10 +70,11 @@ def consume_partition(
     timeline = TimelineSampler(CONSUMER, consumer, config.metrics_sample_interval_ms)
     records_in = RateMeter()
 
+    sample_gauges = GateGauges(gate, metrics)
+
     def gauges() -> Iterator[tuple[str, int | None, float]]:
-        yield "inPoolUsage", None, gate.in_pool_usage
-        yield "inputExclusiveBuffersUsage", None, gate.input_exclusive_buffers_usage
-        yield "inputFloatingBuffersUsage", None, gate.input_floating_buffers_usage
+        for name, value in zip(GateGauges.NAMES, sample_gauges.values()):
+            yield name, None, value
         yield "numRecordsInPerSecond", None, records_in.rate(sum(r.num_records_in for r in readers))
         for index, (channel, p) in enumerate(zip(gate.channels, producers)):
             yield "credit", p, float(replay.sender_credit(index))
@@ -83,7 +84,6 @@ def consume_partition(
 
     timeline.record(gauges)
 
-    sample_gauges = GateGauges(gate, metrics)
     poll = replay.poll
     due = timeline.due
     record_batch = pa.RecordBatch
@@ -182,15 +182,17 @@ class GateGauges:
 
     __slots__ = ("_exclusive", "_exclusive_total", "_floating", "_in_pool", "_managers", "_pool")
 
+    #: The gauges' names, in the order :meth:`values` returns them.
+    NAMES = ("inPoolUsage", "inputExclusiveBuffersUsage", "inputFloatingBuffersUsage")
+
     def __init__(self, gate: SingleInputGate, metrics: TaskMetrics) -> None:
         remote = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
         self._managers = [(c.buffer_manager, c.initial_credit) for c in remote]
         self._exclusive_total = sum(c.initial_credit for c in remote)
         self._pool = gate.buffer_pool
-        gauges = metrics.gauges
-        self._in_pool = gauges.setdefault("inPoolUsage", GaugeStats())
-        self._exclusive = gauges.setdefault("inputExclusiveBuffersUsage", GaugeStats())
-        self._floating = gauges.setdefault("inputFloatingBuffersUsage", GaugeStats())
+        self._in_pool, self._exclusive, self._floating = (
+            metrics.gauges.setdefault(name, GaugeStats()) for name in self.NAMES
+        )
 
     def values(self) -> tuple[float, float, float]:
         """(inPoolUsage, inputExclusiveBuffersUsage, inputFloatingBuffersUsage) now."""

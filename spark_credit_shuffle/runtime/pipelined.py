@@ -130,11 +130,8 @@ _MAX_LATENCY_SAMPLES = 100_000
 _SEGMENTS_PER_EMIT = 2
 #: The longest a consumer holds decoded rows back, waiting for more to send to Spark in one batch.
 _MAX_DEFAULT_LINGER_MS = 2.0
-#: The gate's pool gauges, in the order :meth:`GateGauges.values` returns them.
-_GATE_GAUGES = ("inPoolUsage", "inputExclusiveBuffersUsage", "inputFloatingBuffersUsage")
 #: Returned by ``_next_buffer`` when its linger deadline passed with nothing new.
 _LINGER_OVER = object()
-_ADDRESS_EXCHANGES = ADDRESS_EXCHANGES
 #: The least time a task waits for the other tasks' addresses (tasks of a stage may start seconds apart).
 _MIN_ADDRESS_WAIT_S = 60.0
 
@@ -166,9 +163,9 @@ class TaskOptions:
     address_exchange: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.address_exchange not in _ADDRESS_EXCHANGES:
+        if self.address_exchange not in ADDRESS_EXCHANGES:
             raise ConfigError(
-                "address_exchange", self.address_exchange, " or ".join(repr(a) for a in _ADDRESS_EXCHANGES)
+                "address_exchange", self.address_exchange, " or ".join(repr(a) for a in ADDRESS_EXCHANGES)
             )
 
 
@@ -955,7 +952,7 @@ class PipelinedTask:
         gate = self.gate
         assert gate is not None
         assert self._gate_gauges is not None
-        for name, value in zip(_GATE_GAUGES, self._gate_gauges.values()):
+        for name, value in zip(GateGauges.NAMES, self._gate_gauges.values()):
             yield name, None, value
         yield "numRecordsInPerSecond", None, self._records_in_rate.rate(sum(r.num_records_in for r in self.readers))
         for channel, producer in zip(gate.channels, self.channel_producers):
