@@ -1,4 +1,5 @@
-"""The messages of the network protocol (Flink's ``NettyMessage`` family), as frozen dataclasses.
+"""The messages of the network protocol (Flink's ``NettyMessage`` family), as frozen dataclasses
+(BufferResponse, built once per buffer, is a NamedTuple).
 
 Server to client: :class:`BufferResponse`, :class:`ErrorResponse`, :class:`BacklogAnnouncement`.
 Client to server: :class:`PartitionRequest`, :class:`CancelPartitionRequest`, :class:`CloseRequest`,
@@ -15,7 +16,7 @@ on the wire and follow Flink's numbering; :class:`Hello` takes a free id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from ..buffers.buffer import DataType
 
@@ -41,16 +42,16 @@ __all__ = [
 MAX_RECEIVER_ID = (1 << 64) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class BufferResponse:
+class BufferResponse(NamedTuple):
     """One buffer or event for one input channel (server to client).
 
     ``backlog`` is the sender's backlog measured after this buffer was taken (§3.2); ``payload`` is any
     bytes-like object and is never copied by the protocol objects. A data buffer consumed one credit of
-    its channel; events consume none.
+    its channel; events consume none. The one message that is a tuple: a sender builds one per buffer,
+    and a tuple is built in one step (``tuple.__new__(BufferResponse, fields)`` on the hot path).
     """
 
-    MSG_ID: ClassVar[int] = 0
+    MSG_ID = 0  # a class attribute: NamedTuple fields are the annotated names only
 
     receiver_id: int
     subpartition: int
@@ -174,33 +175,6 @@ class Hello:
     def __repr__(self) -> str:  # never print the secret
         return f"Hello(secret=<{len(self.secret)} bytes>)"
 
-
-def _fast_buffer_response() -> object:
-    new = object.__new__
-    setters = [BufferResponse.__dict__[name].__set__ for name in BufferResponse.__slots__]  # type: ignore[attr-defined]
-    names = list(BufferResponse.__slots__)  # type: ignore[attr-defined]
-    order = ["receiver_id", "subpartition", "sequence_number", "backlog", "data_type", "is_compressed", "payload"]
-    if sorted(names) != sorted(order):  # pragma: no cover - the dataclass changed
-        raise RuntimeError("BufferResponse fields changed")
-    s_rid, s_sp, s_seq, s_backlog, s_type, s_comp, s_payload = (setters[names.index(n)] for n in order)
-
-    def make(receiver_id, subpartition, sequence_number, backlog, data_type, is_compressed, payload):  # type: ignore[no-untyped-def]
-        message = new(BufferResponse)
-        s_rid(message, receiver_id)
-        s_sp(message, subpartition)
-        s_seq(message, sequence_number)
-        s_backlog(message, backlog)
-        s_type(message, data_type)
-        s_comp(message, is_compressed)
-        s_payload(message, payload)
-        return message
-
-    return make
-
-
-#: Builds a BufferResponse like its constructor (same positional fields), without the frozen dataclass's
-#: per-field ``object.__setattr__`` calls: the sender's hot path.
-new_buffer_response = _fast_buffer_response()
 
 ServerMessage = BufferResponse | ErrorResponse | BacklogAnnouncement
 ClientMessage = (

@@ -139,7 +139,7 @@ def _end_of_partition() -> Buffer:
 class PipelinedSubpartition:
     """One subpartition of a pipelined partition (Flink's ``PipelinedSubpartition``, §3.2).
 
-    A queue of (consumer, partial record length), priority events first. ``buffers_in_backlog`` counts
+    A queue of buffer consumers, priority events first. ``buffers_in_backlog`` counts
     the data buffers in it; the reported backlog excludes the last data buffer while it may still be
     written. The reader is notified when the first *finished* element appears (adding the second element,
     or a lone element known to be finished), on a flush of unread data, and on finish. As in Flink, a
@@ -150,7 +150,7 @@ class PipelinedSubpartition:
         self.index = index
         self.parent = parent
         self.receiver_exclusive_buffers_per_channel = receiver_exclusive_buffers
-        self._buffers: deque[list] = deque()  # [consumer, partial_record_length]
+        self._buffers: deque[BufferConsumer] = deque()
         self._num_priority = 0
         self._tail_known_finished = False
         self.buffers_in_backlog = 0
@@ -164,47 +164,54 @@ class PipelinedSubpartition:
         self._view_created = False
         # statistics
         self.total_number_of_buffers = 0
-        self.num_buffers_polled = 0
         self.num_bytes_polled = 0
 
     # -- writing --
 
     def add(self, consumer: BufferConsumer, partial_record_length: int = 0, *, finish: bool = False) -> int:
         """Queue ``consumer``; return the desired buffer size, or -1 if finished or released (the
-        consumer is then closed)."""
+        consumer is then closed). ``partial_record_length`` is part of Flink's contract (it serves
+        unaligned checkpoints, which this stack does not take) and is not kept."""
         if self.is_finished or self.is_released:
             consumer.close()
             return ADD_BUFFER_ERROR_CODE
         data_type = consumer.data_type
-        buffers = self._buffers
-        priority_sequence = -1
         if HAS_PRIORITY[data_type]:
-            buffers.insert(self._num_priority, [consumer, partial_record_length])
-            self._num_priority += 1
-            if len(buffers) == 1:
-                self._tail_known_finished = True
-            if self._num_priority == 1 and not self.is_blocked:
-                priority_sequence = self._sequence_number
-        else:
-            buffers.append([consumer, partial_record_length])
-            self._tail_known_finished = type(consumer) is FinishedBufferConsumer
+            return self._add_priority(consumer)
+        buffers = self._buffers
+        buffers.append(consumer)
+        self._tail_known_finished = tail_finished = type(consumer) is FinishedBufferConsumer
         self.total_number_of_buffers += 1
         if IS_BUFFER[data_type]:
             self.buffers_in_backlog += 1
         view = self._view
         if finish:
             self.is_finished = True
-            notify = True
-        elif view is None or self.flush_requested or self.is_blocked:
-            notify = False
-        else:  # notify when the first finished element appears (Flink: getNumberOfFinishedBuffers() == 1)
-            n = len(buffers)
-            notify = n == 2 or (n == 1 and self._tail_known_finished)
-        if view is not None:
-            if priority_sequence >= 0:
-                view.notify_priority_event(priority_sequence)
-            if notify:
+            if view is not None:
                 view.notify_data_available()
+        elif view is not None and not (self.flush_requested or self.is_blocked):
+            # notify when the first finished element appears (Flink: getNumberOfFinishedBuffers() == 1)
+            n = len(buffers)
+            if n == 2 or (n == 1 and tail_finished):
+                view.notify_data_available()
+        return self._buffer_size
+
+    def _add_priority(self, consumer: BufferConsumer) -> int:
+        """A priority event goes before every non-priority element; the reader hears of the first one."""
+        buffers = self._buffers
+        buffers.insert(self._num_priority, consumer)
+        self._num_priority += 1
+        self.total_number_of_buffers += 1
+        if len(buffers) == 1:
+            self._tail_known_finished = True
+        view = self._view
+        if view is not None:
+            if self._num_priority == 1 and not self.is_blocked:
+                view.notify_priority_event(self._sequence_number)
+            if not (self.flush_requested or self.is_blocked):
+                n = len(buffers)
+                if n == 2 or (n == 1 and self._tail_known_finished):
+                    view.notify_data_available()
         return self._buffer_size
 
     def _finished_count(self) -> int:
@@ -222,7 +229,7 @@ class PipelinedSubpartition:
         buffers = self._buffers
         if not buffers or self.flush_requested:
             return
-        data_in_last = len(buffers) == 1 and buffers[-1][0].is_data_available()
+        data_in_last = len(buffers) == 1 and buffers[-1].is_data_available()
         notify = not self.is_blocked and data_in_last
         self.flush_requested = len(buffers) > 1 or data_in_last
         if notify and self._view is not None:
@@ -232,8 +239,8 @@ class PipelinedSubpartition:
         """Drop every queued consumer (their segments return to the pool) and refuse further adds."""
         if self.is_released:
             return
-        for entry in self._buffers:
-            entry[0].close()
+        for consumer in self._buffers:
+            consumer.close()
         self._buffers.clear()
         self._num_priority = 0
         self.buffers_in_backlog = 0
@@ -271,20 +278,41 @@ class PipelinedSubpartition:
         if not buffers:
             self.flush_requested = False
             return None
-        buffer = None
-        consumer = buffers[0][0]
-        if len(buffers) > 1 and type(consumer) is FinishedBufferConsumer and not self._num_priority:
-            # the common case first: a complete buffer with more behind it (the loop below does the rest)
-            data_type = consumer.data_type
-            buffer = consumer.build()
+        head = buffers[0]
+        if type(head) is FinishedBufferConsumer and len(buffers) > 1 and not self._num_priority:
+            # the common case: a complete buffer with more behind it (_poll_head does the rest)
             buffers.popleft()
-            if IS_BUFFER[data_type]:
+            buffer = head.build()
+            if IS_BUFFER[buffer.data_type]:
                 self.buffers_in_backlog -= 1
                 if not len(buffer.data) and self.receiver_exclusive_buffers_per_channel:  # type: ignore[arg-type]
                     buffer.recycle()
-                    buffer = None
-        while buffer is None and buffers:
-            consumer = buffers[0][0]
+                    return self.poll_buffer()
+        else:
+            buffer = self._poll_head()
+            if buffer is None:
+                return None
+        if IS_BLOCKING_UPSTREAM[buffer.data_type]:
+            self.is_blocked = True
+        self.num_bytes_polled += len(buffer.data)  # type: ignore[arg-type]
+        sequence = self._sequence_number
+        self._sequence_number = sequence + 1
+        if self.is_blocked or not buffers:
+            return _new_tuple(BufferAndBacklog, (buffer, 0, _NONE, sequence))
+        flush_requested = self.flush_requested
+        in_backlog = self.buffers_in_backlog
+        if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1].data_type]) and in_backlog:
+            in_backlog -= 1  # the last data buffer may still be written
+        if flush_requested or len(buffers) > 1 or self._tail_known_finished:
+            return _new_tuple(BufferAndBacklog, (buffer, in_backlog, buffers[0].data_type, sequence))
+        return _new_tuple(BufferAndBacklog, (buffer, in_backlog, _NONE, sequence))
+
+    def _poll_head(self) -> Buffer | None:
+        """Build from the head until a non-empty buffer or an event comes out (the loop of Flink's
+        ``pollBuffer``); finished consumers leave the queue."""
+        buffers = self._buffers
+        while buffers:
+            consumer = buffers[0]
             buffer = consumer.build()
             finished = consumer.is_finished()
             if len(buffers) == 1:
@@ -297,30 +325,18 @@ class PipelinedSubpartition:
                 if IS_BUFFER[consumer.data_type]:
                     self.buffers_in_backlog -= 1
                 if self.receiver_exclusive_buffers_per_channel == 0:
-                    break  # even empty: a receiver without exclusive buffers must get its credit back
+                    return buffer  # even empty: a receiver without exclusive buffers must get its credit back
             if len(buffer.data) or not IS_BUFFER[buffer.data_type]:  # type: ignore[arg-type]
-                break
+                return buffer
             buffer.recycle()
-            buffer = None
             if not finished:
-                break
-        if buffer is None:
-            return None
-        if IS_BLOCKING_UPSTREAM[buffer.data_type]:
-            self.is_blocked = True
-        self.num_buffers_polled += 1
-        self.num_bytes_polled += len(buffer.data)  # type: ignore[arg-type]
-        sequence = self._sequence_number
-        self._sequence_number = sequence + 1
-        if self.is_blocked or not buffers:
-            return _new_tuple(BufferAndBacklog, (buffer, 0, _NONE, sequence))
-        in_backlog = self.buffers_in_backlog
-        flush_requested = self.flush_requested
-        if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1][0].data_type]):
-            in_backlog = in_backlog - 1 if in_backlog > 0 else 0
-        if flush_requested or len(buffers) > 1 or self._tail_known_finished:
-            return _new_tuple(BufferAndBacklog, (buffer, in_backlog, buffers[0][0].data_type, sequence))
-        return _new_tuple(BufferAndBacklog, (buffer, in_backlog, _NONE, sequence))
+                return None
+        return None
+
+    @property
+    def num_buffers_polled(self) -> int:
+        """Buffers and events polled so far (each took the next sequence number)."""
+        return self._sequence_number
 
     def is_data_available(self) -> bool:
         """Something can be polled with credit (Flink's ``isDataAvailableUnsafe``)."""
@@ -328,14 +344,14 @@ class PipelinedSubpartition:
 
     def next_data_type(self) -> DataType:
         """Type of the head of the queue, NONE if empty."""
-        return self._buffers[0][0].data_type if self._buffers else _NONE
+        return self._buffers[0].data_type if self._buffers else _NONE
 
     def get_buffers_in_backlog(self) -> int:
         """The backlog a reader reports: data buffers that can be sent, excluding one still being written."""
         buffers = self._buffers
         if self.is_blocked or not buffers:
             return 0
-        if self.flush_requested or self.is_finished or not IS_BUFFER[buffers[-1][0].data_type]:
+        if self.flush_requested or self.is_finished or not IS_BUFFER[buffers[-1].data_type]:
             return self.buffers_in_backlog
         return max(self.buffers_in_backlog - 1, 0)
 
@@ -346,12 +362,12 @@ class PipelinedSubpartition:
             return _NOT_AVAILABLE
         flush_requested = self.flush_requested
         in_backlog = self.buffers_in_backlog
-        if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1][0].data_type]):
+        if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1].data_type]):
             in_backlog = in_backlog - 1 if in_backlog > 0 else 0
         if credit_available:
             available = flush_requested or len(buffers) > 1 or self._tail_known_finished
         else:
-            available = IS_EVENT[buffers[0][0].data_type]
+            available = IS_EVENT[buffers[0].data_type]
         return _new_tuple(AvailabilityWithBacklog, (available, in_backlog))
 
     def resume_consumption(self) -> None:

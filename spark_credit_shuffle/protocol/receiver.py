@@ -230,7 +230,6 @@ class RemoteInputChannel:
         self.expected_sequence_number = 0
         self.received_buffers: deque[tuple[Buffer, int]] = deque()
         self._num_priority = 0
-        self.queue_size_bytes = 0
         self.error: BaseException | None = None
         self.is_released = False
         self.is_queued = False
@@ -276,25 +275,14 @@ class RemoteInputChannel:
             buffer.recycle()
             self.on_error(BufferReorderingError(self.expected_sequence_number, sequence_number, self.channel_index))
             return
-        data_type = buffer.data_type
-        if IS_BLOCKING_UPSTREAM[data_type]:
-            self._on_blocking_upstream()
-        queue = self.received_buffers
-        was_empty = not queue
-        priority = HAS_PRIORITY[data_type]
-        if priority:
-            queue.insert(self._num_priority, (buffer, sequence_number))
-            self._num_priority += 1
-        else:
-            queue.append((buffer, sequence_number))
-        self.queue_size_bytes += len(buffer.data)  # type: ignore[arg-type]
         self.expected_sequence_number = sequence_number + 1
-        if data_type is _END_OF_PARTITION:
-            self.received_end_of_partition = True
-        if priority and self._num_priority == 1:
-            self.gate.notify_priority_event(self)
-        elif was_empty:
-            self.gate.notify_channel_non_empty(self)
+        if IS_BUFFER[buffer.data_type]:
+            queue = self.received_buffers
+            queue.append((buffer, sequence_number))
+            if len(queue) == 1:
+                self.gate.notify_channel_non_empty(self)
+        else:
+            self._on_event(buffer, sequence_number)
         if backlog >= 0 and self.credit_based:
             manager = self.buffer_manager
             required = backlog + self.initial_credit
@@ -302,6 +290,26 @@ class RemoteInputChannel:
                 manager.num_required_buffers = required  # nothing to request (the common case)
             else:
                 self.notify_buffer_available(manager.request_floating_buffers(required))
+
+    def _on_event(self, buffer: Buffer, sequence_number: int) -> None:
+        """Queue an event: priority events before everything else, in the order they came."""
+        data_type = buffer.data_type
+        if IS_BLOCKING_UPSTREAM[data_type]:
+            self._on_blocking_upstream()
+        queue = self.received_buffers
+        was_empty = not queue
+        if HAS_PRIORITY[data_type]:
+            queue.insert(self._num_priority, (buffer, sequence_number))
+            self._num_priority += 1
+            if self._num_priority == 1:
+                self.gate.notify_priority_event(self)
+                return
+        else:
+            queue.append((buffer, sequence_number))
+            if data_type is _END_OF_PARTITION:
+                self.received_end_of_partition = True
+        if was_empty:
+            self.gate.notify_channel_non_empty(self)
 
     def on_empty_buffer(self, sequence_number: int, backlog: int) -> None:
         """An empty data buffer (sent so a channel without exclusive buffers can drop its credit)."""
@@ -361,9 +369,7 @@ class RemoteInputChannel:
         buffer, sequence_number = queue.popleft()
         if self._num_priority:
             self._num_priority -= 1
-        size = len(buffer.data)  # type: ignore[arg-type]
-        self.queue_size_bytes -= size
-        self.num_bytes_in += size
+        self.num_bytes_in += len(buffer.data)  # type: ignore[arg-type]
         self.num_buffers_in += 1
         return buffer, bool(queue), sequence_number
 
@@ -390,7 +396,6 @@ class RemoteInputChannel:
         queue = self.received_buffers
         while queue:
             queue.popleft()[0].recycle()
-        self.queue_size_bytes = 0
         self.buffer_manager.release_all_buffers()
         if self.connection is not None:
             self.connection.close_channel(self)
@@ -422,6 +427,11 @@ class RemoteInputChannel:
     def queue_length(self) -> int:
         """Received buffers not yet polled (``inputQueueLength`` of this channel)."""
         return len(self.received_buffers)
+
+    @property
+    def queue_size_bytes(self) -> int:
+        """Bytes of the received buffers not yet polled (``inputQueueSize`` of this channel)."""
+        return sum(len(buffer.data) for buffer, _ in self.received_buffers)  # type: ignore[arg-type]
 
     @property
     def exclusive_buffers_used(self) -> int:
@@ -821,7 +831,6 @@ class CreditBasedPartitionRequestClientHandler:
         self.fatal_error: BaseException | None = None
         #: Called when the handler goes from nothing to send to something to send, or resumes reading.
         self.listener: Callable[[], None] | None = None
-        self.num_buffer_responses = 0
         self.num_times_paused = 0
         if secret is not None:
             self._outbound.append(Hello(secret))
@@ -909,20 +918,15 @@ class CreditBasedPartitionRequestClientHandler:
         """One decoded message from the server."""
         kind = type(message)
         if kind is BufferResponse:
-            self.num_buffer_responses += 1
             if self.credit_based:
-                channel = self.input_channels.get(message.receiver_id)  # type: ignore[union-attr]
-                data_type = message.data_type  # type: ignore[union-attr]
+                receiver_id, _, sequence_number, backlog, data_type, _, payload = message  # type: ignore[misc]
+                channel = self.input_channels.get(receiver_id)
                 if (
-                    channel is not None and IS_BUFFER[data_type] and not channel.is_released and len(message.payload)  # type: ignore[union-attr,arg-type]
+                    channel is not None and IS_BUFFER[data_type] and not channel.is_released and len(payload)
                 ):  # the common case, inline: a data buffer into a credit-backed channel buffer
                     recycler = channel.buffer_manager.request_buffer()
                     if recycler is not None:
-                        channel.on_buffer(
-                            Buffer(data_type, message.payload, recycler),  # type: ignore[union-attr]
-                            message.sequence_number,  # type: ignore[union-attr]
-                            message.backlog,  # type: ignore[union-attr]
-                        )
+                        channel.on_buffer(Buffer(data_type, payload, recycler), sequence_number, backlog)
                         return
                     channel.buffer_manager.num_required_buffers += 1  # undo; the slow path takes it again
                 self._decode_buffer_response(message)  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from .messages import (
     AckAllUserRecordsProcessed,
     AddCredit,
     BacklogAnnouncement,
+    BufferResponse,
     CancelPartitionRequest,
     CloseRequest,
     ErrorResponse,
@@ -35,7 +36,6 @@ from .messages import (
     PartitionRequest,
     ResumeConsumption,
     ServerMessage,
-    new_buffer_response,
 )
 from .partition import AvailabilityWithBacklog, BufferAndBacklog, ResultPartitionManager, ResultSubpartitionView
 
@@ -79,8 +79,6 @@ class CreditBasedSequenceNumberingViewReader:
     __slots__ = (
         "initial_credit",
         "is_registered_as_available",
-        "num_buffers_sent",
-        "num_bytes_sent",
         "num_credits_available",
         "partition_id",
         "queue",
@@ -102,8 +100,6 @@ class CreditBasedSequenceNumberingViewReader:
         self.view: ResultSubpartitionView | None = None
         self.partition_id = 0
         self.subpartition = 0
-        self.num_buffers_sent = 0
-        self.num_bytes_sent = 0
 
     def request_subpartition_view(self, provider: PartitionProvider, partition_id: int, subpartition: int) -> None:
         """Create the view (raises :class:`PartitionNotFoundError` if the partition is unknown)."""
@@ -241,7 +237,6 @@ class PartitionRequestQueue:
         #: Called when the queue goes from nothing to send to something to send.
         self.listener: Callable[[], None] | None = None
         self.is_closed = False
-        self.num_buffer_responses = 0
 
     def notify_reader_created(self, reader: CreditBasedSequenceNumberingViewReader) -> None:
         if reader.receiver_id in self.all_readers:
@@ -338,20 +333,12 @@ class PartitionRequestQueue:
             if more:
                 reader.is_registered_as_available = True
                 available.append(reader)
-            payload = buffer.data
-            message = new_buffer_response(
-                reader.receiver_id,
-                reader.subpartition,
-                sequence_number,
-                backlog,
-                buffer.data_type,
-                False,
-                payload,
+            data_type = buffer.data_type
+            message = _new_tuple(
+                BufferResponse,
+                (reader.receiver_id, reader.subpartition, sequence_number, backlog, data_type, False, buffer.data),
             )
             buffer.recycle()  # the message keeps the payload; the segment is free for the producer
-            reader.num_buffers_sent += 1
-            reader.num_bytes_sent += len(payload)  # type: ignore[arg-type]
-            self.num_buffer_responses += 1
             return message
         return None
 
@@ -383,7 +370,6 @@ class PartitionRequestServerHandler:
         self._decoder = FrameDecoder(max_frame_length)
         self._pending: dict[int, tuple[PartitionRequest, Callable[[], None]]] = {}
         self.is_closed = False
-        self.messages_received = 0
         #: The next message to send, or None (bound to the queue's: the hot path).
         self.next_message: Callable[[], ServerMessage | None] = self.queue.next_message
         #: Something may be sendable now (bound to the queue's, as above).
@@ -404,7 +390,6 @@ class PartitionRequestServerHandler:
 
     def receive_message(self, message: Message) -> None:
         """One decoded message from the client."""
-        self.messages_received += 1
         if not self.is_authenticated:
             if type(message) is not Hello:
                 raise ProtocolError(f"connection not authenticated: first message was {type(message).__name__}")
