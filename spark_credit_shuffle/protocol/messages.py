@@ -1,5 +1,5 @@
 """The messages of the network protocol (Flink's ``NettyMessage`` family), as frozen dataclasses
-(BufferResponse, built once per buffer, is a NamedTuple).
+(BufferResponse and AddCredit, built for every buffer or few, are NamedTuples).
 
 Server to client: :class:`BufferResponse`, :class:`ErrorResponse`, :class:`BacklogAnnouncement`.
 Client to server: :class:`PartitionRequest`, :class:`CancelPartitionRequest`, :class:`CloseRequest`,
@@ -116,11 +116,11 @@ class CloseRequest:
     MSG_ID: ClassVar[int] = 5
 
 
-@dataclass(frozen=True, slots=True)
-class AddCredit:
-    """``credit`` more receive buffers are reserved for ``receiver_id`` (always > 0)."""
+class AddCredit(NamedTuple):
+    """``credit`` more receive buffers are reserved for ``receiver_id`` (always > 0). A tuple, as
+    BufferResponse: a receiver sends one for every few buffers it recycles."""
 
-    MSG_ID: ClassVar[int] = 6
+    MSG_ID = 6
 
     receiver_id: int
     credit: int

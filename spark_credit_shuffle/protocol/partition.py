@@ -162,9 +162,6 @@ class PipelinedSubpartition:
         self._buffer_size = DEFAULT_BUFFER_SIZE
         self._view: PipelinedSubpartitionView | None = None
         self._view_created = False
-        # statistics
-        self.total_number_of_buffers = 0
-        self.num_bytes_polled = 0
 
     # -- writing --
 
@@ -181,7 +178,6 @@ class PipelinedSubpartition:
         buffers = self._buffers
         buffers.append(consumer)
         self._tail_known_finished = tail_finished = type(consumer) is FinishedBufferConsumer
-        self.total_number_of_buffers += 1
         if IS_BUFFER[data_type]:
             self.buffers_in_backlog += 1
         view = self._view
@@ -201,7 +197,6 @@ class PipelinedSubpartition:
         buffers = self._buffers
         buffers.insert(self._num_priority, consumer)
         self._num_priority += 1
-        self.total_number_of_buffers += 1
         if len(buffers) == 1:
             self._tail_known_finished = True
         view = self._view
@@ -279,10 +274,12 @@ class PipelinedSubpartition:
             self.flush_requested = False
             return None
         head = buffers[0]
-        if type(head) is FinishedBufferConsumer and len(buffers) > 1 and not self._num_priority:
-            # the common case: a complete buffer with more behind it (_poll_head does the rest)
+        if type(head) is FinishedBufferConsumer and not self._num_priority:
+            # the common case: a complete buffer (_poll_head does the rest)
             buffers.popleft()
             buffer = head.build()
+            if not buffers:
+                self.flush_requested = False
             if IS_BUFFER[buffer.data_type]:
                 self.buffers_in_backlog -= 1
                 if not len(buffer.data) and self.receiver_exclusive_buffers_per_channel:  # type: ignore[arg-type]
@@ -294,15 +291,14 @@ class PipelinedSubpartition:
                 return None
         if IS_BLOCKING_UPSTREAM[buffer.data_type]:
             self.is_blocked = True
-        self.num_bytes_polled += len(buffer.data)  # type: ignore[arg-type]
         sequence = self._sequence_number
         self._sequence_number = sequence + 1
         if self.is_blocked or not buffers:
             return _new_tuple(BufferAndBacklog, (buffer, 0, _NONE, sequence))
         flush_requested = self.flush_requested
         in_backlog = self.buffers_in_backlog
-        if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1].data_type]) and in_backlog:
-            in_backlog -= 1  # the last data buffer may still be written
+        if in_backlog and not flush_requested and IS_BUFFER[buffers[-1].data_type]:
+            in_backlog -= 1  # the last data buffer may still be written (a finished partition ends with an event)
         if flush_requested or len(buffers) > 1 or self._tail_known_finished:
             return _new_tuple(BufferAndBacklog, (buffer, in_backlog, buffers[0].data_type, sequence))
         return _new_tuple(BufferAndBacklog, (buffer, in_backlog, _NONE, sequence))
@@ -332,11 +328,6 @@ class PipelinedSubpartition:
             if not finished:
                 return None
         return None
-
-    @property
-    def num_buffers_polled(self) -> int:
-        """Buffers and events polled so far (each took the next sequence number)."""
-        return self._sequence_number
 
     def is_data_available(self) -> bool:
         """Something can be polled with credit (Flink's ``isDataAvailableUnsafe``)."""
@@ -669,10 +660,6 @@ class PipelinedResultPartition:
     def backlogs(self) -> list[int]:
         """The reported backlog of every subpartition."""
         return [s.get_buffers_in_backlog() for s in self.subpartitions]
-
-    @property
-    def num_bytes_out_polled(self) -> int:
-        return sum(s.num_bytes_polled for s in self.subpartitions)
 
 
 # -- blocking partition ---------------------------------------------------------------------------------

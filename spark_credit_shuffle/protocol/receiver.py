@@ -892,7 +892,7 @@ class CreditBasedPartitionRequestClientHandler:
                 credit = item.get_and_reset_unannounced_credit()
                 if credit == 0:
                     continue
-                return AddCredit(item.receiver_id, credit)
+                return _new_tuple(AddCredit, (item.receiver_id, credit))
             return item  # type: ignore[return-value]
         return None
 
