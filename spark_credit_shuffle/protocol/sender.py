@@ -106,7 +106,7 @@ class CreditBasedSequenceNumberingViewReader:
         self.partition_id = partition_id
         self.subpartition = subpartition
         self.view = provider.create_subpartition_view(partition_id, subpartition, self)
-        self.queue.notify_reader_non_empty(self)
+        self.queue.enqueue_available_reader(self)
 
     # -- BufferAvailabilityListener --
 
@@ -249,22 +249,32 @@ class PartitionRequestQueue:
         view = reader.view
         if view is None:
             return
-        if reader.credit_based:
-            available, backlog = view.get_availability_and_backlog(reader.num_credits_available > 0)
-        else:
-            available, backlog = view.get_availability_and_backlog(True)
+        available, backlog = view.get_availability_and_backlog(
+            reader.num_credits_available > 0 or not reader.credit_based
+        )
         if not available:
             if backlog > 0 and reader.need_announce_backlog():
                 self._send_control(BacklogAnnouncement(reader.receiver_id, backlog))
             return
+        self._register_available(reader)
+
+    def notify_reader_non_empty(self, reader: CreditBasedSequenceNumberingViewReader) -> None:
+        """A reader's view has new data (its availability listener). A reader holding credit can send at
+        once: a view notifies only after a finished element, a flush or an event reached its head (a
+        blocked view's END_OF_PARTITION aside, which then polls as nothing). Without credit, the view
+        decides (events only, or a backlog announcement)."""
+        if reader.num_credits_available > 0 and reader.credit_based:
+            if not (reader.is_registered_as_available or self.is_closed or reader.view is None):
+                self._register_available(reader)
+        else:
+            self.enqueue_available_reader(reader)
+
+    def _register_available(self, reader: CreditBasedSequenceNumberingViewReader) -> None:
         was_idle = not self.available_readers and not self._outbox
         reader.is_registered_as_available = True
         self.available_readers.append(reader)
         if was_idle and self.listener is not None:
             self.listener()
-
-    #: A reader's view has data (the reader's availability listener calls this).
-    notify_reader_non_empty = enqueue_available_reader
 
     def _send_control(self, message: ServerMessage) -> None:
         was_idle = not self.available_readers and not self._outbox

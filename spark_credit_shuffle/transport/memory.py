@@ -195,20 +195,19 @@ class MemoryConnection:
         # the handlers' queues, read directly: a pump is the hot loop of every simulation and benchmark
         client_outbound = client._outbound
         server_outbox, server_readers = server.queue._outbox, server.queue.available_readers
-        moved = 0
+        up = down = 0
         while True:
-            up = down = 0
+            before = up + down
             while client_outbound and (message := client_next()) is not None:
                 server_receive(message)
                 up += 1
             while (server_outbox or server_readers) and client.is_reading and (message := server_next()) is not None:
                 client_receive(message)
                 down += 1
-            if not up and not down:
-                return moved
-            self.upstream.messages_sent += up
-            self.downstream.messages_sent += down
-            moved += up + down
+            if up + down == before:
+                self.upstream.messages_sent += up
+                self.downstream.messages_sent += down
+                return up + down
 
     def next_event_time(self, now: float) -> float | None:
         """The earliest virtual time after ``now`` at which :meth:`pump` can do something new."""
