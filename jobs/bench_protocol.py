@@ -85,6 +85,7 @@ def run_exchange(
     delivered = 0
     total = buffers_per_producer * num_producers
     use_builder = variant == "byte_builder"
+    data_buffer = DataType.DATA_BUFFER
     start = time.perf_counter()
     cpu_start = time.process_time()
     while delivered < total:
@@ -101,9 +102,7 @@ def run_exchange(
                     builder.append(payload)
                     builder.finish()
                 else:
-                    partition.add_consumer(
-                        channel, FinishedBufferConsumer(Buffer(DataType.DATA_BUFFER, payload, recycler))
-                    )
+                    partition.add_consumer(channel, FinishedBufferConsumer(Buffer(data_buffer, payload, recycler)))
                 channel = channel + 1 if channel + 1 < num_consumers else 0
                 left -= 1
             remaining[p] = left
@@ -114,9 +113,8 @@ def run_exchange(
         for connection in connections:
             connection.pump()
         for gate in gates:
-            while (boe := gate.poll_next()) is not None:
-                buffer = boe.buffer
-                if buffer.data_type is DataType.DATA_BUFFER:
+            for buffer, _, _, _ in iter(gate.poll_next, None):
+                if buffer.data_type is data_buffer:
                     delivered += 1
                 buffer.recycle()
         for connection in connections:

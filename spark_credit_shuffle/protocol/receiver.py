@@ -135,19 +135,18 @@ class BufferManager:
         return self._try_request_buffers()
 
     def _try_request_buffers(self) -> int:
-        taken = 0
+        missing = self.num_required_buffers - self.num_exclusive - self.num_floating
+        if missing <= 0 or self.is_waiting_for_floating_buffers:
+            return 0
         pool = self.floating_pool
-        while self.num_exclusive + self.num_floating < self.num_required_buffers and not (
-            self.is_waiting_for_floating_buffers
-        ):
-            if pool.is_destroyed:
-                break
+        taken = 0
+        while taken < missing and not pool.is_destroyed:
             if pool.request_buffer():
-                self.num_floating += 1
                 taken += 1
             elif pool.add_buffer_listener(self):
                 self.is_waiting_for_floating_buffers = True
                 break
+        self.num_floating += taken
         return taken
 
     def recycle_exclusive(self) -> None:
