@@ -8,7 +8,9 @@ credits, AddCredit, backlog). Producers write 32 KiB buffers round robin over th
 their pool is available; consumers poll their gates and recycle each buffer at once. A *hand-over* is
 one data buffer delivered to a consumer and recycled.
 
-Two variants, each timed ``--runs`` times (median reported, after one warm-up):
+Two variants, each timed ``--runs`` times (median reported, after one warm-up); the runs of all cases are
+interleaved, one of each per round in a rotated order, so every figure samples the same minutes of a
+machine whose speed drifts:
 
 * ``protocol``: the buffer's segment comes from the partition's pool (``request_segment``) and its 32 KiB
   payload is a ready bytes object wrapped as a finished buffer consumer: this is the protocol's
@@ -147,26 +149,38 @@ def calibration_seconds() -> float:
     return time.process_time() - start
 
 
-def measure(topology: tuple[int, int], buffers: int, runs: int, variant: str, encode: bool) -> dict:
-    producers, consumers = topology
-    per_producer = max(1, buffers // producers)
-    run_exchange(producers, consumers, max(1, per_producer // 10), variant=variant, encode=encode)  # warm-up
-    rates = []
-    cpu_rates = []
-    for _ in range(runs):
-        delivered, seconds, cpu = run_exchange(producers, consumers, per_producer, variant=variant, encode=encode)
-        rates.append(delivered / seconds)
-        cpu_rates.append(delivered / cpu if cpu > 0 else float("inf"))
-    return {
-        "topology": f"{producers}->{consumers}",
-        "variant": variant,
-        "buffers": per_producer * producers,
-        "median_handovers_per_s": statistics.median(rates),
-        "min_handovers_per_s": min(rates),
-        "max_handovers_per_s": max(rates),
-        "median_handovers_per_cpu_s": statistics.median(cpu_rates),
-        "median_mb_per_s": statistics.median(rates) * SEGMENT / 1e6,
-    }
+def measure(cases: list[tuple[str, tuple[int, int]]], buffers: int, runs: int, encode: bool) -> list[dict]:
+    """Time every (variant, topology) case ``runs`` times, interleaved: each round runs every case once, in
+    an order rotated by one per round, so that all cases see the same moments of a machine whose speed
+    drifts. Returns one summary per case."""
+    per_producer = {topology: max(1, buffers // topology[0]) for _, topology in cases}
+    for variant, topology in cases:  # warm-up
+        run_exchange(*topology, max(1, per_producer[topology] // 10), variant=variant, encode=encode)
+    rates: dict[tuple[str, tuple[int, int]], list[float]] = {case: [] for case in cases}
+    cpu_rates: dict[tuple[str, tuple[int, int]], list[float]] = {case: [] for case in cases}
+    for round_index in range(runs):
+        shift = round_index % len(cases)
+        for case in cases[shift:] + cases[:shift]:
+            variant, topology = case
+            delivered, seconds, cpu = run_exchange(*topology, per_producer[topology], variant=variant, encode=encode)
+            rates[case].append(delivered / seconds)
+            cpu_rates[case].append(delivered / cpu if cpu > 0 else float("inf"))
+    results = []
+    for case in cases:
+        variant, (producers, consumers) = case
+        results.append(
+            {
+                "topology": f"{producers}->{consumers}",
+                "variant": variant,
+                "buffers": per_producer[(producers, consumers)] * producers,
+                "median_handovers_per_s": statistics.median(rates[case]),
+                "min_handovers_per_s": min(rates[case]),
+                "max_handovers_per_s": max(rates[case]),
+                "median_handovers_per_cpu_s": statistics.median(cpu_rates[case]),
+                "median_mb_per_s": statistics.median(rates[case]) * SEGMENT / 1e6,
+            }
+        )
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,16 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cores, load {load:.1f}, "
         f"calibration loop {calibration:.2f} s; {args.runs} runs, median, 32 KiB buffers"
     )
-    results = []
-    for variant in variants:
-        for topology in ((1, 4), (4, 4)):
-            result = measure(topology, args.buffers, args.runs, variant, args.encode)
-            results.append(result)
-            print(
-                f"{variant:>12} {result['topology']}: {result['median_handovers_per_s']:>10,.0f} hand-overs/s "
-                f"(min {result['min_handovers_per_s']:,.0f}, max {result['max_handovers_per_s']:,.0f}), "
-                f"{result['median_mb_per_s']:,.0f} MB/s; per CPU second {result['median_handovers_per_cpu_s']:,.0f}"
-            )
+    cases = [(variant, topology) for variant in variants for topology in ((1, 4), (4, 4))]
+    results = measure(cases, args.buffers, args.runs, args.encode)
+    for result in results:
+        print(
+            f"{result['variant']:>12} {result['topology']}: {result['median_handovers_per_s']:>10,.0f} hand-overs/s "
+            f"(min {result['min_handovers_per_s']:,.0f}, max {result['max_handovers_per_s']:,.0f}), "
+            f"{result['median_mb_per_s']:,.0f} MB/s; per CPU second {result['median_handovers_per_cpu_s']:,.0f}"
+        )
     headline = {r["topology"]: round(r["median_handovers_per_s"]) for r in results if r["variant"] == "protocol"}
     summary = {
         "benchmark": "bench_protocol",

@@ -85,6 +85,22 @@ def test_multiplexing_demo_shows_what_credits_do(tmp_path, capsys):
         demo.main(["--slow-rate", "fast"])
 
 
+def test_protocol_benchmark_moves_every_buffer_and_reports_both_topologies(capsys):
+    bench = load_job("bench_protocol")
+    for variant in ("protocol", "byte_builder"):
+        delivered, seconds, cpu = bench.run_exchange(4, 4, 50, variant=variant, encode=True)
+        assert delivered == 200 and seconds > 0 and cpu >= 0
+    assert bench.main(["--buffers", "400", "--runs", "2"]) == 0
+    out = capsys.readouterr().out
+    headline = last_json(out)
+    for key in ("protocol_handovers_per_s", "byte_builder_handovers_per_s"):
+        assert set(headline[key]) == {"1->4", "4->4"} and all(rate > 0 for rate in headline[key].values())
+    assert headline["target_handovers_per_s"] == 100_000
+    assert headline["meets_target"] == (min(headline["protocol_handovers_per_s"].values()) >= 100_000)
+    with pytest.raises(SystemExit):
+        bench.main(["--variants", "fast"])
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["blocking", "pipelined"])
 def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys, mode):
