@@ -505,14 +505,15 @@ class LocalBufferPool:
                 return False
         remaining = self.num_available_segments - 1
         self.num_available_segments = remaining
-        changed = remaining == 0
         if target_channel >= 0:
-            count = self.subpartition_buffers_count[target_channel] + 1
-            self.subpartition_buffers_count[target_channel] = count
+            counts = self.subpartition_buffers_count
+            count = counts[target_channel] + 1
+            counts[target_channel] = count
             if count == self.max_buffers_per_channel:
                 self.unavailable_subpartitions_count += 1
-                changed = True
-        if changed or self.num_requested > self.current_pool_size:
+                self.check_availability()
+                return True
+        if not remaining or self.num_requested > self.current_pool_size:
             self.check_availability()
         return True
 
@@ -543,10 +544,11 @@ class LocalBufferPool:
         """Return one segment: to the global pool if destroyed or over size, else to the first listener that
         takes it, else to the free list."""
         if target_channel >= 0:
-            count = self.subpartition_buffers_count[target_channel]
+            counts = self.subpartition_buffers_count
+            count = counts[target_channel]
             if count == self.max_buffers_per_channel:
                 self.unavailable_subpartitions_count -= 1
-            self.subpartition_buffers_count[target_channel] = count - 1
+            counts[target_channel] = count - 1
         if self.num_borrowed:
             self.num_borrowed -= 1
             self.check_availability()
