@@ -18,8 +18,10 @@ machine whose speed drifts:
 * ``byte_builder``: each buffer is written through a ``ByteBufferBuilder`` (two 32 KiB copies in and
   two out, as that test builder does), i.e. the bookkeeping plus the cost of filling a segment.
 
-``--encode`` sends every message through the wire codec as well. The last line is one JSON object with
-the headline figures. Example: ``python jobs/bench_protocol.py --buffers 20000 --runs 5``.
+``--encode`` sends every message through the wire codec as well. ``--bytecodes`` also counts the bytecodes
+executed and Python calls made per hand-over (traced, a few seconds): the figure to compare changes by on
+a machine whose speed drifts, as the wall-clock rate can by 2x between minutes. The last line is one JSON
+object with the headline figures. Example: ``python jobs/bench_protocol.py --buffers 20000 --runs 5``.
 """
 
 from __future__ import annotations
@@ -139,6 +141,30 @@ def run_exchange(
     return delivered, elapsed, cpu
 
 
+def count_bytecodes(topology: tuple[int, int], buffers: int = 4000) -> tuple[float, float]:
+    """Bytecodes executed and Python calls made per hand-over in one ``protocol`` exchange (traced, so
+    slow): a measure of the bookkeeping that does not depend on how fast the machine is at the moment."""
+    producers, consumers = topology
+    run_exchange(producers, consumers, 10, variant="protocol")  # imports and caches, outside the count
+    counts = [0, 0]  # bytecodes, calls
+
+    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "opcode":
+            counts[0] += 1
+        elif event == "call":
+            counts[1] += 1
+            frame.f_trace_opcodes = True
+            frame.f_trace_lines = False
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        delivered, _, _ = run_exchange(producers, consumers, max(1, buffers // producers), variant="protocol")
+    finally:
+        sys.settrace(None)
+    return counts[0] / delivered, counts[1] / delivered
+
+
 def calibration_seconds() -> float:
     """CPU seconds of a plain 10-million-step Python loop: compares this machine with others (a recent
     desktop core runs it in about 0.4 s)."""
@@ -189,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="timed runs per figure; the median is reported")
     parser.add_argument("--encode", action="store_true", help="send every message through the wire codec too")
     parser.add_argument("--variants", default="protocol,byte_builder", help="comma-separated: protocol, byte_builder")
+    parser.add_argument(
+        "--bytecodes",
+        action="store_true",
+        help="also count bytecodes and Python calls per hand-over (traced; independent of the machine's speed)",
+    )
     args = parser.parse_args(argv)
     if args.buffers < 1 or args.runs < 1:
         parser.error("--buffers and --runs must be >= 1")
@@ -212,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
             f"(min {result['min_handovers_per_s']:,.0f}, max {result['max_handovers_per_s']:,.0f}), "
             f"{result['median_mb_per_s']:,.0f} MB/s; per CPU second {result['median_handovers_per_cpu_s']:,.0f}"
         )
+    bytecodes: dict[str, float] = {}
+    calls: dict[str, float] = {}
+    if args.bytecodes:
+        for producers, consumers in ((1, 4), (4, 4)):
+            name = f"{producers}->{consumers}"
+            bytecodes[name], calls[name] = count_bytecodes((producers, consumers), min(4000, args.buffers))
+            print(f"    protocol {name}: {bytecodes[name]:,.0f} bytecodes and {calls[name]:.1f} calls per hand-over")
     headline = {r["topology"]: round(r["median_handovers_per_s"]) for r in results if r["variant"] == "protocol"}
     summary = {
         "benchmark": "bench_protocol",
@@ -228,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         "calibration_loop_s": round(calibration, 3),
         "load_average": round(load, 2),
     }
+    if args.bytecodes:
+        summary["bytecodes_per_handover"] = {name: round(value) for name, value in bytecodes.items()}
+        summary["calls_per_handover"] = {name: round(value, 1) for name, value in calls.items()}
     print(json.dumps(summary))
     return 0
 

@@ -90,12 +90,14 @@ def test_protocol_benchmark_moves_every_buffer_and_reports_both_topologies(capsy
     for variant in ("protocol", "byte_builder"):
         delivered, seconds, cpu = bench.run_exchange(4, 4, 50, variant=variant, encode=True)
         assert delivered == 200 and seconds > 0 and cpu >= 0
-    assert bench.main(["--buffers", "400", "--runs", "2"]) == 0
+    assert bench.main(["--buffers", "400", "--runs", "2", "--bytecodes"]) == 0
     out = capsys.readouterr().out
     headline = last_json(out)
-    for key in ("protocol_handovers_per_s", "byte_builder_handovers_per_s"):
+    for key in ("protocol_handovers_per_s", "byte_builder_handovers_per_s", "bytecodes_per_handover"):
         assert set(headline[key]) == {"1->4", "4->4"} and all(rate > 0 for rate in headline[key].values())
     assert headline["target_handovers_per_s"] == 100_000
+    # a loose guard against bookkeeping that grows per buffer (about 1,300 bytecodes per hand-over on 3.11)
+    assert all(5 < calls < 100 for calls in headline["calls_per_handover"].values())
     assert headline["meets_target"] == (min(headline["protocol_handovers_per_s"].values()) >= 100_000)
     with pytest.raises(SystemExit):
         bench.main(["--variants", "fast"])
