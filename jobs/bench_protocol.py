@@ -13,7 +13,7 @@ interleaved, one of each per round in a rotated order, so every figure samples t
 machine whose speed drifts:
 
 * ``protocol``: the buffer's segment comes from the partition's pool (``request_segment``) and its 32 KiB
-  payload is a ready bytes object wrapped as a finished buffer consumer: this is the protocol's
+  payload is a ready bytes object in a complete buffer (its own consumer): this is the protocol's
   bookkeeping per buffer, which is what the target (>= 100,000 hand-overs per second) is about;
 * ``byte_builder``: each buffer is written through a ``ByteBufferBuilder`` (two 32 KiB copies in and
   two out, as that test builder does), i.e. the bookkeeping plus the cost of filling a segment.
@@ -35,7 +35,7 @@ import statistics
 import sys
 import time
 
-from spark_credit_shuffle.buffers.buffer import Buffer, ByteBufferBuilder, DataType, FinishedBufferConsumer
+from spark_credit_shuffle.buffers.buffer import Buffer, ByteBufferBuilder, DataType
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.protocol import (
     CreditBasedPartitionRequestClientHandler,
@@ -106,7 +106,7 @@ def run_exchange(
                     builder.append(payload)
                     builder.finish()
                 else:
-                    partition.add_consumer(channel, FinishedBufferConsumer(Buffer(data_buffer, payload, recycler)))
+                    partition.add_consumer(channel, Buffer(data_buffer, payload, recycler))
                 channel = channel + 1 if channel + 1 < num_consumers else 0
                 left -= 1
             remaining[p] = left

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from spark_credit_shuffle.buffers import Buffer, BufferConsumer, DataType, FinishedBufferConsumer, RecordReader
+from spark_credit_shuffle.buffers import Buffer, BufferConsumer, DataType, RecordReader
 from spark_credit_shuffle.partitioners import ChannelSelector
 
 
@@ -58,7 +58,7 @@ class MemoryPartition:
     def add_event(self, subpartition: int, buffer: Buffer) -> None:
         assert not self.finished
         assert buffer.data_type.is_event
-        self.queues[subpartition].append((FinishedBufferConsumer(buffer), 0))
+        self.queues[subpartition].append((buffer, 0))
 
     def flush(self, subpartition: int) -> None:
         queue = self.queues[subpartition]

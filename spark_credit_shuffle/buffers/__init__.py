@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .buffer import Buffer, BufferConsumer, ByteBufferBuilder, DataType, FinishedBufferConsumer, SegmentLease
+from .buffer import Buffer, BufferConsumer, ByteBufferBuilder, DataType, SegmentLease
 from .format import (
     CheckpointBarrier,
     EndOfPartition,
@@ -25,7 +25,6 @@ __all__ = [
     "DataType",
     "EndOfPartition",
     "Event",
-    "FinishedBufferConsumer",
     "IpcSizeModel",
     "LatencyMarker",
     "RecordReader",

@@ -9,7 +9,8 @@ once the builder is finished and every slice built from it has been recycled.
 
 The Arrow record-batch builder of :mod:`spark_credit_shuffle.buffers.writer` and the byte
 builder below implement the same consumer protocol, so subpartitions, the protocol core and
-the transports never look inside a payload.
+the transports never look inside a payload. A complete buffer (an event, a buffer cut full, a
+stored one) is its own consumer, finished from the start: no wrapper per buffer.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ __all__ = [
     "BufferConsumer",
     "ByteBufferBuilder",
     "DataType",
-    "FinishedBufferConsumer",
     "SegmentLease",
 ]
 
@@ -96,6 +96,23 @@ class Buffer:
         if recycler is not None:
             recycler()
 
+    # A complete buffer (an event, a full buffer, a stored one) is its own BufferConsumer, finished from
+    # the start: queues add it as it is, and drop it as soon as they have built it.
+
+    def is_finished(self) -> bool:
+        return True
+
+    def is_data_available(self) -> bool:
+        return len(self.data) > 0  # type: ignore[arg-type]
+
+    def build(self) -> Buffer:
+        """The buffer itself (a queue builds a finished consumer once, then drops it)."""
+        return self
+
+    def close(self) -> None:
+        """Dropped unread (its subpartition was released): the memory goes back."""
+        self.recycle()
+
     def __repr__(self) -> str:
         return f"Buffer({self.data_type.name}, {self.size} bytes)"
 
@@ -150,35 +167,6 @@ class SegmentLease:
         if self._finished and self._outstanding == 0 and self._recycler is not None:
             recycler, self._recycler = self._recycler, None
             recycler()
-
-
-class FinishedBufferConsumer:
-    """A consumer over one complete buffer: events, and buffers replayed from storage.
-
-    Its ``data_type`` stays that of the buffer after ``build()``, as a Flink ``BufferConsumer``'s does
-    (a subpartition counts its backlog down by the type of what it polled).
-    """
-
-    __slots__ = ("_buffer", "data_type")
-
-    def __init__(self, buffer: Buffer) -> None:
-        self._buffer: Buffer | None = buffer
-        self.data_type: DataType = buffer.data_type
-
-    def is_finished(self) -> bool:
-        return True
-
-    def is_data_available(self) -> bool:
-        return self._buffer is not None and self._buffer.size > 0
-
-    def build(self) -> Buffer:
-        buffer, self._buffer = self._buffer, None
-        return buffer if buffer is not None else Buffer(DataType.NONE, b"")
-
-    def close(self) -> None:
-        if self._buffer is not None:
-            self._buffer.recycle()
-            self._buffer = None
 
 
 class ByteBufferBuilder:

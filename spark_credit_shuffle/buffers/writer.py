@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from ..config import MIN_SEGMENT_SIZE
 from ..errors import ConfigError
-from .buffer import Buffer, BufferConsumer, DataType, FinishedBufferConsumer
+from .buffer import Buffer, BufferConsumer, DataType
 from .format import (
     CHUNK_HEADER,
     FORMAT_VERSION,
@@ -675,7 +675,7 @@ class RecordWriter:
         if not self._schema_sent[sp]:
             self._schema_sent[sp] = True
             partition.add_event(sp, Buffer(DataType.EVENT_BUFFER, self._schema_payload))
-        partition.add_consumer(sp, FinishedBufferConsumer(Buffer(DataType.DATA_BUFFER, chunk, recycler)), 0)
+        partition.add_consumer(sp, Buffer(DataType.DATA_BUFFER, chunk, recycler), 0)
         self._buffers_out[sp] += 1
         self._bytes_out[sp] += len(chunk)
 

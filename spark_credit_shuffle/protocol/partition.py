@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from ..buffers.buffer import Buffer, BufferConsumer, ByteBufferBuilder, DataType, FinishedBufferConsumer
+from ..buffers.buffer import Buffer, BufferConsumer, ByteBufferBuilder, DataType
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
 from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER, IS_EVENT
@@ -177,7 +177,7 @@ class PipelinedSubpartition:
             return self._add_priority(consumer)
         buffers = self._buffers
         buffers.append(consumer)
-        self._tail_known_finished = tail_finished = type(consumer) is FinishedBufferConsumer
+        self._tail_known_finished = tail_finished = type(consumer) is Buffer
         if IS_BUFFER[data_type]:
             self.buffers_in_backlog += 1
         view = self._view
@@ -217,7 +217,7 @@ class PipelinedSubpartition:
 
     def finish(self) -> int:
         """Append END_OF_PARTITION and notify the reader; nothing can be added afterwards."""
-        return self.add(FinishedBufferConsumer(_end_of_partition()), 0, finish=True)
+        return self.add(_end_of_partition(), 0, finish=True)
 
     def flush(self) -> None:
         """Make the data queued so far consumable, including the unfinished last buffer."""
@@ -274,10 +274,10 @@ class PipelinedSubpartition:
             self.flush_requested = False
             return None
         head = buffers[0]
-        if type(head) is FinishedBufferConsumer and not self._num_priority:
-            # the common case: a complete buffer (_poll_head does the rest)
+        if type(head) is Buffer and not self._num_priority:
+            # the common case: a complete buffer, its own consumer (_poll_head does the rest)
             buffers.popleft()
-            buffer = head.build()
+            buffer = head
             if not buffers:
                 self.flush_requested = False
             if IS_BUFFER[buffer.data_type]:
@@ -531,7 +531,7 @@ class PipelinedResultPartition:
         pool = self.buffer_pool
         if not pool.request_buffer(subpartition):
             pool.request_buffer_forced(subpartition)
-        return SegmentRecycler(pool, subpartition)
+        return pool.segment_recyclers[subpartition]
 
     def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> int:
         """Queue ``consumer``; the subpartition's desired buffer size (debloating), as Flink's ``add``."""
@@ -572,7 +572,7 @@ class PipelinedResultPartition:
     def add_event(self, subpartition: int, buffer: Buffer) -> None:
         self._check_in_produce_state()
         self.num_events_out += 1
-        self.subpartitions[subpartition].add(FinishedBufferConsumer(buffer))
+        self.subpartitions[subpartition].add(buffer)
 
     def flush(self, subpartition: int) -> None:
         self.subpartitions[subpartition].flush()
@@ -675,9 +675,10 @@ class StoredBuffer(NamedTuple):
 class BlockingResultPartition:
     """A producer subtask's blocking output (Flink's hash ``BoundedBlockingResultPartition``, §3.3).
 
-    Every buffer is written to storage as soon as it is complete: a consumer is stored when the next one
-    is added to its subpartition (the builder before it was finished), on flush (the bytes written so far,
-    as its own buffer), and on finish, which also stores END_OF_PARTITION. ``sink(subpartition, buffer)``
+    Every buffer is written to storage as soon as it is complete: a complete :class:`Buffer` when it is
+    added; a builder's consumer when the next one is added to its subpartition (the builder before it was
+    finished), on flush (the bytes written so far, as its own buffer), and on finish, which also stores
+    END_OF_PARTITION. ``sink(subpartition, buffer)``
     receives each stored buffer, which is then recycled; by default the buffers are kept in memory and
     read back by views created after :meth:`finish` (any number of them).
     """
@@ -724,12 +725,17 @@ class BlockingResultPartition:
     def request_segment(self, subpartition: int) -> SegmentRecycler:
         self._check_in_produce_state()
         self.buffer_pool.request_buffer_forced(subpartition)
-        return SegmentRecycler(self.buffer_pool, subpartition)
+        return self.buffer_pool.segment_recycler(subpartition)
 
     def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None:
         self._check_in_produce_state()
         self._write_current(subpartition, close=True)
-        self._current[subpartition] = consumer
+        if type(consumer) is not Buffer:
+            self._current[subpartition] = consumer
+        elif consumer.size:  # a complete buffer is stored at once
+            self._store(subpartition, consumer)
+        else:
+            consumer.recycle()
 
     def add_event(self, subpartition: int, buffer: Buffer) -> None:
         self._check_in_produce_state()

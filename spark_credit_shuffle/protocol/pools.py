@@ -15,6 +15,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from ..config import NetworkConfig
@@ -199,21 +200,8 @@ class BufferListener(Protocol):
         """A segment is offered; return True to take it (it then belongs to the listener)."""
 
 
-class SegmentRecycler:
-    """Returns one segment to its pool, exactly once (a second call raises ``RuntimeError``)."""
-
-    __slots__ = ("_channel", "_pool")
-
-    def __init__(self, pool: LocalBufferPool, channel: int) -> None:
-        self._pool: LocalBufferPool | None = pool
-        self._channel = channel
-
-    def __call__(self) -> None:
-        pool = self._pool
-        if pool is None:
-            raise RuntimeError("network buffer segment recycled twice")
-        self._pool = None
-        pool.recycle(self._channel)
+#: Returns one segment to the pool it came from (see :meth:`LocalBufferPool.segment_recycler`).
+SegmentRecycler = Callable[[], None]
 
 
 # -- global pool ---------------------------------------------------------------------------------------
@@ -462,6 +450,8 @@ class LocalBufferPool:
         self.is_destroyed = False
         self._listeners: deque[BufferListener] = deque()
         self._availability_listeners: list[Callable[[], None]] = []
+        #: The recycler of each subpartition's segments (see :meth:`segment_recycler`).
+        self.segment_recyclers: list[SegmentRecycler] = [partial(self.recycle, c) for c in range(num_subpartitions)]
         self._available = False
 
     # -- sizing --
@@ -537,8 +527,15 @@ class LocalBufferPool:
         self.check_availability()
 
     def segment_recycler(self, target_channel: int = UNKNOWN_CHANNEL) -> SegmentRecycler:
-        """A one-shot recycler for a segment requested against ``target_channel``."""
-        return SegmentRecycler(self, target_channel)
+        """The recycler of segments requested against ``target_channel``: one call returns one segment.
+
+        One callable per channel, made once (a producer takes one segment per buffer, so no object is
+        made per buffer). Calling it once per segment is the owner's duty, which :class:`Buffer` and the
+        builders' leases keep; a channel that gets back more segments than it took raises RuntimeError.
+        """
+        if target_channel >= 0:
+            return self.segment_recyclers[target_channel]
+        return self.recycle
 
     def recycle(self, target_channel: int = UNKNOWN_CHANNEL) -> None:
         """Return one segment: to the global pool if destroyed or over size, else to the first listener that
@@ -546,6 +543,8 @@ class LocalBufferPool:
         if target_channel >= 0:
             counts = self.subpartition_buffers_count
             count = counts[target_channel]
+            if not count:
+                raise RuntimeError(f"a segment of channel {target_channel} was recycled twice (none is out)")
             if count == self.max_buffers_per_channel:
                 self.unavailable_subpartitions_count -= 1
             counts[target_channel] = count - 1

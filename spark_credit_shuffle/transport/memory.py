@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from ..buffers.buffer import Buffer, DataType, FinishedBufferConsumer
+from ..buffers.buffer import Buffer, DataType
 from ..config import NetworkConfig
 from ..errors import ProtocolError
 from ..protocol.codec import FrameDecoder, default_max_frame_length, encode, encoded_size
@@ -296,7 +296,7 @@ class StoredBuffersExchange:
         if data_type is DataType.END_OF_PARTITION:
             subpartition.finish()
         else:
-            subpartition.add(FinishedBufferConsumer(Buffer(data_type, payload)))
+            subpartition.add(Buffer(data_type, payload))
 
     def _marker(self, connection: MemoryConnection) -> Callable[[], None]:
         dirty = self._dirty

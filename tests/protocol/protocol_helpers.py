@@ -7,7 +7,6 @@ from spark_credit_shuffle.buffers.buffer import (
     BufferConsumer,
     ByteBufferBuilder,
     DataType,
-    FinishedBufferConsumer,
 )
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.protocol import (
@@ -62,12 +61,12 @@ def filled_unfinished_consumer(size: int, segments: Segments | None = None) -> t
 
 def event_consumer(data_type: DataType = DataType.EVENT_BUFFER, payload: bytes = b"event") -> BufferConsumer:
     """A finished event (or any complete buffer) as the partition wraps ``add_event`` buffers."""
-    return FinishedBufferConsumer(Buffer(data_type, payload))
+    return Buffer(data_type, payload)
 
 
 def data_buffer_consumer(size: int) -> BufferConsumer:
     """A complete data buffer known to be finished (Flink's ``createEventBufferConsumer(size, DATA_BUFFER)``)."""
-    return FinishedBufferConsumer(Buffer(DataType.DATA_BUFFER, bytes(size)))
+    return Buffer(DataType.DATA_BUFFER, bytes(size))
 
 
 class CountingListener:
