@@ -280,17 +280,20 @@ class PipelinedSubpartition:
             buffer = head
             if not buffers:
                 self.flush_requested = False
-            if IS_BUFFER[buffer.data_type]:
+            data_type = buffer.data_type
+            if IS_BUFFER[data_type]:
                 self.buffers_in_backlog -= 1
                 if not len(buffer.data) and self.receiver_exclusive_buffers_per_channel:  # type: ignore[arg-type]
                     buffer.recycle()
                     return self.poll_buffer()
+            elif IS_BLOCKING_UPSTREAM[data_type]:
+                self.is_blocked = True
         else:
             buffer = self._poll_head()
             if buffer is None:
                 return None
-        if IS_BLOCKING_UPSTREAM[buffer.data_type]:
-            self.is_blocked = True
+            if IS_BLOCKING_UPSTREAM[buffer.data_type]:
+                self.is_blocked = True
         sequence = self._sequence_number
         self._sequence_number = sequence + 1
         if self.is_blocked or not buffers:

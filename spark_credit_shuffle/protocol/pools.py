@@ -480,7 +480,8 @@ class LocalBufferPool:
         Succeeds while a segment is free even if the channel is at its max (the limit only gates
         availability); at the pool size it may overdraft up to ``max_overdraft_buffers``.
         """
-        if self.num_available_segments == 0:
+        remaining = self.num_available_segments - 1
+        if remaining < 0:
             if self.is_destroyed:
                 raise RuntimeError("buffer pool is destroyed")
             if self.num_requested < self.current_pool_size:
@@ -493,7 +494,7 @@ class LocalBufferPool:
                 self.num_available_segments += 1
             else:
                 return False
-        remaining = self.num_available_segments - 1
+            remaining = self.num_available_segments - 1
         self.num_available_segments = remaining
         if target_channel >= 0:
             counts = self.subpartition_buffers_count
