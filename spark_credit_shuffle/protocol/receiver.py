@@ -855,8 +855,8 @@ class CreditBasedPartitionRequestClientHandler:
             PartitionRequest(channel.receiver_id, channel.subpartition, channel.initial_credit, channel.partition_id)
         )
 
-    def notify_credit_available(self, channel: RemoteInputChannel) -> None:
-        self._enqueue(channel)
+    #: A channel has unannounced credit: queue it; its AddCredit is made when it is sent.
+    notify_credit_available = _enqueue
 
     def resume_consumption(self, channel: RemoteInputChannel) -> None:
         self._enqueue(ResumeConsumption(channel.receiver_id))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple, Protocol
 
 from ..errors import PartitionNotFoundError, PartitionStateError, ProtocolError
@@ -79,6 +80,7 @@ class CreditBasedSequenceNumberingViewReader:
     __slots__ = (
         "initial_credit",
         "is_registered_as_available",
+        "notify_data_available",
         "num_credits_available",
         "partition_id",
         "queue",
@@ -100,6 +102,9 @@ class CreditBasedSequenceNumberingViewReader:
         self.view: ResultSubpartitionView | None = None
         self.partition_id = 0
         self.subpartition = 0
+        #: BufferAvailabilityListener: the view has data; the queue decides whether the reader can send
+        #: (a partial, not a method: the view calls it for nearly every buffer).
+        self.notify_data_available: Callable[[], None] = partial(queue.notify_reader_non_empty, self)
 
     def request_subpartition_view(self, provider: PartitionProvider, partition_id: int, subpartition: int) -> None:
         """Create the view (raises :class:`PartitionNotFoundError` if the partition is unknown)."""
@@ -109,10 +114,6 @@ class CreditBasedSequenceNumberingViewReader:
         self.queue.enqueue_available_reader(self)
 
     # -- BufferAvailabilityListener --
-
-    def notify_data_available(self) -> None:
-        if self.view is not None:
-            self.queue.notify_reader_non_empty(self)
 
     def notify_priority_event(self, sequence_number: int) -> None:
         self.notify_data_available()
