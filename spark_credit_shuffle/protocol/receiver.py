@@ -694,15 +694,18 @@ class SingleInputGate:
         """
         queue = self._channels_with_data
         while queue:
-            channel = queue.popleft()
-            channel.is_queued = False
+            channel = queue[0]
             result = channel.get_next_buffer()
             if result is None:
+                queue.popleft()
+                channel.is_queued = False
                 continue
             buffer, more, sequence_number = result
-            if more:
-                channel.is_queued = True
-                queue.append(channel)
+            if more:  # round robin: to the tail
+                queue.rotate(-1)
+            else:
+                queue.popleft()
+                channel.is_queued = False
             if buffer.data_type is _END_OF_PARTITION:
                 self.num_finished_channels += 1
                 channel.release_all_resources()

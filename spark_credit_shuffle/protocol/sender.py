@@ -331,19 +331,22 @@ class PartitionRequestQueue:
             return self._outbox.popleft()
         available = self.available_readers
         while available:
-            reader = available.popleft()
-            reader.is_registered_as_available = False
+            reader = available[0]
             polled = reader.get_next_buffer()
             if polled is None:
+                available.popleft()
+                reader.is_registered_as_available = False
                 if reader.is_released:
                     cause = reader.failure_cause
                     if cause is not None:
                         return ErrorResponse(str(cause), reader.receiver_id)
                 continue
             buffer, more, backlog, sequence_number = polled
-            if more:
-                reader.is_registered_as_available = True
-                available.append(reader)
+            if more:  # round robin: to the tail
+                available.rotate(-1)
+            else:
+                available.popleft()
+                reader.is_registered_as_available = False
             data_type = buffer.data_type
             message = _new_tuple(
                 BufferResponse,
