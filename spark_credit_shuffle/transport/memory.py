@@ -166,7 +166,6 @@ class MemoryConnection:
             "encode_frames": encode,
             "max_frame_length": max_frame_length,
         }
-        self._direct = latency == 0 and bandwidth is None and socket_buffer_bytes is None and not encode
         self.upstream = Link(client.next_message, server.receive_message, lambda: True, **common)  # type: ignore[arg-type]
         self.downstream = Link(
             server.next_message,
@@ -174,12 +173,16 @@ class MemoryConnection:
             lambda: client.is_reading,
             **common,  # type: ignore[arg-type]
         )
+        if latency == 0 and bandwidth is None and socket_buffer_bytes is None and not encode:
+            # nothing is ever held on the links: every pump hands each message straight to the other side
+            client_parts = (client.next_message, client.receive_message, client._outbound)
+            server_parts = (server.next_message, server.receive_message, server.queue._outbox)
+            self._parts = (*client_parts, *server_parts, server.queue.available_readers)
+            self.pump = self._pump_direct  # type: ignore[method-assign]
 
     def pump(self, now: float = 0.0) -> int:
         """Move every message that can move at ``now`` (both ways, until nothing changes); the count moved."""
         up, down = self.upstream, self.downstream
-        if self._direct and not up.queue and not down.queue:
-            return self._pump_direct()
         moved = 0
         while True:
             step = up.send(now) + up.receive(now) + down.send(now) + down.receive(now)
@@ -187,14 +190,14 @@ class MemoryConnection:
                 return moved
             moved += step
 
-    def _pump_direct(self) -> int:
-        """No latency, bandwidth, socket buffer or encoding: hand each message straight to the other side."""
-        client, server = self.client, self.server
-        client_next, server_receive = client.next_message, server.receive_message
-        server_next, client_receive = server.next_message, client.receive_message
-        # the handlers' queues, read directly: a pump is the hot loop of every simulation and benchmark
-        client_outbound = client._outbound
-        server_outbox, server_readers = server.queue._outbox, server.queue.available_readers
+    def _pump_direct(self, now: float = 0.0) -> int:
+        """:meth:`pump` with no latency, bandwidth, socket buffer or encoding: each message goes straight to
+        the other side (the handlers' queues are read directly: this is the hot loop of every simulation
+        and benchmark)."""
+        client_next, client_receive, client_outbound, server_next, server_receive, server_outbox, server_readers = (
+            self._parts
+        )
+        client = self.client
         up = down = 0
         while True:
             before = up + down
