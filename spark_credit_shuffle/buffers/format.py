@@ -463,9 +463,21 @@ class IpcSizeModel:
         return message
 
 
+def takes_wrong_rows(data_type: pa.DataType) -> bool:
+    """``data_type`` holds a fixed-size list of fixed-size lists, whose rows pyarrow 26's ``take`` and
+    ``filter`` read from the wrong place when the inner list array starts at an offset (a slice)."""
+    if pa.types.is_fixed_size_list(data_type) and pa.types.is_fixed_size_list(data_type.value_type):
+        return True
+    return any(takes_wrong_rows(data_type.field(i).type) for i in range(data_type.num_fields))
+
+
 def compact(rows: pa.RecordBatch) -> pa.RecordBatch:
-    """A copy of ``rows`` whose arrays hold exactly their rows' data (no shared or sliced buffers)."""
-    return rows.take(pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    """A copy of ``rows`` whose arrays hold exactly their rows' data (no shared or sliced buffers).
+
+    Each column is concatenated on its own, which copies it from its offset. Not ``take``: pyarrow 26
+    takes the wrong elements from a sliced fixed-size list of fixed-size lists (the next row's).
+    """
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([column]) for column in rows.columns], schema=rows.schema)
 
 
 def measure_metadata(schema: pa.Schema) -> int:

@@ -51,6 +51,7 @@ from .format import (
     compact,
     encode_event,
     pack_chunk_header,
+    takes_wrong_rows,
 )
 
 if TYPE_CHECKING:
@@ -348,6 +349,7 @@ class RecordWriter:
         self._schema_sent = [False] * n
         self._schema: pa.Schema | None = None
         self._model: IpcSizeModel | None = None
+        self._compact_before_take = False
         self._schema_payload = b""
         self._min_row_bits = 1
         self._finished = False
@@ -550,6 +552,7 @@ class RecordWriter:
             )
         self._model = model
         self._schema = schema
+        self._compact_before_take = any(takes_wrong_rows(field.type) for field in schema)
         self._schema_payload = encode_event(SchemaEvent(schema)).data  # type: ignore[assignment]
         self._min_row_bits = max(1, int(self._model.cumulative_bits(_empty_row_batch(schema))[-1]))
 
@@ -579,6 +582,8 @@ class RecordWriter:
         else:
             key_type = np.uint8 if n <= 1 << 8 else np.uint16 if n <= 1 << 16 else np.int32
             order = np.argsort(channels.astype(key_type, copy=False), kind="stable")
+        if self._compact_before_take:  # a copy from offset 0 first: pyarrow's take misreads such slices
+            batch = compact(batch)
         return batch.take(order), counts
 
     def _write_rows(self, target: int, batch: pa.RecordBatch, lo: int, hi: int, cum: np.ndarray, overhead: int) -> None:
