@@ -18,8 +18,9 @@ import hmac
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
+from ..buffers.buffer import Buffer
 from ..errors import PartitionNotFoundError, PartitionStateError, ProtocolError
 from ._flags import IS_BUFFER, IS_EVENT
 from .codec import FrameDecoder, default_max_frame_length, encode
@@ -50,13 +51,10 @@ __all__ = [
 ]
 
 
-class BufferAndAvailability(NamedTuple):
-    """A buffer a reader polled, whether the reader can send again right away, and the sender's backlog."""
-
-    buffer: object
-    more_available: bool
-    backlog: int
-    sequence_number: int
+#: What a reader polled: (buffer, whether the reader can send again right away, the sender's backlog,
+#: sequence number). A plain tuple: the queue unpacks one per buffer, and a NamedTuple costs a second
+#: object each time.
+BufferAndAvailability = tuple[Buffer, bool, int, int]
 
 
 _new_tuple = tuple.__new__  # NamedTuples without their Python-level __new__ on the hot path
@@ -164,7 +162,7 @@ class CreditBasedSequenceNumberingViewReader:
                 raise ProtocolError(f"receiver {self.receiver_id}: data buffer polled with no credit available")
             self.num_credits_available = credits
         more = IS_EVENT[next_type] or (credits > 0 and IS_BUFFER[next_type])
-        return _new_tuple(BufferAndAvailability, (buffer, more, backlog, sequence_number))
+        return buffer, more, backlog, sequence_number
 
     # -- lifecycle --
 
@@ -219,7 +217,7 @@ class SequenceNumberingViewReader(CreditBasedSequenceNumberingViewReader):
         nxt = self.view.get_next_buffer()
         if nxt is None:
             return None
-        return BufferAndAvailability(nxt.buffer, nxt.next_data_type.value != 0, nxt.backlog, nxt.sequence_number)
+        return nxt.buffer, nxt.next_data_type.value != 0, nxt.backlog, nxt.sequence_number
 
 
 class PartitionRequestQueue:
