@@ -173,13 +173,14 @@ class PipelinedSubpartition:
             consumer.close()
             return ADD_BUFFER_ERROR_CODE
         data_type = consumer.data_type
-        if HAS_PRIORITY[data_type]:
-            return self._add_priority(consumer)
         buffers = self._buffers
-        buffers.append(consumer)
-        self._tail_known_finished = tail_finished = type(consumer) is Buffer
-        if IS_BUFFER[data_type]:
-            self.buffers_in_backlog += 1
+        if HAS_PRIORITY[data_type]:
+            self._insert_priority(consumer)
+        else:
+            buffers.append(consumer)
+            self._tail_known_finished = type(consumer) is Buffer
+            if IS_BUFFER[data_type]:
+                self.buffers_in_backlog += 1
         view = self._view
         if finish:
             self.is_finished = True
@@ -188,26 +189,19 @@ class PipelinedSubpartition:
         elif view is not None and not (self.flush_requested or self.is_blocked):
             # notify when the first finished element appears (Flink: getNumberOfFinishedBuffers() == 1)
             n = len(buffers)
-            if n == 2 or (n == 1 and tail_finished):
+            if n == 2 or (n == 1 and self._tail_known_finished):
                 view.notify_data_available()
         return self._buffer_size
 
-    def _add_priority(self, consumer: BufferConsumer) -> int:
+    def _insert_priority(self, consumer: BufferConsumer) -> None:
         """A priority event goes before every non-priority element; the reader hears of the first one."""
         buffers = self._buffers
         buffers.insert(self._num_priority, consumer)
         self._num_priority += 1
         if len(buffers) == 1:
             self._tail_known_finished = True
-        view = self._view
-        if view is not None:
-            if self._num_priority == 1 and not self.is_blocked:
-                view.notify_priority_event(self._sequence_number)
-            if not (self.flush_requested or self.is_blocked):
-                n = len(buffers)
-                if n == 2 or (n == 1 and self._tail_known_finished):
-                    view.notify_data_available()
-        return self._buffer_size
+        if self._num_priority == 1 and not self.is_blocked and self._view is not None:
+            self._view.notify_priority_event(self._sequence_number)
 
     def _finished_count(self) -> int:
         n = len(self._buffers)
@@ -300,8 +294,8 @@ class PipelinedSubpartition:
             return _new_tuple(BufferAndBacklog, (buffer, 0, _NONE, sequence))
         flush_requested = self.flush_requested
         in_backlog = self.buffers_in_backlog
-        if in_backlog and not flush_requested and IS_BUFFER[buffers[-1].data_type]:
-            in_backlog -= 1  # the last data buffer may still be written (a finished partition ends with an event)
+        if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1].data_type]) and in_backlog:
+            in_backlog -= 1  # the last data buffer may still be written
         if flush_requested or len(buffers) > 1 or self._tail_known_finished:
             return _new_tuple(BufferAndBacklog, (buffer, in_backlog, buffers[0].data_type, sequence))
         return _new_tuple(BufferAndBacklog, (buffer, in_backlog, _NONE, sequence))
