@@ -47,8 +47,8 @@ class BufferResponse(NamedTuple):
 
     ``backlog`` is the sender's backlog measured after this buffer was taken (§3.2); ``payload`` is any
     bytes-like object and is never copied by the protocol objects. A data buffer consumed one credit of
-    its channel; events consume none. The one message that is a tuple: a sender builds one per buffer,
-    and a tuple is built in one step (``tuple.__new__(BufferResponse, fields)`` on the hot path).
+    its channel; events consume none. A tuple (as AddCredit): a sender builds one per buffer, and a tuple
+    is built in one step (``tuple.__new__(BufferResponse, fields)`` on the hot path).
     """
 
     MSG_ID = 0  # a class attribute: NamedTuple fields are the annotated names only
