@@ -220,15 +220,15 @@ def exchange(
     if num_producers is not None:
         num_producers = check_count(num_producers, "num_producers")
         df = df.repartition(num_producers)
+    if parallelism is not None:  # checked before the producer count, which is a Spark job on Spark Connect
+        parallelism = check_count(parallelism, "parallelism")
+        _max_parallelism(partitioner, config, parallelism)
     producers = num_producers or num_partitions(df)
     if producers == 0:  # nothing to move: no producer subtask, consumers that receive nothing
         return _empty_exchange(df, partitioner, parallelism, mode, config, injection, retryable)
     consumers = producers if parallelism is None else parallelism
     consumers = check_count(consumers, "parallelism")
-    max_parallelism = config.resolve_max_parallelism(consumers)
-    own = getattr(partitioner, "resolve_max_parallelism", None)
-    if own is not None:  # key_by(..., max_parallelism=P) wins over the config's
-        max_parallelism = own(consumers, config.max_parallelism)
+    max_parallelism = _max_parallelism(partitioner, config, consumers)
     partitioner.validate(producers, consumers)
     name = f"{partitioner.name.lower()}-{mode}-{next(_ids)}"
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -257,6 +257,15 @@ def exchange(
     return Exchange(plan, out, collected)
 
 
+def _max_parallelism(partitioner: Partitioner, config: NetworkConfig, consumers: int) -> int:
+    """The exchange's max parallelism for ``consumers``, or the ConfigError of a parallelism above it."""
+    max_parallelism = config.resolve_max_parallelism(consumers)
+    own = getattr(partitioner, "resolve_max_parallelism", None)
+    if own is not None:  # key_by(..., max_parallelism=P) wins over the config's
+        max_parallelism = own(consumers, config.max_parallelism)
+    return max_parallelism
+
+
 def _empty_exchange(
     df: DataFrame,
     partitioner: Partitioner,
@@ -272,13 +281,8 @@ def _empty_exchange(
 
     from .runtime.common import NoMetrics
 
-    consumers = 0 if parallelism is None else check_count(parallelism, "parallelism")
-    if consumers:
-        partitioner.validate(consumers, consumers)  # parallelism against max parallelism, for key_by
-    max_parallelism = config.resolve_max_parallelism(max(consumers, 1))
-    own = getattr(partitioner, "resolve_max_parallelism", None)
-    if own is not None:
-        max_parallelism = own(max(consumers, 1), config.max_parallelism)
+    consumers = parallelism or 0
+    max_parallelism = _max_parallelism(partitioner, config, max(consumers, 1))
     plan = ExchangePlan(
         name=f"{partitioner.name.lower()}-{mode}-{next(_ids)}",
         mode=mode,
