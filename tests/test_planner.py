@@ -232,7 +232,8 @@ def test_exchange_that_cannot_fit_fails_before_any_spark_job(spark):
 
 
 @pytest.mark.spark
-def test_plan_as_a_spark_dataframe(spark):
+def test_plan_as_a_spark_dataframe(any_spark):
+    spark = any_spark
     spec = ExchangeSpec(4, 4, "hash", "pipelined")
     frame = plan_dataframe(spark, spec, Executors(2, 4), NetworkConfig())
     rows = frame.collect()
@@ -240,6 +241,7 @@ def test_plan_as_a_spark_dataframe(spark):
     tasks = plan_dataframe(spark, spec, Executors(2, 4), NetworkConfig(), level="task")
     assert tasks.count() == 4
     assert tasks.agg(F.sum("required_buffers")).first()[0] == 4 * 12
+    assert plan_dataframe(spark, spec).first()["fits"] is True  # the session's executors (local[4, 2]) and conf
 
 
 @pytest.mark.parametrize(
