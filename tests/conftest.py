@@ -66,6 +66,10 @@ def _accepts(port: int) -> bool:
         return False
 
 
+class ConnectServerExited(RuntimeError):
+    """The Connect server process ended before it accepted connections."""
+
+
 def _start_connect_server(log_path: Path) -> tuple[subprocess.Popen, int, float]:
     """(process, port, seconds until the port accepted connections) of a new Spark Connect server."""
     import pyspark
@@ -94,10 +98,11 @@ def _start_connect_server(log_path: Path) -> tuple[subprocess.Popen, int, float]
     while not _accepts(port):
         waited = time.monotonic() - started
         if process.poll() is not None or waited > CONNECT_START_TIMEOUT_S:
+            exited = process.poll() is not None
             _stop(process)
             tail = log_path.read_text(errors="replace")[-3000:]
-            reason = f"exited with {process.returncode}" if waited <= CONNECT_START_TIMEOUT_S else "timed out"
-            raise RuntimeError(
+            reason = f"exited with {process.returncode}" if exited else "timed out"
+            raise (ConnectServerExited if exited else RuntimeError)(
                 f"the Spark Connect server for the tests did not accept connections on 127.0.0.1:{port} within "
                 f"{CONNECT_START_TIMEOUT_S} s ({reason}); the end of its log {log_path}:\n{tail}"
             )
@@ -119,7 +124,13 @@ def _stop(process: subprocess.Popen) -> None:
 def connect_server(tmp_path_factory):
     """``sc://127.0.0.1:<port>`` of a local Spark Connect server started for this test run."""
     log_path = tmp_path_factory.mktemp("connect") / "server.log"
-    process, port, seconds = _start_connect_server(log_path)
+    for attempt in range(3):  # the free port may be taken by someone else before the server binds it
+        try:
+            process, port, seconds = _start_connect_server(log_path)
+            break
+        except ConnectServerExited:
+            if attempt == 2:
+                raise
     print(f"\nSpark Connect server on 127.0.0.1:{port}: accepting connections after {seconds:.1f} s")
     try:
         yield f"sc://127.0.0.1:{port}"
