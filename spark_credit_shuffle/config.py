@@ -135,6 +135,23 @@ def _parse_address_exchange(value: str, setting: str) -> str:
     return text
 
 
+#: Which channels of a pipelined exchange are local (no credit, no exclusive buffers).
+LOCAL_CHANNELS = ("executor", "task")
+
+
+def _parse_local_channels(value: str, setting: str) -> str:
+    text = str(value).strip().lower()
+    if text not in LOCAL_CHANNELS:
+        raise ConfigError(
+            setting,
+            value,
+            "'executor' (every channel between two tasks of one executor is local, as between two tasks of one "
+            "Flink TaskManager) or 'task' (only a task's own channel is local; every other one is remote, with "
+            "credits and exclusive buffers)",
+        )
+    return text
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -222,6 +239,15 @@ class NetworkConfig:
         "how the tasks of a pipelined exchange learn each other's addresses: 'auto' through a small "
         "authenticated service on the driver (Spark's allGather on Spark Connect), 'allgather' always through "
         "Spark's allGather, for clusters whose executors cannot open connections to the driver",
+    )  # fmt: skip
+
+    local_channels: str = _setting(
+        "executor", "none (Flink: every channel within one TaskManager is a LocalInputChannel)",
+        _parse_local_channels,
+        "which channels of a pipelined exchange are local, without credit or exclusive buffers: 'executor' "
+        "every channel between two tasks of one executor (Flink's rule, with the executor as the TaskManager), "
+        "'task' only a task's own channel (every other one remote, with credits, as if each task had an "
+        "executor of its own)",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
