@@ -110,19 +110,47 @@ def test_planner_equals_the_pools_the_blocking_runtime_allocates(partitioner, pr
     assert received == 3000 * producers * copies  # the inspected runs moved all the data
 
 
-def test_pipelined_tasks_need_no_exclusive_buffers_for_their_local_channel():
+def test_channels_between_tasks_of_one_executor_need_no_exclusive_buffers():
     config = NetworkConfig()
-    plan = plan_network(ExchangeSpec(4, 4, "hash", "pipelined"), Executors(2, 4, "64mb"), config)
+    spec = ExchangeSpec(4, 4, "hash", "pipelined")
+    # given tasks 0, 1 on one executor and 2, 3 on another: each reads its own and its neighbour's
+    # subpartition through local channels and two through remote ones
+    plan = plan_network(spec, Executors(2, 2, "64mb", placement=(0, 0, 1, 1)), config)
     (stage,) = plan.stages
     for task in stage.tasks:
-        assert task.channels == 4 and task.remote_channels == 3
-        assert task.buffers.exclusive == 3 * config.buffers_per_channel
+        assert task.channels == 4 and task.remote_channels == 2
+        assert task.buffers.exclusive == 2 * config.buffers_per_channel
         assert task.buffers.partition_min == 4 + 1  # N + 1
         assert task.buffers.partition_max == 4 * config.buffers_per_channel + config.floating_buffers_per_gate
         assert (task.buffers.floating_min, task.buffers.floating_max) == (1, 4 * 2 + 8 - 4 * 2)
-    per_task = 5 + 6 + 1
-    assert stage.required_per_executor == 4 * per_task
-    assert plan.fits and plan.required_per_executor == 48
+    assert stage.required_per_executor == 2 * (5 + 4 + 1) and stage.placement == (0, 0, 1, 1)
+    # local mode: one executor runs every task, so every channel is local
+    (local,) = plan_network(spec, Executors(1, 4), config).stages
+    assert [t.remote_channels for t in local.tasks] == [0, 0, 0, 0]
+    assert local.required_per_executor == 4 * (5 + 0 + 1)
+    # with local_channels="task" only a task's own channel is local, whatever the executors
+    (per_task,) = plan_network(spec, Executors(1, 4), config.replace(local_channels="task")).stages
+    assert [t.remote_channels for t in per_task.tasks] == [3, 3, 3, 3]
+    assert per_task.required_per_executor == 4 * (5 + 6 + 1)
+
+
+def test_without_a_placement_the_planner_takes_the_one_that_needs_the_most_on_one_executor():
+    spec = ExchangeSpec(4, 4, "hash", "pipelined")
+    # 2 executors of 4 slots: one executor may run 1 to 4 of the tasks; with k tasks together each needs
+    # 5 + 2 * (4 - k) + 1, so k = 3 or 4 (or the 3 left beside a lone task) needs 24 on one executor
+    plan = plan_network(spec, Executors(2, 4))
+    (stage,) = plan.stages
+    assert stage.required_per_executor == 24 == max(k * (5 + 2 * (4 - k) + 1) for k in range(1, 5))
+    assert plan.required_per_executor == 24 and plan.fits
+    busiest = [t for t, e in zip(stage.tasks, stage.placement) if stage.placement.count(e) == 3]
+    assert sum(t.required for t in busiest) == 24
+    # every explicit placement of the same stage needs at most that much on its busiest executor
+    for placement in [(0, 1, 0, 1), (0, 0, 0, 1), (1, 1, 1, 1), (0, 0, 1, 1)]:
+        assert plan_network(spec, Executors(2, 4, placement=placement)).required_per_executor <= 24
+    with pytest.raises(ConfigError, match="placement"):
+        Executors(2, 2, placement=(0, 0, 0, 1))  # three tasks on a 2-slot executor
+    with pytest.raises(ConfigError, match="placement"):
+        plan_network(spec, Executors(2, 4, placement=(0, 1)))  # not one executor per task
 
 
 def test_executor_requirement_is_the_busiest_stage_with_its_heaviest_tasks_together():
@@ -188,7 +216,7 @@ def test_cli_plan_prints_a_table_and_a_json_headline(capsys):
     out = capsys.readouterr().out.strip().splitlines()
     headline = json.loads(out[-1])
     assert headline["fits"] is True
-    assert headline["required_buffers_per_executor"] == 48
+    assert headline["required_buffers_per_executor"] == 24
     assert headline["network_buffers_per_executor"] == 2048
     assert any("hash-pipelined" in line for line in out)
 
@@ -236,10 +264,80 @@ def test_plan_as_a_spark_dataframe(spark):
     spec = ExchangeSpec(4, 4, "hash", "pipelined")
     frame = plan_dataframe(spark, spec, Executors(2, 4), NetworkConfig())
     rows = frame.collect()
-    assert len(rows) == 1 and rows[0]["required_per_executor"] == 48 and rows[0]["fits"] is True
+    assert len(rows) == 1 and rows[0]["required_per_executor"] == 24 and rows[0]["fits"] is True
     tasks = plan_dataframe(spark, spec, Executors(2, 4), NetworkConfig(), level="task")
     assert tasks.count() == 4
-    assert tasks.agg(F.sum("required_buffers")).first()[0] == 4 * 12
+    (stage,) = plan_network(spec, Executors(2, 4), NetworkConfig()).stages
+    assert tasks.agg(F.sum("required_buffers")).first()[0] == sum(t.required for t in stage.tasks)
+
+
+PLACEMENTS = [
+    pytest.param(scs.key_by("k"), 4, 4, (0, 1, 0, 1), id="hash-4x4-two-executors-round-robin"),
+    pytest.param(scs.rescale(), 2, 4, (0, 0, 1, 1), id="rescale-2x4-two-executors"),
+    pytest.param(scs.broadcast(), 3, 3, (0, 0, 0), id="broadcast-3x3-one-executor"),
+    pytest.param(scs.key_by("k"), 3, 5, (0, 1, 2, 0, 1), id="hash-3x5-three-executors"),
+]
+
+
+@pytest.mark.parametrize("partitioner,producers,consumers,placement", PLACEMENTS)
+def test_planner_equals_what_running_pipelined_tasks_reserve_on_shared_executors(
+    partitioner, producers, consumers, placement
+):
+    """Given tasks placed on executors, when the pipelined tasks run (real sockets, one thread each) and have
+    connected every channel, then each task's reservation is the planner's for that placement, and so is
+    the busiest executor's sum."""
+    import threading
+
+    from spark_credit_shuffle.runtime.pipelined import PipelinedTask, _ThreadAllGather
+
+    config = NetworkConfig()
+    plan = ExchangePlan("planner-placed", "pipelined", partitioner, producers, consumers, 128, config, SCHEMA, None)
+    width = max(producers, consumers)
+    count = max(placement) + 1
+    slots = max(placement.count(e) for e in set(placement))
+    (stage,) = plan_network(
+        ExchangeSpec(producers, consumers, partitioner, "pipelined"), Executors(count, slots, placement=placement)
+    ).stages
+    release = threading.Event()
+    seen: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def data(p: int) -> Iterator[pa.RecordBatch]:
+        first, second = _batches(p, 2000)
+        yield first
+        release.wait(30)  # producers hold back their last rows until every consumer looked at its pools
+        yield second
+
+    gather = _ThreadAllGather(width, 30)
+
+    def run(i: int) -> None:
+        task = PipelinedTask(plan, i, b"s" * 32, "127.0.0.1", attempt_id=i, executors=placement)
+        try:
+            for _ in task.run(data(i) if i < producers else iter([]), gather.all_gather):
+                if i not in seen:  # connected: every channel set up, none finished yet
+                    seen[i] = _snapshot(task.network)
+                    if len(seen) == width:
+                        release.set()
+        except BaseException as exc:
+            errors.append(exc)
+            gather.abort()
+            release.set()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(width)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(seen) == width
+    for planned in stage.tasks:
+        b, got = planned.buffers, seen[planned.task]
+        assert got["required"] == planned.required
+        assert got["unpooled"] == b.exclusive  # one set of exclusive buffers per remote channel only
+        pools = [(b.partition_min, b.partition_max)] if planned.task < producers else []
+        pools += [(b.floating_min, b.floating_max)] if planned.task < consumers else []
+        assert got["pools"] == pools
+    per_executor = [sum(seen[i]["required"] for i in range(width) if placement[i] == e) for e in range(count)]
+    assert stage.required_per_executor == max(per_executor)
 
 
 @pytest.mark.parametrize(
@@ -252,8 +350,10 @@ def test_planner_equals_the_pools_a_pipelined_task_sets_up(partitioner, producer
 
     config = NetworkConfig()
     plan = ExchangePlan("planner-pipelined", "pipelined", partitioner, producers, consumers, 128, config, SCHEMA, None)
-    (stage,) = plan_network(ExchangeSpec(producers, consumers, partitioner, "pipelined"), config=config).stages
-    assert len(stage.tasks) == max(producers, consumers)
+    width = max(producers, consumers)  # every task on an executor of its own: only its own channel is local
+    spec = ExchangeSpec(producers, consumers, partitioner, "pipelined")
+    (stage,) = plan_network(spec, Executors(width, 1), config=config).stages
+    assert len(stage.tasks) == width and len(set(stage.placement)) == width
     for planned in stage.tasks:
         task = PipelinedTask(plan, planned.task, b"s" * 32, "127.0.0.1")
         try:
