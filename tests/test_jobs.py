@@ -42,7 +42,7 @@ def test_plan_job_says_whether_a_topology_fits(capsys):
         "network_mib_per_executor": 64.0,
         "stages": 1,
     }
-    too_small = [*argv, "--slots", "4", "--conf", "spark.creditShuffle.networkMemory=1mb"]
+    too_small = [*argv, "--slots", "4", "--conf", "spark.creditShuffle.networkMemory=512kb"]
     assert plan.main(too_small) == 1
     out = capsys.readouterr().out
     assert last_json(out)["fits"] is False and "spark.creditShuffle.networkMemory" in out
