@@ -241,6 +241,16 @@ class NetworkConfig:
         "Spark's allGather, for clusters whose executors cannot open connections to the driver",
     )  # fmt: skip
 
+    sort_shuffle_min_parallelism: int | None = _setting(
+        None, "taskmanager.network.sort-shuffle.min-parallelism", _parse_optional_int,
+        "blocking partitions with at least this many subpartitions are sized as Flink's sort-merge partitions "
+        "(min sort_shuffle_min_buffers, max max(min, 4 N)); unset: as hash blocking partitions (min N + 1), "
+        "which is what the blocking exchange's partition is (Flink 2.x: 1, every blocking partition sort-merge)",
+    )  # fmt: skip
+    sort_shuffle_min_buffers: int = _setting(
+        512, "taskmanager.network.sort-shuffle.min-buffers", _parse_int,
+        "buffers a sort-merge blocking partition reserves (see sort_shuffle_min_parallelism)",
+    )  # fmt: skip
     local_channels: str = _setting(
         "executor", "none (Flink: every channel within one TaskManager is a LocalInputChannel)",
         _parse_local_channels,
@@ -271,6 +281,12 @@ class NetworkConfig:
                 "at least 1 when floating_buffers_per_gate is 0",
                 "an input gate with neither exclusive nor floating buffers can never receive data",
             )
+        if self.sort_shuffle_min_parallelism is not None and self.sort_shuffle_min_parallelism < 1:
+            raise ConfigError(
+                "sort_shuffle_min_parallelism", self.sort_shuffle_min_parallelism, "unset or an integer >= 1"
+            )
+        if self.sort_shuffle_min_buffers < 1:
+            raise ConfigError("sort_shuffle_min_buffers", self.sort_shuffle_min_buffers, "an integer >= 1")
         if self.max_buffers_per_channel < 1:
             raise ConfigError("max_buffers_per_channel", self.max_buffers_per_channel, "an integer >= 1")
         if self.buffer_timeout_ms < -1:

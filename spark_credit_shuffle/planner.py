@@ -5,7 +5,10 @@ network buffers". The planner applies the same rules (reference §4.3) to a topo
 and the executors it will run on, so the answer comes on the driver, before a Spark job starts:
 
 - a producer task's result partition with N subpartitions: a LocalBufferPool of min N + 1 and max
-  N * buffers_per_channel + floating_buffers_per_gate (pipelined, bounded) or unbounded (blocking);
+  N * buffers_per_channel + floating_buffers_per_gate (pipelined, bounded) or unbounded (blocking, sized
+  as a hash blocking partition, which the blocking exchange's partition is; with
+  ``sort_shuffle_min_parallelism`` set, blocking partitions of at least that many subpartitions are sized
+  as Flink's sort-merge ones: min ``sort_shuffle_min_buffers`` (512), max max(min, 4 N));
 - a consumer task's input gate with C channels: buffers_per_channel exclusive buffers per *remote*
   channel and a floating pool of min 1 (pipelined) and max C * buffers_per_channel +
   floating_buffers_per_gate minus the exclusive ones; blocking gates cap the required buffers at 1000 as
@@ -137,7 +140,7 @@ def _saturating_add(a: int, b: int) -> int:
 
 
 def partition_type(mode: str) -> str:
-    """Flink's partition type of an exchange mode: PIPELINED_BOUNDED or (hash) BLOCKING."""
+    """Flink's partition type of an exchange mode: PIPELINED_BOUNDED or BLOCKING."""
     return PartitionType.BLOCKING if mode == "blocking" else PartitionType.PIPELINED_BOUNDED
 
 

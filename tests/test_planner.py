@@ -72,6 +72,7 @@ TOPOLOGIES = [
         scs.rescale(), 2, 5, NetworkConfig(buffers_per_channel=3, floating_buffers_per_gate=4), id="rescale-2x5"
     ),
     pytest.param(scs.broadcast(), 3, 2, NetworkConfig(credit_based=False, segment_size="8kb"), id="broadcast-3x2"),
+    pytest.param(scs.key_by("k"), 2, 3, NetworkConfig(sort_shuffle_min_parallelism=1), id="hash-2x3-sort-merge"),
 ]
 
 
@@ -89,7 +90,11 @@ def test_planner_equals_the_pools_the_blocking_runtime_allocates(partitioner, pr
         stored.extend(produce_partition(_inspected(_batches(p), network, seen), p, plan, network=network))
         planned = produce_stage.tasks[p]
         assert seen[0]["required"] == planned.required == planned.buffers.partition_min
-        assert seen[0]["pools"] == [(planned.buffers.partition_min, UNBOUNDED)]  # hash BLOCKING: unbounded max
+        assert seen[0]["pools"] == [(planned.buffers.partition_min, planned.buffers.partition_max)]
+        if config.sort_shuffle_min_parallelism is None:  # hash BLOCKING: min N + 1, unbounded max
+            assert planned.buffers.partition_max == UNBOUNDED
+        else:  # sort-merge BLOCKING: min 512, max max(512, 4 N)
+            assert (planned.buffers.partition_min, planned.buffers.partition_max) == (512, 512)
         assert seen[0]["unpooled"] == 0
         assert network.num_total_required_buffers == 0 and network.num_available == network.total  # all returned
 
@@ -166,6 +171,25 @@ def test_executor_requirement_is_the_busiest_stage_with_its_heaviest_tasks_toget
     assert not tight.fits
     with pytest.raises(InsufficientNetworkBuffersError, match=r"required 7, but only 6 available"):
         tight.raise_if_not_fits()
+
+
+def test_blocking_partitions_are_hash_sized_unless_sort_merge_sizing_is_chosen():
+    # given the default: a blocking producer with N subpartitions reserves N + 1 (a hash blocking partition)
+    hash_plan = plan_network(ExchangeSpec(4, 200, "hash", "blocking"), Executors(1, 4))
+    assert hash_plan.stages[0].tasks[0].buffers.partition_min == 201
+    # when Flink 2.x's sort-merge sizing is chosen: min 512 (sort_shuffle_min_buffers), max max(512, 4 N)
+    config = NetworkConfig(sort_shuffle_min_parallelism=1)
+    sort_plan = plan_network(ExchangeSpec(4, 200, "hash", "blocking"), Executors(1, 4), config)
+    b = sort_plan.stages[0].tasks[0].buffers
+    assert (b.partition_min, b.partition_max) == (512, 800)
+    # then 4 producers at once take 4 x 512 x 32 KiB = 64 MiB: the default network memory, exactly
+    assert sort_plan.required_per_executor == 2048 == config.total_network_buffers and sort_plan.fits
+    assert not plan_network(ExchangeSpec(5, 4, "hash", "blocking"), Executors(1, 5), config).fits
+    # below the threshold a blocking partition stays a hash one
+    small = NetworkConfig(sort_shuffle_min_parallelism=8)
+    assert plan_network(ExchangeSpec(2, 4, "hash", "blocking"), config=small).stages[0].tasks[0].required == 5
+    with pytest.raises(ConfigError, match="sort_shuffle_min_parallelism"):
+        NetworkConfig(sort_shuffle_min_parallelism=0)
 
 
 def test_chained_exchanges_share_tasks():
@@ -257,6 +281,18 @@ def test_exchange_that_cannot_fit_fails_before_any_spark_job(spark):
     plan = ExchangePlan("x", "blocking", scs.key_by("k"), 4, 200, 256, NetworkConfig(network_memory="2mb"), SCHEMA)
     with pytest.raises(InsufficientNetworkBuffersError):
         check_fits(plan, spark)
+
+
+@pytest.mark.spark
+def test_sort_merge_sizing_fits_four_slots_in_the_default_network_memory_and_no_less(spark):
+    df = spark.range(0, 100, 1, 4).select(F.col("id"), (F.col("id") % 7).cast("int").alias("k"))
+    # local[4]: four blocking producers of 512 buffers each are exactly the 2048 buffers of 64 MiB
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode="blocking", sort_shuffle_min_parallelism=1)
+    assert ex.plan.config.sort_shuffle_min_buffers == 512
+    with pytest.raises(InsufficientNetworkBuffersError) as error:
+        scs.exchange(df, scs.key_by("k"), parallelism=4, mode="blocking", sort_shuffle_min_parallelism=1,
+                     network_memory="32mb")  # fmt: skip
+    assert (error.value.required, error.value.available) == (4 * 512, 1024)
 
 
 @pytest.mark.spark
