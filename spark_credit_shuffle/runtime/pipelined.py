@@ -5,7 +5,8 @@ Every subtask runs at once: task *i* of a ``mapInArrow(..., barrier=True)`` stag
 subtask *i* (a :class:`SingleInputGate` over all its producers) at the same time. Buffers stream from
 producers to consumers as soon as they are handed on (full, buffer timeout, event), under credit-based
 flow control, with real backpressure: a producer whose buffer pool is exhausted stops reading its input
-until its consumers return credit, and the time it waits is measured.
+until its consumers return credit (or, on local channels, recycle its buffers), and the time it waits is
+measured.
 
 **Wiring.** Each task listens on its own address (the executor's host as Spark reports it; 127.0.0.1 in
 local mode) and publishes ``host:port`` once: through the driver's address service on a classic session
