@@ -102,7 +102,7 @@ from ..protocol.partition import PipelinedResultPartition, ResultPartitionManage
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
-from ..transport.tcp import Connection, TcpTransport, resolve_host
+from ..transport.tcp import AUTHENTICATION_TIMEOUT_S, Connection, TcpTransport, resolve_host, unauthenticated_cap
 from .common import IN_BAND, CollectedMetrics, MetricsReport, combine, finish_plan, metrics_report
 from .consumer import GateGauges
 
@@ -326,7 +326,9 @@ def run_barrier_task(
         wait_s = max(_MIN_ADDRESS_WAIT_S, plan.config.partition_request_timeout_ms / 1000.0)
         group = f"stage {ctx.stageId()}"
         address = (service_host, service_port)
-        all_gather = all_gather_via(address, key, secret, group, index, ctx.taskAttemptId(), wait_s)
+        all_gather = all_gather_via(
+            address, key, secret, group, index, ctx.taskAttemptId(), wait_s, fallback=ctx.allGather
+        )
     yield from task.run(batches, all_gather)
 
 
@@ -650,11 +652,16 @@ class PipelinedTask:
     ) -> Iterator[pa.RecordBatch]:
         """Set up, exchange addresses, stream; yields the received rows, then reports the metrics."""
         try:
+            remote_consumers = {c for c in self.subpartition_consumers if c != self.index}
             self.transport = TcpTransport(
                 self.host,
                 self.lock,
                 server_handler_factory=self._server_handler if self.is_producer else None,
-                handshake_timeout_s=self.config.partition_request_timeout_ms / 1000.0,
+                handshake_timeout_s=min(self.config.partition_request_timeout_ms / 1000.0, AUTHENTICATION_TIMEOUT_S),
+                handshake_timeout_setting=(
+                    f"min(partition_request_timeout_ms, {AUTHENTICATION_TIMEOUT_S * 1000:.0f} ms)"
+                ),
+                max_unauthenticated=unauthenticated_cap(len(remote_consumers)),
                 on_event=self._notify,
                 on_send=self._on_send,
                 on_closed=self._on_connection_closed,
