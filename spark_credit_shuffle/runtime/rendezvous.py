@@ -431,10 +431,6 @@ class AddressRendezvous:
         self.num_rejected += 1
         self.rejected_by_cause[cause] = self.rejected_by_cause.get(cause, 0) + 1
         text = f"address rendezvous: closing connection from {peer.address}: {reason}"
-        if cause == UNKNOWN_EXCHANGE:
-            self._answer(peer, (json.dumps({"error": UNKNOWN_EXCHANGE}) + "\n").encode())
-        else:
-            self._close(peer)
         if cause not in self._log_window:
             self._log_window[cause] = (time.monotonic(), 0)
             log.warning("%s (more of this cause within %.0f s are counted, not logged)", text, _LOG_WINDOW_S)
@@ -442,6 +438,10 @@ class AddressRendezvous:
             start, count = self._log_window[cause]
             self._log_window[cause] = (start, count + 1)
             log.debug("%s", text)
+        if cause == UNKNOWN_EXCHANGE:  # logged first: the peer may look at the log once it is answered
+            self._answer(peer, (json.dumps({"error": UNKNOWN_EXCHANGE}) + "\n").encode())
+        else:
+            self._close(peer)
 
     def _close(self, peer: _Peer) -> None:
         if peer not in self._peers:
