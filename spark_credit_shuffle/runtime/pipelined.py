@@ -40,8 +40,11 @@ the output is always placed on T partitions by that shuffle.
 and from whom: connecting (``partition_request_timeout_ms``), data on a channel (a live producer sends a
 latency marker on every channel at least every quarter of ``partition_request_timeout_ms``, so silence
 means a stalled peer), a network buffer while back-pressured (``buffers_request_timeout_ms`` without a
-single data buffer moving), and the end of the exchange. Connections must present the exchange's secret;
-a wrong secret, garbage or an oversized frame closes that connection (logged) and nothing else.
+single data buffer moving), and the end of the exchange. Connections must present the exchange's secret
+within the authentication deadline (``min(partition_request_timeout_ms, 2 s)`` from connecting); a wrong
+secret, garbage, an oversized frame or silence closes that connection (logged once per cause) and nothing
+else. At most four times the task's remote consumers (at least 32) may wait to authenticate; one more
+closes the oldest of them, so a flood of silent connections cannot keep a consumer out or fail the task.
 
 **Backpressure.** The producer thread checks the pool's availability (Flink's ``isAvailable``) before every
 slice of about two buffers per subpartition of its input batch, so what it may take beyond its pool stays
