@@ -925,9 +925,15 @@ class PipelinedTask:
         handler = conn.handler
         open_channels = [c for c in handler.input_channels.values() if not c.received_end_of_partition]
         if open_channels and self._failure is None:
+            hint = ""
+            if conn.bytes_in == 0:  # closed before the producer answered anything: it never accepted us
+                hint = (
+                    " (closed before the producer answered anything; unless that task failed, its log says why: "
+                    "a wrong secret, or more connections waiting to authenticate there than it allows)"
+                )
             self._failure = CreditShuffleError(
                 f"consumer subtask {self.index}: connection to {conn.peer} failed before the end of its "
-                f"partition: {conn.error}"
+                f"partition: {conn.error}{hint}"
             )
 
     # -- timeline (timer thread, lock held) --

@@ -85,6 +85,7 @@ MIN_UNAUTHENTICATED = 32
 ACCEPTS_PER_ROUND = 16
 
 _RECV_SIZE = 256 * 1024
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 _MAX_IOV = 64
 _LISTENER = object()
 _WAKEUP = object()
@@ -573,7 +574,7 @@ class TcpTransport:
 
     def _reject(self, conn: Connection, exc: ProtocolError) -> None:
         """A peer broke the protocol (wrong secret, garbage, oversized frame): log it, close it, carry on."""
-        cause = re.sub(r"\d+", "N", str(exc))  # one cause per kind of error, whatever its numbers
+        cause = _NUMBERS.sub("N", str(exc))  # one cause per kind of error, whatever its numbers
         self._record_rejection(f"closing connection with {conn.peer}: {exc}", cause)
         self._drop(conn, exc, clean=False, logged=True)
 
