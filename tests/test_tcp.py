@@ -235,6 +235,7 @@ def hostile_payloads() -> dict[str, bytes]:
         "no hello first": encode_to_bytes(PartitionRequest(1, 0, 2, 7)),
         "garbage": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
         "oversized length": header.pack(1 << 31, MAGIC_NUMBER, PROTOCOL_VERSION, 2),
+        "garbage after a valid hello": encode_to_bytes(Hello(SECRET)) + b"\xff" * 64,
     }
 
 
