@@ -356,8 +356,9 @@ class TcpTransport:
         """Open a connection to ``address`` served by client ``handler`` (blocking, in the caller's thread).
 
         Retries refused connections with back-off until ``timeout_s`` has passed, then raises
-        :class:`ExchangeTimeoutError` naming ``peer`` and the address. The handler's ``listener`` is set to
-        :meth:`wakeup`; whatever it queued (its ``Hello`` first) is sent once the I/O thread picks it up.
+        :class:`ExchangeTimeoutError` naming ``peer`` and the address. Whatever the handler queued (its
+        ``Hello`` first) is written at once from the calling thread; what follows is sent by the I/O thread
+        (the handler's ``listener`` makes the connection ready to write).
         """
         host, port = address
         deadline = time.monotonic() + timeout_s
@@ -381,6 +382,9 @@ class TcpTransport:
         conn = Connection(sock, handler, "client", peer, next(self._ids))
         if hasattr(handler, "listener"):
             handler.listener = lambda: self._ready(conn)
+        with self.lock:  # the Hello goes out with the connect, from this thread: a producer whose port is
+            self._fill(conn)  # flooded closes the oldest connections waiting to authenticate, and this one
+            self._write(conn)  # must not wait for the I/O thread's turn to present the secret
         with self._pending_lock:
             self._pending.append(conn)
         self.wakeup()
