@@ -140,9 +140,10 @@ def test_silent_connections_to_task_ports_and_the_address_service_leave_a_spark_
     threads_after, rss_after = threading.active_count(), rss_bytes()
     assert flood.opened == {"service": TO_SERVICE, **{f"task {t}": PER_TASK for t in range(3)}}
     assert_df_equality(spark.createDataFrame(result["rows"], df.schema), df, ignore_row_order=True)
-    # the service runs one thread whatever connects: the test's own threads (runner, flood) are the rest
+    # the service runs one thread whatever connects (it was running before): the test's own two (runner,
+    # flood) and at most two that PySpark may start for the action are the rest, not one per connection
     threads_max = max(s[0] for s in samples)
-    assert threads_max <= threads_before + 2
+    assert threads_max <= threads_before + 2 + 2
     # connections held by the service: at most its cap of pending ones, plus one per task waiting
     assert max(s[2] for s in samples) <= service.max_pending + 3
     # memory: each pending connection holds at most MAX_REQUEST bytes; the rest is the test's own sockets
