@@ -44,7 +44,8 @@ single data buffer moving), and the end of the exchange. Connections must presen
 within the authentication deadline (``min(partition_request_timeout_ms, 2 s)`` from connecting); a wrong
 secret, garbage, an oversized frame or silence closes that connection (logged once per cause) and nothing
 else. At most four times the task's remote consumers (at least 32) may wait to authenticate; one more
-closes the oldest of them, so a flood of silent connections cannot keep a consumer out or fail the task.
+closes the oldest of them, and a consumer writes its ``Hello`` with its connect, so a flood of silent
+connections costs a bounded number of sockets and does not displace the consumers.
 
 **Backpressure.** The producer thread checks the pool's availability (Flink's ``isAvailable``) before every
 slice of about two buffers per subpartition of its input batch, so what it may take beyond its pool stays
