@@ -47,8 +47,12 @@ the output is always placed on T partitions by that shuffle.
 and from whom: connecting (``partition_request_timeout_ms``), data on a channel (a live producer sends a
 latency marker on every channel at least every quarter of ``partition_request_timeout_ms``, so silence
 means a stalled peer), a network buffer while back-pressured (``buffers_request_timeout_ms`` without a
-single data buffer moving), and the end of the exchange. Connections must present the exchange's secret;
-a wrong secret, garbage or an oversized frame closes that connection (logged) and nothing else.
+single data buffer moving), and the end of the exchange. Connections must present the exchange's secret
+within the authentication deadline (``min(partition_request_timeout_ms, 2 s)`` from connecting); a wrong
+secret, garbage, an oversized frame or silence closes that connection (logged once per cause) and nothing
+else. At most four times the task's remote consumers (at least 32) may wait to authenticate; one more
+closes the oldest of them, and a consumer writes its ``Hello`` with its connect, so a flood of silent
+connections costs a bounded number of sockets and does not displace the consumers.
 
 **Backpressure.** The producer thread checks the pool's availability (Flink's ``isAvailable``) before every
 slice of about two buffers per subpartition of its input batch, so what it may take beyond its pool stays
@@ -109,7 +113,7 @@ from ..protocol.partition import PipelinedResultPartition, ResultPartitionManage
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
-from ..transport.tcp import Connection, TcpTransport, resolve_host
+from ..transport.tcp import AUTHENTICATION_TIMEOUT_S, Connection, TcpTransport, resolve_host, unauthenticated_cap
 from .common import IN_BAND, CollectedMetrics, MetricsReport, combine, finish_plan, metrics_report
 from .consumer import GateGauges
 
@@ -336,7 +340,9 @@ def run_barrier_task(
         wait_s = max(_MIN_ADDRESS_WAIT_S, plan.config.partition_request_timeout_ms / 1000.0)
         group = f"stage {ctx.stageId()}"
         address = (service_host, service_port)
-        all_gather = all_gather_via(address, key, secret, group, index, ctx.taskAttemptId(), wait_s)
+        all_gather = all_gather_via(
+            address, key, secret, group, index, ctx.taskAttemptId(), wait_s, fallback=ctx.allGather
+        )
     yield from task.run(batches, all_gather)
 
 
@@ -678,11 +684,16 @@ class PipelinedTask:
     ) -> Iterator[pa.RecordBatch]:
         """Set up, exchange addresses, stream; yields the received rows, then reports the metrics."""
         try:
+            remote_consumers = {c for c in self.subpartition_consumers if c != self.index}
             self.transport = TcpTransport(
                 self.host,
                 self.lock,
                 server_handler_factory=self._server_handler if self.is_producer else None,
-                handshake_timeout_s=self.config.partition_request_timeout_ms / 1000.0,
+                handshake_timeout_s=min(self.config.partition_request_timeout_ms / 1000.0, AUTHENTICATION_TIMEOUT_S),
+                handshake_timeout_setting=(
+                    f"min(partition_request_timeout_ms, {AUTHENTICATION_TIMEOUT_S * 1000:.0f} ms)"
+                ),
+                max_unauthenticated=unauthenticated_cap(len(remote_consumers)),
                 on_event=self._notify,
                 on_send=self._on_send,
                 on_closed=self._on_connection_closed,
@@ -953,9 +964,15 @@ class PipelinedTask:
         open_channels = [c for c in handler.input_channels.values() if not c.received_end_of_partition]
         open_channels += [v for v in handler.local_views.values() if not v.listener.received_end_of_partition]
         if open_channels and self._failure is None:
+            hint = ""
+            if conn.bytes_in == 0:  # closed before the producer answered anything: it never accepted us
+                hint = (
+                    " (closed before the producer answered anything; unless that task failed, its log says why: "
+                    "a wrong secret, or more connections waiting to authenticate there than it allows)"
+                )
             self._failure = CreditShuffleError(
                 f"consumer subtask {self.index}: connection to {conn.peer} failed before the end of its "
-                f"partition: {conn.error}"
+                f"partition: {conn.error}{hint}"
             )
 
     # -- timeline (timer thread, lock held) --
