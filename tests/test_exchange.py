@@ -138,6 +138,9 @@ def test_metrics_count_every_record_and_buffer_once(any_spark, mode):
     assert buffers_out > 0 and buffers_in >= buffers_out
     for side, metric in [("producer", "outPoolUsage"), ("consumer", "inPoolUsage")]:
         values = [v for (s, _, _, name, stat), v in m.items() if s == side and name == metric and stat == "max"]
+        if mode == "pipelined" and side == "consumer":  # local mode: one executor, every channel local, so
+            assert values and all(v == 0.0 for v in values)  # a gate's buffers stay unused (the producers' hold)
+            continue
         assert values and all(v > 0.0 for v in values), (side, metric, values)
     frame = ex.metrics()
     assert frame.columns == ["exchange", "mode", "side", "subtask", "channel", "metric", "stat", "value"]

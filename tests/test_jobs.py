@@ -35,14 +35,14 @@ def test_plan_job_says_whether_a_topology_fits(capsys):
     headline = last_json(capsys.readouterr().out)
     assert headline == {
         "fits": True,
-        "required_buffers_per_executor": 4 * (5 + 6 + 1),
-        "max_buffers_per_executor": 4 * (16 + 6 + 8),
+        "required_buffers_per_executor": 4 * (5 + 0 + 1),  # all four tasks on one executor: local channels
+        "max_buffers_per_executor": 4 * (16 + 0 + 8),
         "network_buffers_per_executor": 2048,
-        "required_mib_per_executor": 1.5,
+        "required_mib_per_executor": 0.75,
         "network_mib_per_executor": 64.0,
         "stages": 1,
     }
-    too_small = [*argv, "--slots", "4", "--conf", "spark.creditShuffle.networkMemory=1mb"]
+    too_small = [*argv, "--slots", "4", "--conf", "spark.creditShuffle.networkMemory=512kb"]
     assert plan.main(too_small) == 1
     out = capsys.readouterr().out
     assert last_json(out)["fits"] is False and "spark.creditShuffle.networkMemory" in out

@@ -126,7 +126,7 @@ def test_notebooks_and_their_databricks_versions_run(request, monkeypatch, sessi
     assert ("pyspark.sql.connect.session" in text("check")) == (session == "connect")  # the session they ran on
     assert pictures("tour") == 2
     tour = text("tour")
-    assert "fits: 48 of 2048 buffers per executor" in tour
+    assert "fits: 24 of 2048 buffers per executor" in tour
     assert "Insufficient number of network buffers" in tour and "spark.creditShuffle.networkMemory" in tour
     backpressure = text("backpressure")
     assert "runs the exchange in pipelined mode" in backpressure  # local[2]: two slots

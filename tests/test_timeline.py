@@ -194,6 +194,7 @@ def test_exchange_timeline_is_a_dataframe_next_to_the_stable_metrics(request, tm
         metrics_sample_interval_ms=2,
         segment_size="4kb",
         injection=Injection(consumer_delay_s=((0, 0.00005),)),
+        local_channels="task",  # local mode has one executor: credits only on channels forced remote
     )
     assert ex.df.count() == 3000
     metrics = ex.metrics()

@@ -130,7 +130,10 @@ plot.plot_metrics(slow, "outPoolUsage", stat="max", side="producer", title="prod
 # MAGIC Every `metrics_sample_interval_ms` (10 ms here) each task samples its gauges; in pipelined mode the
 # MAGIC task's timer thread does it on time, whether data moves or not. Producers: pool usage, whether they
 # MAGIC are back-pressured and for how many ms per second, and per subpartition its queue and the credit its
-# MAGIC consumer granted; consumers: their buffer usage and, per channel, the credit they announced. With
+# MAGIC consumer granted; consumers: their buffer usage and, per channel, the credit they announced. Credit
+# MAGIC exists only on channels between executors: in local mode every task runs on one executor, so every
+# MAGIC channel is local, as between the tasks of one Flink TaskManager, and the producers' pools alone hold
+# MAGIC the slow consumer back (its buffers are theirs until it recycles them). With
 # MAGIC consumer 0 slowed, every producer's queue towards consumer 0 fills up to its limit and stays there,
 # MAGIC its pool runs dry and it waits (`backPressuredTimeMsPerSecond` near 1000) while the queues towards
 # MAGIC consumer 1 stay short.
