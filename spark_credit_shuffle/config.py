@@ -357,10 +357,10 @@ class NetworkConfig:
         try:  # every key of the session, also those set with spark.conf.set (Spark 4: a property, also on Connect)
             all_conf = list(dict(spark.conf.getAll).items())
         except Exception:
-            try:  # older sessions: the SparkContext's conf (classic only)
-                all_conf = spark.sparkContext.getConf().getAll()
-            except Exception:  # Spark Connect has no SparkContext
-                all_conf = []
+            from .runtime.session import spark_context
+
+            sc = spark_context(spark)  # older sessions: the SparkContext's conf (classic only)
+            all_conf = sc.getConf().getAll() if sc is not None else []
         for key, value in all_conf:
             if key.startswith(CONF_PREFIX):
                 conf.setdefault(key, value)

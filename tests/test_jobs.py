@@ -154,6 +154,14 @@ def test_exchange_job_refuses_bad_input_before_any_job(spark, capsys):
     assert spark.conf.get("spark.creditShuffle.networkMemory", None) is None
 
 
+def test_exchange_job_runs_on_spark_connect(connect_spark, capsys):
+    job = load_job("exchange_job")
+    argv = ["--generate", "2000", "--partitioner", "hash:user_id", "--parallelism", "3", "--mode", "pipelined"]
+    assert job.main(argv) == 0
+    headline = last_json(capsys.readouterr().out)
+    assert headline["rows"] == 2000 and headline["consumers"] == 3 and headline["producers"] == 2
+
+
 def test_jobs_have_main_and_run_as_scripts():
     for name in ("exchange_job", "multiplexing_demo", "plan"):
         text = (JOBS / f"{name}.py").read_text()

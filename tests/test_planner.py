@@ -296,7 +296,8 @@ def test_sort_merge_sizing_fits_four_slots_in_the_default_network_memory_and_no_
 
 
 @pytest.mark.spark
-def test_plan_as_a_spark_dataframe(spark):
+def test_plan_as_a_spark_dataframe(any_spark):
+    spark = any_spark
     spec = ExchangeSpec(4, 4, "hash", "pipelined")
     frame = plan_dataframe(spark, spec, Executors(2, 4), NetworkConfig())
     rows = frame.collect()
@@ -305,6 +306,7 @@ def test_plan_as_a_spark_dataframe(spark):
     assert tasks.count() == 4
     (stage,) = plan_network(spec, Executors(2, 4), NetworkConfig()).stages
     assert tasks.agg(F.sum("required_buffers")).first()[0] == sum(t.required for t in stage.tasks)
+    assert plan_dataframe(spark, spec).first()["fits"] is True  # the session's executors (local[4, 2]) and conf
 
 
 PLACEMENTS = [

@@ -72,7 +72,9 @@ def test_hundreds_of_silent_connections_cost_no_thread_and_a_bounded_number_of_s
             silent.append(socket.create_connection(service.address))
         assert service.max_pending == unauthenticated_cap(3)
         assert wait_until(lambda: service.rejected_by_cause.get("evicted unauthenticated", 0) >= 300 - 32)
-        assert threading.active_count() == threads_before  # one service thread, whatever connects
+        # one service thread, whatever connects (threads of other clients in this process, such as a Spark
+        # Connect session's, may end meanwhile)
+        assert threading.active_count() <= threads_before
         assert service.num_connections <= service.max_pending
         answers = gather_all(service, 3)  # the tasks still meet
         assert answers == {i: ["address of 0", "address of 1", "address of 2"] for i in range(3)}

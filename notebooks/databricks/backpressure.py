@@ -1,4 +1,8 @@
 # Databricks notebook source
+# MAGIC %pip install "spark-credit-shuffle[plot]"
+
+# COMMAND ----------
+
 # MAGIC %md
 # MAGIC # Where backpressure starts: one slow consumer
 # MAGIC
@@ -31,10 +35,16 @@ from spark_credit_shuffle.simulation import simulate
 spark = SparkSession.builder.appName("spark_credit_shuffle backpressure").getOrCreate()
 
 # Pipelined mode (Flink's streaming exchange: every subtask at once in one barrier stage, real
-# backpressure over TCP) needs a task slot per subtask; with fewer than 2 slots fall back to blocking.
-slots = spark.sparkContext.defaultParallelism
-MODE = "pipelined" if slots >= 2 else "blocking"
-print(f"{slots} task slots: this notebook runs the exchange in {MODE} mode")
+# backpressure over TCP) needs a task slot per subtask. An exchange checks that when it is planned, before
+# any Spark job (num_producers=2 states the producer count, so not even a count runs): with fewer than 2
+# slots this notebook falls back to blocking mode.
+try:
+    scs.exchange(spark.range(2), scs.rebalance(), parallelism=2, mode="pipelined", num_producers=2)
+    MODE = "pipelined"
+except scs.InsufficientSlotsError as error:
+    print(error)
+    MODE = "blocking"
+print(f"this notebook runs the exchange in {MODE} mode")
 
 # COMMAND ----------
 

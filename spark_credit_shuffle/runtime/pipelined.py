@@ -116,6 +116,7 @@ from ..protocol.sender import PartitionRequestServerHandler
 from ..transport.tcp import AUTHENTICATION_TIMEOUT_S, Connection, TcpTransport, resolve_host, unauthenticated_cap
 from .common import IN_BAND, CollectedMetrics, MetricsReport, combine, finish_plan, metrics_report
 from .consumer import GateGauges
+from .session import is_connect, spark_context
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -212,8 +213,10 @@ def available_slots(spark: Any) -> tuple[int, int, int] | None:
     if master.startswith("local"):
         return per, 1, per
     executors = 0
-    with contextlib.suppress(Exception):  # classic session: the executors registered now
-        executors = int(spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()) - 1
+    sc = spark_context(spark)
+    if sc is not None:  # classic session: the executors registered now
+        with contextlib.suppress(Exception):
+            executors = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1
     if executors <= 0:
         with contextlib.suppress(Exception):
             executors = int(spark.conf.get("spark.executor.instances", "0") or 0)
@@ -290,8 +293,10 @@ def _address_service(spark: Any, plan: ExchangePlan, secret: bytes, width: int) 
     Spark Connect or if the service cannot start (the tasks then use Spark's ``allGather``)."""
     from .rendezvous import driver_rendezvous
 
+    if is_connect(spark):  # no driver process here: the tasks cannot reach this client
+        log.info("%s: addresses through Spark's allGather (Spark Connect)", plan.name)
+        return None
     try:
-        spark.sparkContext  # noqa: B018 - raises on Spark Connect, which has no driver process here
         host = spark.conf.get("spark.driver.host", None) or "127.0.0.1"
         service = driver_rendezvous(host)
     except Exception as exc:
