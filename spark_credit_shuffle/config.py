@@ -181,7 +181,7 @@ class NetworkConfig:
         "buffers one subpartition may hold before its producer counts as back-pressured",
     )  # fmt: skip
     max_overdraft_buffers_per_gate: int = _setting(
-        5, "taskmanager.network.memory.max-overdraft-buffers-per-gate", _parse_int,
+        20, "taskmanager.network.memory.max-overdraft-buffers-per-gate", _parse_int,
         "extra buffers a producer may take beyond its pool size to finish the record it is writing",
     )  # fmt: skip
     buffer_timeout_ms: int = _setting(
