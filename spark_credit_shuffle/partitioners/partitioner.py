@@ -265,7 +265,8 @@ class RescalePartitioner(Partitioner):
 
 @dataclass(frozen=True)
 class ShufflePartitioner(Partitioner):
-    """A uniformly random consumer per row, from a generator per producer."""
+    """A uniformly random consumer per row, from a ``java.util.Random`` per producer: producer ``p``'s is
+    ``new Random(seed + p)`` (so producer 0 draws exactly ``new Random(seed).nextInt(n)``)."""
 
     seed: int | None = None
     name: ClassVar[str] = "SHUFFLE"
@@ -276,7 +277,7 @@ class ShufflePartitioner(Partitioner):
     def _make_selector(
         self, producer: int, num_channels: int, num_consumers: int, max_parallelism: int | None
     ) -> ChannelSelector:
-        return ShuffleSelector(num_channels, _rng(self.seed, producer, 1))
+        return ShuffleSelector(num_channels, None if self.seed is None else self.seed + producer)
 
 
 @dataclass(frozen=True)
