@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .config import NetworkConfig, check_count
+from .config import NetworkConfig, check_operator_parallelism
 from .errors import ConfigError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
@@ -220,11 +220,11 @@ def exchange(
     elif settings:
         config = config.replace(**settings)
     if num_producers is not None:
-        num_producers = check_count(num_producers, "num_producers")
+        num_producers = check_operator_parallelism(num_producers, "num_producers")
         df = df.repartition(num_producers)
     producers = num_producers or _num_partitions(df)
     consumers = producers if parallelism is None else parallelism
-    consumers = check_count(consumers, "parallelism")
+    consumers = check_operator_parallelism(consumers, "parallelism")
     max_parallelism = config.resolve_max_parallelism(consumers)
     own = getattr(partitioner, "resolve_max_parallelism", None)
     if own is not None:  # key_by(..., max_parallelism=P) wins over the config's
