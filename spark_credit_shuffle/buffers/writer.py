@@ -14,8 +14,10 @@ exceeds the segment. As in Flink (``BufferWritingResultPartition``):
   keeps filling the rest of the same segment;
 - a row larger than a segment spans several buffers (fragments), starting in the remaining space
   of the open builder; continuation builders are queued with ``partial_record_length``;
-- broadcast rows are serialised once into one shared builder whose consumers (one per
-  subpartition) return the same bytes objects.
+- with a broadcast selector, broadcast rows are serialised once into one shared builder whose
+  consumers (one per subpartition) return the same bytes objects; another writer's
+  ``broadcast_emit`` copies the rows into every subpartition's own buffers, as Flink's
+  ``ChannelSelectorRecordWriter``.
 
 Per input batch the work is vectorised: one ``take`` groups the rows, the size model's cumulative
 bits give every cut, and a run of rows that fills a fresh segment is serialised straight into a
@@ -463,13 +465,26 @@ class RecordWriter:
         self._records_out += counts
 
     def broadcast_emit(self, batch: pa.RecordBatch) -> None:
-        """Append every row of ``batch`` to every subpartition, serialised once in a shared buffer."""
+        """Append every row of ``batch`` to every subpartition.
+
+        With a broadcast selector (Flink's ``BroadcastRecordWriter``) the rows are serialised once into a
+        shared buffer whose consumers all read the same bytes. Any other writer is Flink's
+        ``ChannelSelectorRecordWriter``, whose ``broadcastEmit`` emits the record to each channel in turn:
+        the rows are copied into every subpartition's own buffers, one pool buffer each.
+        """
         self._check_batch(batch)
         n = batch.num_rows
         if n:
-            self._ensure_broadcast_mode()
-            cum = self._model.cumulative_bits(batch)  # type: ignore[union-attr]
-            self._write_rows(_BROADCAST, batch, 0, n, cum, self._model.overhead(batch))  # type: ignore[union-attr]
+            model = self._model
+            cum = model.cumulative_bits(batch)  # type: ignore[union-attr]
+            overhead = model.overhead(batch)  # type: ignore[union-attr]
+            if self.selector.is_broadcast:
+                self._ensure_broadcast_mode()
+                self._write_rows(_BROADCAST, batch, 0, n, cum, overhead)
+            else:
+                self._ensure_unicast_mode()
+                for sp in range(self.num_subpartitions):
+                    self._write_run(sp, batch, 0, n, cum, overhead)
             self._records_out += n
         if self.flush_always:
             self.flush_all()
