@@ -536,6 +536,14 @@ class PipelinedResultPartition:
             self._check_in_produce_state()
         return self.subpartitions[subpartition].add(consumer, partial_record_length)
 
+    def builder_opened(self, subpartition: int) -> None:
+        """The writer holds an unfinished buffer of ``subpartition`` (see ``LocalBufferPool.builder_opened``)."""
+        self.buffer_pool.builder_opened(subpartition)
+
+    def builder_finished(self, subpartition: int) -> None:
+        """The writer's open buffer of ``subpartition`` is finished."""
+        self.buffer_pool.builder_finished(subpartition)
+
     def emit_record(self, record: bytes | bytearray | memoryview, subpartition: int) -> None:
         """Append one serialised record to ``subpartition``'s open buffer (Flink's ``emitRecord``).
 
@@ -549,19 +557,24 @@ class PipelinedResultPartition:
         view = memoryview(record).cast("B")
         builders = self._unicast_builders
         builder = builders[subpartition]
+        pool = self.buffer_pool
         if builder is None:
-            builder = ByteBufferBuilder(self.buffer_pool.network_pool.segment_size, self.request_segment(subpartition))
+            builder = ByteBufferBuilder(pool.network_pool.segment_size, self.request_segment(subpartition))
+            pool.builder_opened(subpartition)
             desired = self.add_consumer(subpartition, builder.create_buffer_consumer())
             builder.trim(max(len(view), desired))
         view = view[builder.append(view) :]
         while view:
+            pool.builder_finished(subpartition)
             builder.finish()
-            builder = ByteBufferBuilder(self.buffer_pool.network_pool.segment_size, self.request_segment(subpartition))
+            builder = ByteBufferBuilder(pool.network_pool.segment_size, self.request_segment(subpartition))
+            pool.builder_opened(subpartition)
             taken = builder.append(view)
             view = view[taken:]
             desired = self.add_consumer(subpartition, builder.create_buffer_consumer(), taken)
             builder.trim(max(taken, desired))
         if builder.is_full():
+            pool.builder_finished(subpartition)
             builder.finish()
             builder = None
         builders[subpartition] = builder
@@ -584,6 +597,7 @@ class PipelinedResultPartition:
         builders = self._unicast_builders
         for i, builder in enumerate(builders):
             if builder is not None:
+                self.buffer_pool.builder_finished(i)
                 builder.finish()
                 builders[i] = None
         for subpartition in self.subpartitions:

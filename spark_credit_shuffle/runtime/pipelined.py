@@ -90,7 +90,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..buffers.buffer import Buffer
-from ..buffers.format import LatencyMarker
+from ..buffers.format import KeepAlive, LatencyMarker, encode_event
 from ..buffers.reader import RecordReader
 from ..buffers.writer import RecordWriter
 from ..config import ADDRESS_EXCHANGES
@@ -126,8 +126,6 @@ log = logging.getLogger("spark_credit_shuffle")
 _TAG = "__credit_shuffle_subtask"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MAX_LATENCY_SAMPLES = 100_000
-#: A producer checks its pool's availability before every slice of about this many segments per channel.
-_SEGMENTS_PER_EMIT = 2
 #: The longest a consumer holds decoded rows back, waiting for more to send to Spark in one batch.
 _MAX_DEFAULT_LINGER_MS = 2.0
 #: Returned by ``_next_buffer`` when its linger deadline passed with nothing new.
@@ -455,6 +453,14 @@ class _LockedPartition:
         with self._lock:
             self.partition.add_event(subpartition, buffer)
 
+    def builder_opened(self, subpartition: int) -> None:
+        with self._lock:
+            self.partition.builder_opened(subpartition)
+
+    def builder_finished(self, subpartition: int) -> None:
+        with self._lock:
+            self.partition.builder_finished(subpartition)
+
     def flush(self, subpartition: int) -> None:
         with self._lock:
             self.partition.flush(subpartition)
@@ -605,6 +611,7 @@ class PipelinedTask:
             config.segment_size,
             flush_always=config.buffer_timeout_ms == 0,
             schema=plan.schema,
+            resumable=True,
         )
         self._queue_max = [0] * n
         self._queue_sum = [0] * n
@@ -627,7 +634,10 @@ class PipelinedTask:
             self.cond.notify_all()
 
     def _on_recycle(self) -> None:
+        """A segment came back (lock held): progress, and the producer may be waiting for it."""
         self._last_progress = time.monotonic()
+        if self._waiting_since is not None:
+            self.cond.notify_all()
 
     def _fail(self, exc: BaseException) -> None:
         with self.cond:
@@ -800,13 +810,18 @@ class PipelinedTask:
                     continue
                 if batch.schema is not schema and not batch.schema.equals(schema):
                     batch = batch.cast(schema)
-                step = self._rows_per_emit(batch)
-                for start in range(0, batch.num_rows, step):
-                    self._await_buffer()
-                    with sending(), self.writer_lock:
-                        emit(batch.slice(start, step) if step < batch.num_rows else batch)
+                # the writer stops at the first buffer its pool cannot give; wait, then write on from there
+                self._await_buffer()
+                with sending(), self.writer_lock:
+                    done = emit(batch)
+                while not done:
                     with self.lock:
                         self._sample_output()
+                    self._await_buffer()
+                    with sending(), self.writer_lock:
+                        done = writer.resume()
+                with self.lock:
+                    self._sample_output()
             with sending(), self.writer_lock:
                 writer.finish()
                 self._writer_finished = True
@@ -821,27 +836,10 @@ class PipelinedTask:
         except BaseException as exc:
             self._fail(exc)
 
-    def _rows_per_emit(self, batch: pa.RecordBatch) -> int:
-        """Rows of ``batch`` to write between two availability checks: about two segments per subpartition.
-
-        Flink checks availability before every record; checking before every slice of about two buffers per
-        channel keeps the overdraft (what a writer may take beyond its pool while it finishes the rows it
-        was given) to about two buffers per subpartition, whatever the size of Spark's input batches, and
-        the cost of a check and of a ``RecordWriter.emit`` call small next to the rows it writes. The batch
-        is cut into equal slices of about that size (Spark's 10,000-row batches of 32-byte rows with 4
-        channels of 32 KiB: one slice, not 8,192 rows and a tail of 1,808 at the same fixed cost).
-        """
-        writer = self.writer
-        assert writer is not None
-        rows = batch.num_rows
-        channels = 1 if writer.selector.is_broadcast else writer.num_subpartitions
-        row_bytes = max(1.0, batch.nbytes / max(1, rows))
-        step = max(64, int(_SEGMENTS_PER_EMIT * channels * self.config.segment_size / row_bytes))
-        slices = max(1, round(rows / step))
-        return max(1, -(-rows // slices))
-
     def _await_buffer(self) -> None:
-        """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``)."""
+        """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``).
+
+        Every recycled segment wakes this wait (``_on_recycle``), not only the pool's turn to available."""
         partition = self.partition
         assert partition is not None
         if partition.is_available():
@@ -1022,22 +1020,26 @@ class PipelinedTask:
                     if now >= next_heartbeat:
                         self._send_liveness_markers()
                         next_heartbeat = now + heartbeat_every
-                    if now >= next_marker:
+                    if now >= next_marker:  # a record to one random channel (Flink's randomEmit)
                         sp = rng.randrange(writer.num_subpartitions)
-                        writer.emit_event(LatencyMarker(time.time_ns(), self.index), sp)
+                        writer.emit_latency_marker(LatencyMarker(time.time_ns(), self.index), sp)
                         next_marker = max(next_marker + marker_every, now)  # type: ignore[operator]
         except BaseException as exc:
             self._fail(exc)
 
     def _send_liveness_markers(self) -> None:
-        """A latency marker on every subpartition: tells each consumer this producer is alive.
+        """A :class:`KeepAlive` priority event on every subpartition: tells each consumer this producer is
+        alive. It overtakes the queued data and needs no credit, and it finishes and flushes no buffer, so
+        with buffer timeout -1 partly filled buffers still move only when full, on events or at the end.
 
         Call with ``writer_lock`` held."""
-        writer = self.writer
-        assert writer is not None
-        stamp = time.time_ns()
-        for sp in range(writer.num_subpartitions):
-            writer.emit_event(LatencyMarker(stamp, self.index), sp)
+        partition = self.partition
+        assert partition is not None
+        with self.lock:
+            if partition.is_finished or partition.is_released:
+                return
+            for sp in range(partition.num_subpartitions):
+                partition.add_event(sp, encode_event(KeepAlive()))
 
     def _sample_memory(self) -> None:
         rss = _rss_bytes()
