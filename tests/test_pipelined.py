@@ -619,3 +619,31 @@ def test_tasks_exchange_addresses_through_spark_allgather_when_asked(spark):
     assert sorted(r["id"] for r in ex.df.collect()) == list(range(2000))
     with pytest.raises(ConfigError, match="address_exchange"):
         TaskOptions(address_exchange="carrier pigeon")
+
+
+def test_with_timeout_minus_one_markers_and_keep_alives_move_no_partly_filled_buffer():
+    # given buffer timeout -1, a latency marker every 20 ms and a partition request timeout of 600 ms (a
+    # keep-alive every 150 ms), and a producer that writes far less than a buffer, then holds its input 1.5 s
+    plan = make_plan(scs.rebalance(), 1, 1, buffer_timeout_ms=-1, partition_request_timeout_ms=600)
+    first, second = inputs(1, 20, batch_rows=10)[0]
+    arrivals_before_end: list[bool] = []
+    released = threading.Event()
+
+    def holding_input():
+        yield first
+        time.sleep(1.5)  # longer than the partition request timeout: only keep-alives say it is alive
+        released.set()
+        yield second
+
+    def on_batch(consumer, batch):
+        arrivals_before_end.append(not released.is_set())
+
+    # when the exchange runs
+    received, rows = run_in_threads(
+        plan, [holding_input()], options=TaskOptions(latency_interval_ms=20), on_batch=on_batch, timeout_s=30
+    )
+    # then the consumer did not time out, nothing arrived while the buffer was partly filled, every row
+    # arrived at the end, and the latency markers (records inside the buffers) were still measured
+    assert sum(b.num_rows for b in received[0]) == 20
+    assert arrivals_before_end and not any(arrivals_before_end)
+    assert metric(rows, CONSUMER, "latencyMs")
