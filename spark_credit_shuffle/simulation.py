@@ -224,16 +224,16 @@ class _Producer:
             taken = builder.append(bytes(view[written : written + segment_size - builder.written]))
             written += taken
             if builder.is_full():
-                pool.builder_finished(subpartition)
                 builder.finish()
+                partition.builder_finished(subpartition)
                 self.builders[subpartition] = None
         return written
 
     def _finish(self, now: float) -> None:
         for k, builder in enumerate(self.builders):
             if builder is not None:
-                self.partition.buffer_pool.builder_finished(k)
                 builder.finish()
+                self.partition.buffer_pool.builder_finished(k)
                 self.builders[k] = None
         self.partition.finish()
         self.partition.close()

@@ -21,6 +21,7 @@ from chispa import assert_df_equality
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
+from test_blocking_runtime import run as run_blocking
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.config import NetworkConfig
@@ -647,3 +648,48 @@ def test_with_timeout_minus_one_markers_and_keep_alives_move_no_partly_filled_bu
     assert sum(b.num_rows for b in received[0]) == 20
     assert arrivals_before_end and not any(arrivals_before_end)
     assert metric(rows, CONSUMER, "latencyMs")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    mode=st.sampled_from(["pipelined", "blocking"]),
+    partitioner=st.sampled_from(["key_by", "rebalance", "broadcast"]),
+    producers=st.integers(1, 3),
+    consumers=st.integers(1, 3),
+    segment=st.sampled_from([4096, 8192]),
+    buffers_per_channel=st.integers(0, 2),
+    max_buffers_per_channel=st.integers(1, 3),
+    floating=st.integers(0, 2),
+    overdraft=st.integers(0, 2),
+    timeout_ms=st.sampled_from([-1, 0, 5]),
+)
+def test_tight_configurations_finish_without_timeouts_and_conserve_rows(
+    mode, partitioner, producers, consumers, segment, buffers_per_channel, max_buffers_per_channel, floating,
+    overdraft, timeout_ms,
+):  # fmt: skip
+    # given a legal but tight configuration: few buffers per channel, little floating and overdraft
+    part = {"key_by": scs.key_by("k"), "rebalance": scs.rebalance(seed=2), "broadcast": scs.broadcast()}[partitioner]
+    plan = make_plan(
+        part,
+        producers,
+        consumers,
+        segment_size=segment,
+        buffers_per_channel=buffers_per_channel,
+        max_buffers_per_channel=max_buffers_per_channel,
+        floating_buffers_per_gate=max(floating, 1 if buffers_per_channel == 0 else 0),
+        max_overdraft_buffers_per_gate=overdraft,
+        buffer_timeout_ms=timeout_ms,
+        buffers_request_timeout_ms=10_000,
+    )
+    data = inputs(producers, 1500, batch_rows=700)
+    # when the exchange runs
+    if mode == "pipelined":
+        received, _ = run_in_threads(plan, data, timeout_s=60)
+        got = [table(batches).sort_by("id") for batches in received]
+    else:
+        outputs = run_blocking(plan, dict(enumerate(data)))
+        got = [outputs[c][0].sort_by("id") for c in range(consumers)]
+    # then it finished (no timeout) and every consumer got exactly the rows the partitioner chose for it
+    expected = expected_placement(plan, data)
+    for c in range(consumers):
+        assert got[c].equals(expected[c]), f"consumer {c}"

@@ -955,9 +955,12 @@ class RecordWriter:
                 builder, self._broadcast = self._broadcast, None
             if builder is None:
                 return
-            if self._builder_finished is not None:
-                self._builder_finished(target if target >= 0 else 0)
             written = builder.finish()
+            if self._builder_finished is not None:
+                if target >= 0:
+                    self._builder_finished(target)
+                else:
+                    self._builder_finished(0, broadcast=True)
             if target >= 0:
                 self._buffers_out[target] += 1
                 self._bytes_out[target] += written

@@ -457,9 +457,9 @@ class _LockedPartition:
         with self._lock:
             self.partition.builder_opened(subpartition)
 
-    def builder_finished(self, subpartition: int) -> None:
+    def builder_finished(self, subpartition: int, *, broadcast: bool = False) -> None:
         with self._lock:
-            self.partition.builder_finished(subpartition)
+            self.partition.builder_finished(subpartition, broadcast=broadcast)
 
     def flush(self, subpartition: int) -> None:
         with self._lock:
