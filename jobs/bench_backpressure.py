@@ -8,7 +8,8 @@ Three cases (``--case``, default all):
 - ``timeout``: buffer timeout 0 (a flush after every slice of at most 64 rows a writer appends, see the
   README) against 1 ms, pipelined, ``--timeout-rows`` rows (Flink 2.3 measured 1.4-2.4x slower at 0).
 - ``memory``: a pipelined exchange whose consumer subtask 0 sleeps 1 ms per row, at 1x and 10x input
-  (``--slow-rows``): the worst task's peak resident and Arrow-allocated memory, which must stay flat.
+  (``--slow-rows``), Spark's Arrow batches of ``--batch-rows`` rows in both: the worst task's peak resident
+  and Arrow-allocated memory, which must stay flat.
 
 Every case runs its variants interleaved ``--repeat`` times after one warm-up and reports medians. Prints a
 table per case and, as its last line, one JSON object with the ratios.
@@ -35,7 +36,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--case", choices=("tight", "timeout", "memory", "all"), default="all")
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--timeout-rows", type=int, default=400_000)
-    parser.add_argument("--slow-rows", type=int, default=4_000, help="rows of the 10x run of the memory case")
+    parser.add_argument("--slow-rows", type=int, default=200_000, help="rows of the 10x run of the memory case")
+    parser.add_argument("--batch-rows", type=int, default=500, help="Spark's Arrow batch rows in the memory case")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--master", default="local[4]")
     args = parser.parse_args(argv)
@@ -145,6 +147,9 @@ def memory(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     import spark_credit_shuffle as scs
 
     slow = scs.Injection(consumer_delay_s=((0, 0.001),))
+    # a producer holds one input batch beside its bounded buffers: Spark's batches of the same size in both
+    # runs (the 1x input already fills whole batches), so what could grow is only what the exchange holds
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.batch_rows))
     peaks: dict[str, tuple[float, float]] = {}
     for label, rows in (("1x", max(10, args.slow_rows // 10)), ("10x", args.slow_rows)):
         df = make_data(spark, rows, 2)

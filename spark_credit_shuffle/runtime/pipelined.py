@@ -139,7 +139,7 @@ class TaskOptions:
     """Knobs of a pipelined task that are not network settings.
 
     ``latency_interval_ms``: a producer sends a latency marker to one random channel this often (0: only
-    the liveness markers every quarter of the partition request timeout). ``output_batch_rows``: the
+    the keep-alives every quarter of the partition request timeout). ``output_batch_rows``: the
     consumer joins decoded batches that are ready at the same moment up to this many rows before handing
     them to Spark (0: one output batch per network buffer). ``output_linger_ms``: how long the consumer waits
     for more rows when fewer than ``output_batch_rows`` are ready (each output batch costs Spark a fixed
