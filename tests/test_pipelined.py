@@ -344,7 +344,6 @@ def test_a_failing_task_fails_the_exchange_and_stops_every_task(tmp_path):
 
 @pytest.mark.parametrize("timeout_ms,flushed", [(0, True), (10, True), (-1, False)])
 def test_the_buffer_timeout_hands_on_partly_filled_buffers(timeout_ms, flushed):
-    # a long partition request timeout: no liveness marker (which would finish the buffer) in between
     plan = make_plan(scs.rebalance(), 1, 1, buffer_timeout_ms=timeout_ms, partition_request_timeout_ms=20_000)
     first, second = inputs(1, 20, batch_rows=10)[0]  # far less than one buffer
     arrived = threading.Event()

@@ -145,8 +145,9 @@ def test_one_buffer_per_channel_does_not_stop_the_writer_on_its_own_open_buffer(
     assert writer.emit(rows(0, 10, 10))
     # then the partition stays available: the open buffers do not count against the limit ...
     assert partition.is_available()
-    # ... but a finished buffer not yet consumed does
-    assert not writer.emit(rows(10, 100, 100)) or not partition.is_available()
+    # ... but a finished buffer not yet consumed does: the writer stops at the next new buffer
+    assert not writer.emit(rows(10, 100, 100))
+    assert not partition.is_available() and writer.has_pending_write
 
 
 def test_latency_marker_is_a_record_that_finishes_no_buffer():

@@ -515,7 +515,7 @@ class PipelinedResultPartition:
         self.is_released = False
         self._pending_references = num_subpartitions + 1
         self._producer_closed = False
-        #: Flink's LocalBufferPool availability (bound to the pool's: the writer asks before every batch).
+        #: Flink's LocalBufferPool availability (bound to the pool's: a resumable writer asks before every new buffer).
         self.is_available: Callable[[], bool] = buffer_pool.is_available
         self._consumed = [False] * num_subpartitions
         self._all_data_processed = [False] * num_subpartitions
