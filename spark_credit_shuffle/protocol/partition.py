@@ -402,6 +402,11 @@ class PipelinedSubpartition:
         if self.parent is not None:
             self.parent.on_consumed_subpartition(self.index)
 
+    @property
+    def is_sent_to_reader(self) -> bool:
+        """Finished, and its reader (still there) polled everything, END_OF_PARTITION included."""
+        return self.is_finished and not self._buffers and self._view is not None and not self.is_released
+
     # -- metrics --
 
     def queue_length(self) -> int:

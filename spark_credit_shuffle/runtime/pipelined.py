@@ -97,7 +97,7 @@ from ..config import ADDRESS_EXCHANGES
 from ..errors import ConfigError, CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.codec import default_max_frame_length
-from ..protocol.messages import BufferResponse, Message
+from ..protocol.messages import AddCredit, BufferResponse, Message
 from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
@@ -725,6 +725,14 @@ class PipelinedTask:
             max_frame_length=self.max_frame_length,
         )
         handler.queue.listener = wakeup
+        receive = handler.receive_message
+
+        def receive_message(message: Message) -> None:
+            if type(message) is AddCredit:  # a consumer read (and recycled) this producer's buffers: progress
+                self._last_progress = time.monotonic()
+            receive(message)
+
+        handler.receive_message = receive_message  # type: ignore[method-assign]
         return handler
 
     def _connect(self, peers: list[dict[str, Any]]) -> None:
@@ -1199,7 +1207,13 @@ class PipelinedTask:
     # -- the end --
 
     def _await_end(self) -> None:
-        """Wait until the producer finished, every subpartition was consumed and every connection closed."""
+        """Wait until the producer finished, every subpartition was consumed and every connection closed.
+
+        Progress is a recycled segment, a data buffer sent, or credit from a consumer. A subpartition whose
+        every buffer, its end of partition included, went to a reader that is still connected waits for
+        its consumer alone, which may still be working through the buffers it received (up to its exclusive
+        and floating buffers, behind a slow user function): that wait counts as progress, and it ends when
+        the consumer releases the subpartition or its connection closes (which releases it too)."""
         timeout = self.config.partition_request_timeout_ms / 1000.0
         with self.cond:
             self._last_progress = time.monotonic()
@@ -1208,6 +1222,13 @@ class PipelinedTask:
                 pending = self._pending_end()
                 if not pending:
                     return
+                partition = self.partition
+                if (
+                    self._producer_done
+                    and partition is not None
+                    and all(sub.is_released or sub.is_sent_to_reader for sub in partition.subpartitions)
+                ):
+                    self._last_progress = time.monotonic()
                 since = time.monotonic() - self._last_progress
                 if since >= timeout:
                     raise ExchangeTimeoutError(
