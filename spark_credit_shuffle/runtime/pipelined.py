@@ -38,15 +38,17 @@ the output is always placed on T partitions by that shuffle.
 
 **Faults.** Every wait has a timeout and raises :class:`ExchangeTimeoutError` naming what it waited for
 and from whom: connecting (``partition_request_timeout_ms``), data on a channel (a live producer sends a
-latency marker on every channel at least every quarter of ``partition_request_timeout_ms``, so silence
-means a stalled peer), a network buffer while back-pressured (``buffers_request_timeout_ms`` without a
-single data buffer moving), and the end of the exchange. Connections must present the exchange's secret;
-a wrong secret, garbage or an oversized frame closes that connection (logged) and nothing else.
+:class:`KeepAlive` priority event on every channel every quarter of ``partition_request_timeout_ms``,
+which moves no data, so silence means a stalled peer), a network buffer while back-pressured
+(``buffers_request_timeout_ms`` without a single data buffer moving), and the end of the exchange.
+Connections must present the exchange's secret; a wrong secret, garbage or an oversized frame closes that
+connection (logged) and nothing else.
 
-**Backpressure.** The producer thread checks the pool's availability (Flink's ``isAvailable``) before every
-slice of about two buffers per subpartition of its input batch, so what it may take beyond its pool stays
-about two buffers per channel whatever the size of Spark's input batches, and the time it waits is its
-back-pressured time. Threads that make data or credit sendable write it to the socket themselves (see
+**Backpressure.** The producer thread hands each input batch to a resumable ``RecordWriter``, which takes a
+new buffer only while the pool is available (Flink's ``isAvailable``, checked per buffer request) and
+otherwise stops there; the thread waits (woken by every recycled segment) and resumes the batch. A producer
+holds at most its pool size plus the overdraft, and the time it waits is its back-pressured time. Threads
+that make data or credit sendable write it to the socket themselves (see
 :meth:`TcpTransport.sending`): every hand-over between threads costs a wait for the interpreter lock, and
 the credit loop is the latency that bounds a channel's throughput.
 
@@ -66,9 +68,9 @@ rows to the consumer half of the same task, whose last output row carries both.
 usage, backpressure, rates, and per channel backlog, queue length and credits; the list is in
 :mod:`spark_credit_shuffle.metrics`), once more when a side ends; ``Exchange.timeline()`` returns them.
 
-Latency markers here are events: like any event they finish the open buffer of their subpartition, so they
-measure queueing and transit, not the time a row waits in a partly filled buffer (Flink's markers travel as
-records). That wait is bounded by the buffer timeout.
+Latency markers travel as records, as Flink's: a marker chunk in the open buffer of one random channel,
+behind its rows. They finish no buffer, so they measure the time a row waits in a partly filled buffer
+(bounded by the buffer timeout) as well as queueing and transit.
 """
 
 from __future__ import annotations
@@ -912,7 +914,7 @@ class PipelinedTask:
 
     def _on_send(self, conn: Connection, message: Message) -> None:
         if type(message) is BufferResponse and message.data_type.is_buffer:
-            self._last_progress = time.monotonic()  # data moved (events, such as liveness markers, do not count)
+            self._last_progress = time.monotonic()  # data moved (events, such as keep-alives, do not count)
 
     def _on_connection_closed(self, conn: Connection) -> None:
         """A connection ended (lock held): a client connection that fails channels fails the task."""
