@@ -23,6 +23,7 @@ __all__ = [
     "MAX_PARALLELISM_UPPER_BOUND",
     "MIN_SEGMENT_SIZE",
     "NetworkConfig",
+    "check_operator_parallelism",
     "default_max_parallelism",
     "parse_duration_ms",
     "parse_size",
@@ -88,6 +89,24 @@ def check_count(value: object, setting: str) -> int:
         raise ConfigError(setting, value, "an integer >= 1") from None
     if count < 1:
         raise ConfigError(setting, value, "an integer >= 1")
+    return count
+
+
+def check_operator_parallelism(value: object, setting: str) -> int:
+    """``value`` as a parallelism in [1, 32768], or a ConfigError naming ``setting``.
+
+    Flink refuses an operator parallelism above its key group upper bound (2^15) with "Operator parallelism
+    not within bounds" (``KeyGroupRangeAssignment.checkParallelismPreconditions``); so does every entry
+    point here, before launch.
+    """
+    count = check_count(value, setting)
+    if count > MAX_PARALLELISM_UPPER_BOUND:
+        raise ConfigError(
+            setting,
+            value,
+            f"an integer in [1, {MAX_PARALLELISM_UPPER_BOUND}]",
+            "Flink: 'Operator parallelism not within bounds' (the upper bound of key groups is 2^15)",
+        )
     return count
 
 
@@ -161,8 +180,7 @@ def default_max_parallelism(parallelism: int) -> int:
 
     ``min(max(roundUpToPowerOfTwo(p + p / 2), 128), 32768)``, as ``computeDefaultMaxParallelism``.
     """
-    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism <= 0:
-        raise ConfigError("parallelism", parallelism, "an integer >= 1")
+    check_operator_parallelism(parallelism, "parallelism")
     wanted = parallelism + parallelism // 2
     rounded = 1 << (wanted - 1).bit_length()
     return min(max(rounded, _MAX_PARALLELISM_LOWER_BOUND), MAX_PARALLELISM_UPPER_BOUND)
@@ -198,7 +216,7 @@ class NetworkConfig:
         "buffers one subpartition may hold before its producer counts as back-pressured",
     )  # fmt: skip
     max_overdraft_buffers_per_gate: int = _setting(
-        5, "taskmanager.network.memory.max-overdraft-buffers-per-gate", _parse_int,
+        20, "taskmanager.network.memory.max-overdraft-buffers-per-gate", _parse_int,
         "extra buffers a producer may take beyond its pool size to finish the record it is writing",
     )  # fmt: skip
     buffer_timeout_ms: int = _setting(
@@ -382,8 +400,7 @@ class NetworkConfig:
 
     def resolve_max_parallelism(self, parallelism: int) -> int:
         """The max parallelism an exchange with ``parallelism`` consumers uses, checked against it."""
-        if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
-            raise ConfigError("parallelism", parallelism, "an integer >= 1")
+        check_operator_parallelism(parallelism, "parallelism")
         max_parallelism = self.max_parallelism or default_max_parallelism(parallelism)
         if parallelism > max_parallelism:
             raise ConfigError(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .config import NetworkConfig, check_count
+from .config import NetworkConfig, check_operator_parallelism
 from .errors import ConfigError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
@@ -218,16 +218,16 @@ def exchange(
     elif settings:
         config = config.replace(**settings)
     if num_producers is not None:
-        num_producers = check_count(num_producers, "num_producers")
+        num_producers = check_operator_parallelism(num_producers, "num_producers")
         df = df.repartition(num_producers)
     if parallelism is not None:  # checked before the producer count, which is a Spark job on Spark Connect
-        parallelism = check_count(parallelism, "parallelism")
+        parallelism = check_operator_parallelism(parallelism, "parallelism")
         _max_parallelism(partitioner, config, parallelism)
     producers = num_producers or num_partitions(df)
     if producers == 0:  # nothing to move: no producer subtask, consumers that receive nothing
         return _empty_exchange(df, partitioner, parallelism, mode, config, injection, retryable)
     consumers = producers if parallelism is None else parallelism
-    consumers = check_count(consumers, "parallelism")
+    consumers = check_operator_parallelism(consumers, "parallelism")
     max_parallelism = _max_parallelism(partitioner, config, consumers)
     partitioner.validate(producers, consumers)
     name = f"{partitioner.name.lower()}-{mode}-{next(_ids)}"

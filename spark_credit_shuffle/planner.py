@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import NetworkConfig, check_count, parse_size
+from .config import NetworkConfig, check_count, check_operator_parallelism, parse_size
 from .errors import ConfigError, InsufficientNetworkBuffersError
 from .partitioners import (
     Partitioner,
@@ -241,8 +241,8 @@ class ExchangeSpec:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "producers", check_count(self.producers, "producers"))
-        object.__setattr__(self, "consumers", check_count(self.consumers, "consumers"))
+        object.__setattr__(self, "producers", check_operator_parallelism(self.producers, "producers"))
+        object.__setattr__(self, "consumers", check_operator_parallelism(self.consumers, "consumers"))
         if self.mode not in _MODES:
             raise ConfigError("mode", self.mode, " or ".join(repr(m) for m in _MODES))
         _partitioner_of(self.partitioner).validate(self.producers, self.consumers)

@@ -90,7 +90,12 @@ def _per_subtask(value: float | Sequence[float] | None, count: int, name: str) -
 
 class _Producer:
     """Writes records of ``record_size`` bytes at ``rate`` bytes per virtual second, round robin over its
-    subpartitions, in batches of ``batch_records``; waits while its partition is unavailable."""
+    subpartitions, in batches of ``batch_records``.
+
+    It blocks per buffer request, as Flink's ``requestBufferBuilderBlocking``: a new record starts in a new
+    buffer only while its partition is available; a record that spans buffers takes its continuation
+    buffers from the pool's overdraft; a buffer it cannot get stops the batch there, and the producer
+    writes on from that point once the pool is available again."""
 
     def __init__(
         self,
@@ -111,6 +116,8 @@ class _Producer:
         self.remaining_records = math.inf if math.isinf(total_bytes) else int(total_bytes // record_size)
         self.n = partition.num_subpartitions
         self.builders: list[ByteBufferBuilder | None] = [None] * self.n
+        self.pending: list[tuple[int, memoryview, int]] = []  # (subpartition, bytes left, record offset)
+        self.pending_count = 0
         self.digests = [hashlib.blake2b(digest_size=16) for _ in range(self.n)]
         self.bytes_written = [0] * self.n
         self.next_channel = 0
@@ -144,6 +151,12 @@ class _Producer:
     def emit(self, now: float) -> None:
         if self.finished or self.waiting_since is not None:
             return
+        if self.pending:  # a batch stopped at a buffer it could not get: write on from there
+            if not self._write_pending():
+                self.waiting_since = now
+                return
+            self._end_batch(now, self.pending_count)
+            return
         if not self.partition.is_available():
             self.waiting_since = now
             return
@@ -156,12 +169,22 @@ class _Producer:
             for k in range(n):
                 records = base + (1 if (k - first) % n < extra else 0)
                 if records:
-                    self._write(k, records)
+                    data = self._payload(k, records * self.record_size)
+                    self.digests[k].update(data)
+                    self.bytes_written[k] += len(data)
+                    self.pending.append((k, memoryview(data), 0))
             self.next_channel = (first + count) % n
             self.remaining_records -= count
             self.batch_counter += 1
-            if self.sim.config.buffer_timeout_ms == 0:
-                self.partition.flush_all()
+            self.pending_count = count
+            if not self._write_pending():
+                self.waiting_since = now
+                return
+        self._end_batch(now, count)
+
+    def _end_batch(self, now: float, count: int) -> None:
+        if self.sim.config.buffer_timeout_ms == 0:
+            self.partition.flush_all()
         if self.remaining_records <= 0:
             self._finish(now)
             return
@@ -171,29 +194,49 @@ class _Producer:
         block = struct.pack(">IIQ", self.index, subpartition, self.batch_counter)
         return (block * (size // len(block) + 1))[:size]
 
-    def _write(self, subpartition: int, records: int) -> None:
-        data = self._payload(subpartition, records * self.record_size)
-        self.digests[subpartition].update(data)
-        self.bytes_written[subpartition] += len(data)
+    def _write_pending(self) -> bool:
+        """Write the pending bytes in order; False at the first buffer that cannot be had now."""
+        while self.pending:
+            subpartition, view, offset = self.pending[0]
+            written = self._write(subpartition, view, offset)
+            if written < len(view):
+                self.pending[0] = (subpartition, view[written:], offset + written)
+                return False
+            self.pending.pop(0)
+        return True
+
+    def _write(self, subpartition: int, view: memoryview, offset: int) -> int:
+        """Write ``view`` (which starts ``offset`` bytes into its run of records) to ``subpartition``;
+        returns the bytes written, fewer when a buffer cannot be had."""
         partition = self.partition
+        pool = partition.buffer_pool
         segment_size = self.sim.config.segment_size
-        view = memoryview(data)
-        while view:
+        written = 0
+        while written < len(view):
             builder = self.builders[subpartition]
             if builder is None:
-                builder = ByteBufferBuilder(segment_size, partition.request_segment(subpartition))
+                if (offset + written) % self.record_size == 0:  # a new record: only while available
+                    if not partition.is_available() or not pool.request_buffer(subpartition):
+                        return written
+                elif not pool.request_buffer(subpartition):  # the rest of a record: the overdraft
+                    return written
+                builder = ByteBufferBuilder(segment_size, pool.segment_recyclers[subpartition])
+                pool.builder_opened(subpartition)
                 partition.add_consumer(subpartition, builder.create_buffer_consumer())
                 self.builders[subpartition] = builder
-            taken = builder.append(bytes(view[: segment_size - builder.written]))
-            view = view[taken:]
+            taken = builder.append(bytes(view[written : written + segment_size - builder.written]))
+            written += taken
             if builder.is_full():
                 builder.finish()
+                partition.builder_finished(subpartition)
                 self.builders[subpartition] = None
+        return written
 
     def _finish(self, now: float) -> None:
         for k, builder in enumerate(self.builders):
             if builder is not None:
                 builder.finish()
+                self.partition.buffer_pool.builder_finished(k)
                 self.builders[k] = None
         self.partition.finish()
         self.partition.close()
@@ -574,10 +617,23 @@ class Simulation:
             self.clock.schedule(now + self.sample_interval, self._sample)
 
     def _check_invariants(self) -> None:
-        """No data buffer is in flight or sendable without a receiver buffer reserved for it; on a local
-        channel through a connection, every buffer sent and not yet recycled holds a segment of the
-        producer's pool."""
+        """No producer holds more than its pool size plus the overdraft, no executor's pools hold more than
+        its network buffers, no data buffer is in flight or sendable without a receiver buffer reserved for
+        it, and on a local channel through a connection every buffer sent and not yet recycled holds a
+        segment of the producer's pool."""
         self.invariant_checks += 1
+        for producer in self.producers:
+            pool = producer.partition.buffer_pool
+            held = pool.num_requested + pool.num_borrowed
+            if held > pool.current_pool_size + pool.max_overdraft_buffers:
+                raise AssertionError(
+                    f"producer {producer.index} holds {held} segments, beyond its pool size "
+                    f"{pool.current_pool_size} + overdraft {pool.max_overdraft_buffers}"
+                )
+        for host, network in self.network_pools.items():
+            held = sum(p.num_requested + p.num_borrowed for p in network.buffer_pools) + network.num_unpooled
+            if held > network.total or network.num_available < 0:
+                raise AssertionError(f"host {host}: pools hold {held} segments of {network.total} network buffers")
         segments: dict[int, set[int]] = {}  # per producer partition: the segments its local channels hold
         for receiver_id, connection, partition in self._local_links:
             reader = connection.server.queue.all_readers.get(receiver_id)

@@ -140,28 +140,32 @@ def test_is_available_or_not():
     assert writer.is_available()
 
 
-def test_broadcast_mixed_random_emit_record():
-    """BroadcastRecordWriterTest#testBroadcastMixedRandomEmitRecord: every mode switch finishes the builder."""
+def test_broadcast_emit_on_a_channel_selector_writer_copies_rows_into_every_channels_own_buffer():
+    """ChannelSelectorRecordWriter#broadcastEmit emits the record to each channel: one pool buffer per channel,
+    and unicast and broadcast rows share each channel's open buffer (no mode switch finishes it)."""
     n = 8
     selector = ArraySelector(n, [np.array([i % n]) for i in range(n)])
     partition = MemoryPartition(n)
     writer = RecordWriter(partition, selector, SEGMENT)
     for i in range(n):
         writer.emit(rows([i]))  # to subpartition i
-        writer.broadcast_emit(rows([100 + i]))  # to all
+        writer.broadcast_emit(rows([100 + i]))  # to all, copied
     writer.finish()
-    assert sum(partition.segments_requested) == 16
+    assert partition.segments_requested == [1] * n  # one buffer of its own per channel
+    assert writer.num_records_out == [n + 1] * n
+    per_sp = [partition.drain(sp) for sp in range(n)]
+    datas = [[b for b, _ in buffers if b.data_type is DataType.DATA_BUFFER] for buffers in per_sp]
+    assert len({id(d[0].data) for d in datas}) == n  # not one shared bytes object
     for sp in range(n):
-        buffers = partition.drain(sp)
-        assert sum(1 for b, _ in buffers if b.data_type is DataType.DATA_BUFFER) == 9
-        items, _ = read_all(buffers, SCHEMA, sp)
+        items, _ = read_all(per_sp[sp], SCHEMA, sp)
         assert ids_read(items) == [100 + i for i in range(sp)] + [sp] + [100 + i for i in range(sp, n)]
+    assert partition.segments_in_use == 0
 
 
 def test_random_emit_and_buffer_recycling():
     """BroadcastRecordWriterTest#testRandomEmitAndBufferRecycling: a shared segment returns after the last reader."""
     partition = MemoryPartition(2)
-    writer = RecordWriter(partition, RoundRobinSelector(2, -1), SEGMENT)
+    writer = RecordWriter(partition, BroadcastSelector(2), SEGMENT)
     writer.broadcast_emit(rows([1, 2, 3]))
     writer.broadcast_event(CheckpointBarrier(1, 0))  # finishes the shared builder
     assert partition.segments_in_use == 1

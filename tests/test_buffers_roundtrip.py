@@ -123,7 +123,7 @@ def _selector(kind: str, n: int, seed: int, sizes: list[int]):
     if kind == "round_robin":
         return RoundRobinSelector(n, seed % (n + 1) - 1)
     if kind == "shuffle":
-        return ShuffleSelector(n, np.random.default_rng(seed))
+        return ShuffleSelector(n, seed)
     if kind == "constant":
         return ConstantSelector(n, seed % n)
     rng = np.random.default_rng(seed)  # skewed: channel 0 takes most rows
@@ -225,7 +225,7 @@ def test_broadcast_and_unicast_rows_interleave_in_order(
 )
 def test_flush_always_leaves_no_row_waiting(schema, seed, rows, cuts, segment, channels, broadcast):
     batch = random_batch(schema, rows, seed, 0.2, big=segment * 2, big_rate=0.02)
-    ex = Exchange(channels, ShuffleSelector(channels, np.random.default_rng(seed)), segment, flush_always=True)
+    ex = Exchange(channels, ShuffleSelector(channels, seed), segment, flush_always=True)
     for piece in split_batch(batch, cuts):
         if broadcast:
             ex.broadcast_emit(piece)

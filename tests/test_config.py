@@ -16,6 +16,7 @@ def test_defaults_are_flinks():
     assert config.buffers_per_channel == 2
     assert config.floating_buffers_per_gate == 8
     assert config.max_buffers_per_channel == 10
+    assert config.max_overdraft_buffers_per_gate == 20  # Flink 2.x (1.x: 5)
     assert config.buffer_timeout_ms == 100
     assert config.max_parallelism is None
     assert config.credit_based is True

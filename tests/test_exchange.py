@@ -301,3 +301,16 @@ def test_rdd_and_transform_forms(spark):
     out = df.transform(scs.exchanged(scs.rebalance(seed=1), 2))
     assert_df_equality(out, df, ignore_row_order=True)
     assert out.rdd.getNumPartitions() == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_parallelism_above_32768_is_refused_before_launch(spark, mode):
+    # given a DataFrame; when it is exchanged, or its channels computed, for 40,000 consumers
+    df = rows_df(spark, n=10, partitions=1)
+    for call in (
+        lambda: scs.exchange(df, scs.rebalance(), parallelism=40000, mode=mode),
+        lambda: scs.with_channel(df, scs.key_by("k"), parallelism=40000),
+    ):
+        # then a typed error names the parallelism and Flink's bound before any Spark job starts
+        with pytest.raises(ConfigError, match=r"40000.*Operator parallelism not within bounds"):
+            call()

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import spark_credit_shuffle as scs
 from spark_credit_shuffle import (
     ConfigError,
     NullKeyError,
@@ -391,11 +392,26 @@ def test_keys_in_the_range_of_operator_i_go_to_operator_i(parallelism, max_paral
         (10923, 16384),
         (10924, 32768),
         (32768, 32768),
-        (50000, 32768),
     ],
 )
 def test_default_max_parallelism_table(parallelism, expected):
     assert default_max_parallelism(parallelism) == expected
+
+
+def test_parallelism_above_32768_is_refused_as_flink_refuses_it():
+    # given a parallelism above Flink's upper bound of key groups
+    # when its default max parallelism, a config's or a partitioner's check asks for it
+    # then each refuses it with a typed error naming the setting and the bound
+    for check in (
+        lambda: default_max_parallelism(40000),
+        lambda: scs.NetworkConfig().resolve_max_parallelism(40000),
+        lambda: scs.rebalance().validate(1, 40000),
+        lambda: scs.rescale().consumers_of(0, 40000, 2),
+    ):
+        with pytest.raises(ConfigError, match=r"Operator parallelism not within bounds") as info:
+            check()
+        assert "40000" in str(info.value) and "32768" in str(info.value)
+    assert default_max_parallelism(32768) == 32768
 
 
 # -- errors ----------------------------------------------------------------------------------------

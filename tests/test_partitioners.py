@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pickle
+import shutil
+import subprocess
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +31,7 @@ from spark_credit_shuffle import (
     rescale,
     shuffle,
 )
-from spark_credit_shuffle.partitioners import RoundRobinSelector, pointwise_wiring
+from spark_credit_shuffle.partitioners import RoundRobinSelector, ShuffleSelector, pointwise_wiring
 
 
 def rows(n: int) -> pa.RecordBatch:
@@ -355,3 +358,43 @@ def test_batch_boundaries_do_not_change_the_sequence(sizes, consumers, producer,
     split = picks(make().selector(producer, 4, consumers), sizes)
     assert split == whole
     assert all(0 <= c < make().num_subpartitions(producer, 4, consumers) for c in whole)
+
+
+# -- java.util.Random, as Flink's ShufflePartitioner draws ----------------------------------------------
+
+
+def java_random_ints(tmp_path, cases: list[tuple[int, int, int]]) -> list[list[int]]:
+    """``new Random(seed).nextInt(bound)`` ``count`` times per case, computed by the JDK."""
+    if shutil.which("javac") is None or shutil.which("java") is None:
+        pytest.skip("no JDK (javac) on PATH")
+    source = Path(__file__).parent / "java" / "JavaRandomInts.java"
+    subprocess.run(["javac", "-d", str(tmp_path), str(source)], check=True, capture_output=True)
+    done = subprocess.run(
+        ["java", "-cp", str(tmp_path), "JavaRandomInts"],
+        input="".join(f"{s} {b} {c}\n" for s, b, c in cases),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [[int(x) for x in line.split()] for line in done.stdout.splitlines()]
+
+
+def test_seeded_shuffle_draws_what_java_util_random_next_int_draws(tmp_path):
+    # given seeds and channel counts: powers of two (the fast path), others, and 2^30 + 1, whose rejection
+    # loop rejects about half of all draws
+    cases = [(0, 3, 9000), (42, 4, 5000), (-7, 7, 5000), (2**40 + 3, 1, 10), (123, 1000, 9000), (9, 2**30 + 1, 300)]
+    expected = java_random_ints(tmp_path, cases)
+    for (seed, bound, count), want in zip(cases, expected, strict=True):
+        # when a selector seeded with it picks channels for batches of uneven sizes
+        selector = ShuffleSelector(bound, seed)
+        got = picks(selector, [1, count // 3, count - count // 3 - 1])
+        # then the sequence is the JDK's, row for row, across batches
+        assert got == want, (seed, bound)
+
+
+def test_shuffle_producer_p_draws_from_random_seed_plus_p(tmp_path):
+    # given shuffle(seed=5) over 3 producers and 6 consumers
+    want = java_random_ints(tmp_path, [(5 + p, 6, 2000) for p in range(3)])
+    # then producer p's channels are new Random(5 + p).nextInt(6)
+    for p in range(3):
+        assert shuffle(seed=5).selector(p, 3, 6).select_channels(rows(2000)).tolist() == want[p]

@@ -21,6 +21,7 @@ from chispa import assert_df_equality
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
+from test_blocking_runtime import run as run_blocking
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.config import NetworkConfig
@@ -343,7 +344,6 @@ def test_a_failing_task_fails_the_exchange_and_stops_every_task(tmp_path):
 
 @pytest.mark.parametrize("timeout_ms,flushed", [(0, True), (10, True), (-1, False)])
 def test_the_buffer_timeout_hands_on_partly_filled_buffers(timeout_ms, flushed):
-    # a long partition request timeout: no liveness marker (which would finish the buffer) in between
     plan = make_plan(scs.rebalance(), 1, 1, buffer_timeout_ms=timeout_ms, partition_request_timeout_ms=20_000)
     first, second = inputs(1, 20, batch_rows=10)[0]  # far less than one buffer
     arrived = threading.Event()
@@ -635,3 +635,94 @@ def test_tasks_exchange_addresses_through_spark_allgather_when_asked(spark):
     assert sorted(r["id"] for r in ex.df.collect()) == list(range(2000))
     with pytest.raises(ConfigError, match="address_exchange"):
         TaskOptions(address_exchange="carrier pigeon")
+
+
+def test_with_timeout_minus_one_markers_and_keep_alives_move_no_partly_filled_buffer():
+    # given buffer timeout -1, a latency marker every 20 ms and a partition request timeout of 600 ms (a
+    # keep-alive every 150 ms), and a producer that writes far less than a buffer, then holds its input 1.5 s
+    plan = make_plan(scs.rebalance(), 1, 1, buffer_timeout_ms=-1, partition_request_timeout_ms=600)
+    first, second = inputs(1, 20, batch_rows=10)[0]
+    arrivals_before_end: list[bool] = []
+    released = threading.Event()
+
+    def holding_input():
+        yield first
+        time.sleep(1.5)  # longer than the partition request timeout: only keep-alives say it is alive
+        released.set()
+        yield second
+
+    def on_batch(consumer, batch):
+        arrivals_before_end.append(not released.is_set())
+
+    # when the exchange runs
+    received, rows = run_in_threads(
+        plan, [holding_input()], options=TaskOptions(latency_interval_ms=20), on_batch=on_batch, timeout_s=30
+    )
+    # then the consumer did not time out, nothing arrived while the buffer was partly filled, every row
+    # arrived at the end, and the latency markers (records inside the buffers) were still measured
+    assert sum(b.num_rows for b in received[0]) == 20
+    assert arrivals_before_end and not any(arrivals_before_end)
+    assert metric(rows, CONSUMER, "latencyMs")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    mode=st.sampled_from(["pipelined", "blocking"]),
+    partitioner=st.sampled_from(["key_by", "rebalance", "broadcast"]),
+    producers=st.integers(1, 3),
+    consumers=st.integers(1, 3),
+    segment=st.sampled_from([4096, 8192]),
+    buffers_per_channel=st.integers(0, 2),
+    max_buffers_per_channel=st.integers(1, 3),
+    floating=st.integers(0, 2),
+    overdraft=st.integers(0, 2),
+    timeout_ms=st.sampled_from([-1, 0, 5]),
+)
+def test_tight_configurations_finish_without_timeouts_and_conserve_rows(
+    mode, partitioner, producers, consumers, segment, buffers_per_channel, max_buffers_per_channel, floating,
+    overdraft, timeout_ms,
+):  # fmt: skip
+    # given a legal but tight configuration: few buffers per channel, little floating and overdraft
+    part = {"key_by": scs.key_by("k"), "rebalance": scs.rebalance(seed=2), "broadcast": scs.broadcast()}[partitioner]
+    plan = make_plan(
+        part,
+        producers,
+        consumers,
+        segment_size=segment,
+        buffers_per_channel=buffers_per_channel,
+        max_buffers_per_channel=max_buffers_per_channel,
+        floating_buffers_per_gate=max(floating, 1 if buffers_per_channel == 0 else 0),
+        max_overdraft_buffers_per_gate=overdraft,
+        buffer_timeout_ms=timeout_ms,
+        buffers_request_timeout_ms=10_000,
+    )
+    data = inputs(producers, 1500, batch_rows=700)
+    # when the exchange runs
+    if mode == "pipelined":
+        received, _ = run_in_threads(plan, data, timeout_s=60)
+        got = [table(batches).sort_by("id") for batches in received]
+    else:
+        outputs = run_blocking(plan, dict(enumerate(data)))
+        got = [outputs[c][0].sort_by("id") for c in range(consumers)]
+    # then it finished (no timeout) and every consumer got exactly the rows the partitioner chose for it
+    expected = expected_placement(plan, data)
+    for c in range(consumers):
+        assert got[c].equals(expected[c]), f"consumer {c}"
+
+
+def test_a_producer_waits_for_a_slow_consumer_that_works_through_the_buffers_it_received():
+    # given a consumer that sleeps 0.2 ms per row and a partition request timeout shorter than the time it
+    # takes to work through the buffers (32 KiB, up to 10 per channel) it holds from a producer that has
+    # sent everything
+    plan = make_plan(
+        scs.rebalance(seed=1),
+        2,
+        2,
+        injection=Injection(consumer_delay_s=((0, 2e-4),)),
+        partition_request_timeout_ms=1000,
+        segment_size=32768,
+    )
+    data = inputs(2, 20_000, batch_rows=500)
+    # when the exchange runs, then no task times out waiting for the end, and every row arrives once
+    received, _ = run_in_threads(plan, data, timeout_s=60)
+    assert sum(b.num_rows for c in received for b in c) == 40_000

@@ -409,3 +409,9 @@ def test_planner_equals_the_pools_a_pipelined_task_sets_up(partitioner, producer
             assert task.network.num_total_required_buffers + b.exclusive == planned.required
         finally:
             task._close()
+
+
+def test_planner_refuses_a_parallelism_above_32768():
+    # given an exchange of 40,000 consumers; when it is planned; then a ConfigError names it
+    with pytest.raises(ConfigError, match=r"40000.*'consumers'.*Operator parallelism not within bounds"):
+        plan_network(ExchangeSpec(2, 40000, "rebalance"), Executors(1, 1), NetworkConfig())

@@ -8,7 +8,7 @@ offset  type   field
 ======  =====  ==================================================================
 0       u16    magic ``0x4353`` (``b"SC"``)
 2       u8     format version (1)
-3       u8     flags (0; reserved)
+3       u8     flags (0: rows; 1: a latency marker record, see below)
 4       u32    rows in the chunk (1 for the fragments of a spanning row)
 8       u32    fragment index
 12      u32    fragment count (1: the body is a whole Arrow message)
@@ -24,9 +24,14 @@ one chunk; it holds several when a builder handed out a flushed slice and was wr
 before a lagging (broadcast) reader read it, or when a spanning row starts behind other rows.
 Every chunk length is a multiple of 8, so each Arrow message starts 8-byte aligned.
 
+A **latency marker** travels as a record, as Flink's ``LatencyMarker`` (``randomEmit``): a chunk with
+flag 1, 0 rows and the marker's event payload (16 bytes) as its body, written into the open buffer of
+one subpartition behind its rows; it finishes no buffer and moves when its buffer moves.
+
 **Events** are whole buffers of their own (Flink's ``EventSerializer``): ``EndOfPartition`` is
 ``Buffer(DataType.END_OF_PARTITION, b"")``; the others are ``DataType.EVENT_BUFFER`` buffers whose
-payload is a 4-byte event header (magic, version, kind) and the event's fields.
+payload is a 4-byte event header (magic, version, kind) and the event's fields. :class:`KeepAlive` is
+a ``PRIORITIZED_EVENT_BUFFER``: it overtakes the queued data, needs no credit and finishes no buffer.
 
 The channel, the sequence number and the data type travel outside the payload (the protocol's
 ``BufferResponse`` or the blocking runtime's columns).
@@ -55,11 +60,13 @@ __all__ = [
     "EndOfPartition",
     "Event",
     "IpcSizeModel",
+    "KeepAlive",
     "LatencyMarker",
     "SchemaEvent",
     "compact",
     "decode_event",
     "encode_event",
+    "encode_marker_chunk",
     "pack_chunk_header",
     "unsupported_type",
 ]
@@ -74,6 +81,8 @@ _CHUNK_HEADER_PACK = CHUNK_HEADER.pack
 _EVENT_HEADER = struct.Struct("<HBB")
 _BARRIER = struct.Struct("<qq")
 _LATENCY = struct.Struct("<qi")
+#: Chunk flag of a latency marker record.
+MARKER_FLAG = 1
 
 
 def pack_chunk_header(num_rows: int, body_length: int, fragment_index: int = 0, fragment_count: int = 1) -> bytes:
@@ -132,6 +141,24 @@ class LatencyMarker(Event):
     KIND: ClassVar[int] = 4
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeepAlive(Event):
+    """The producer is alive: sent to every subpartition every few seconds as a priority event, outside the
+    data path (no credit, no buffer finished or flushed), so a consumer can tell a producer that waits
+    (for credit, or for its buffers to fill with buffer timeout -1) from one that is gone. Flink has no
+    such event: its TaskManagers heartbeat through the JobManager."""
+
+    KIND: ClassVar[int] = 5
+
+
+def encode_marker_chunk(marker: LatencyMarker) -> bytes:
+    """The chunk of a latency marker record (flag 1, no rows), to be written behind a buffer's rows."""
+    body = _EVENT_HEADER.pack(MAGIC, FORMAT_VERSION, LatencyMarker.KIND) + _LATENCY.pack(
+        marker.timestamp, marker.subtask_index
+    )
+    return _CHUNK_HEADER_PACK(MAGIC, FORMAT_VERSION, MARKER_FLAG, 0, 0, 1, len(body), 0) + body
+
+
 def encode_event(event: Event) -> Buffer:
     """The unpooled buffer that carries ``event`` (a fresh one per call; events own no segment)."""
     if isinstance(event, EndOfPartition):
@@ -143,9 +170,12 @@ def encode_event(event: Event) -> Buffer:
         body = _BARRIER.pack(event.id, event.timestamp)
     elif isinstance(event, LatencyMarker):
         body = _LATENCY.pack(event.timestamp, event.subtask_index)
+    elif isinstance(event, KeepAlive):
+        return Buffer(DataType.PRIORITIZED_EVENT_BUFFER, head)
     else:
         raise TypeError(
-            f"cannot encode {event!r}: events are SchemaEvent, EndOfPartition, CheckpointBarrier or LatencyMarker"
+            f"cannot encode {event!r}: events are SchemaEvent, EndOfPartition, CheckpointBarrier, LatencyMarker "
+            "or KeepAlive"
         )
     return Buffer(DataType.EVENT_BUFFER, head + body)
 
@@ -187,7 +217,12 @@ def decode_event_payload(data_type: DataType, payload: object) -> Event:
     if kind == LatencyMarker.KIND:
         _check_size("latency marker", body, _LATENCY.size)
         return LatencyMarker(*_LATENCY.unpack(body))
-    raise MalformedPayload(f"unknown event kind {kind} (known: 1 schema, 3 checkpoint barrier, 4 latency marker)")
+    if kind == KeepAlive.KIND:
+        _check_size("keep-alive", body, 0)
+        return KeepAlive()
+    raise MalformedPayload(
+        f"unknown event kind {kind} (known: 1 schema, 3 checkpoint barrier, 4 latency marker, 5 keep-alive)"
+    )
 
 
 def check_magic(magic: int, version: int) -> None:

@@ -28,8 +28,10 @@ from .format import (
     CHUNK_HEADER,
     FORMAT_VERSION,
     MAGIC,
+    MARKER_FLAG,
     EndOfPartition,
     Event,
+    LatencyMarker,
     MalformedPayload,
     SchemaEvent,
     check_magic,
@@ -127,7 +129,7 @@ class RecordReader:
     def _decode_event(self, data_type: DataType, data: object) -> list[pa.RecordBatch | Event]:
         if not data_type.is_event:
             raise MalformedPayload(f"buffer of data type {data_type.name} carries neither data nor an event")
-        if self._pieces:
+        if self._pieces and data_type is not DataType.PRIORITIZED_EVENT_BUFFER:  # priority events overtake data
             raise MalformedPayload(
                 f"{data_type.name} event inside a spanning row: fragment {len(self._pieces)} of "
                 f"{self._fragment_count} is missing"
@@ -159,7 +161,7 @@ class RecordReader:
             if size - offset < _HEADER:
                 raise MalformedPayload(f"{size - offset} bytes at offset {offset} are too short for a chunk header")
             magic, version, flags, rows, index, count, length, reserved = _unpack_header(payload, offset)
-            if magic != MAGIC or version != FORMAT_VERSION or flags or reserved:
+            if magic != MAGIC or version != FORMAT_VERSION or reserved or (flags and flags != MARKER_FLAG):
                 _bad_header(magic, version, flags, reserved, offset)
             start = offset + _HEADER
             offset = start + length
@@ -169,7 +171,16 @@ class RecordReader:
                     f"the payload has {size - start} after its header"
                 )
             body = payload.slice(start, length)
-            if count == 1 and index == 0:
+            if flags:  # a latency marker record
+                if rows or count != 1 or index or self._pieces:
+                    raise MalformedPayload(
+                        f"latency marker chunk at offset {start - _HEADER} is malformed or inside a spanning row"
+                    )
+                marker = decode_event_payload(DataType.EVENT_BUFFER, body)
+                if not isinstance(marker, LatencyMarker):
+                    raise MalformedPayload(f"marker chunk at offset {start - _HEADER} carries {type(marker).__name__}")
+                out.append(marker)
+            elif count == 1 and index == 0:
                 if self._pieces:
                     raise MalformedPayload(
                         f"fragment {len(self._pieces)} of {self._fragment_count} is missing: "

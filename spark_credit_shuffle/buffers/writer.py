@@ -14,8 +14,10 @@ exceeds the segment. As in Flink (``BufferWritingResultPartition``):
   keeps filling the rest of the same segment;
 - a row larger than a segment spans several buffers (fragments), starting in the remaining space
   of the open builder; continuation builders are queued with ``partial_record_length``;
-- broadcast rows are serialised once into one shared builder whose consumers (one per
-  subpartition) return the same bytes objects.
+- with a broadcast selector, broadcast rows are serialised once into one shared builder whose
+  consumers (one per subpartition) return the same bytes objects; another writer's
+  ``broadcast_emit`` copies the rows into every subpartition's own buffers, as Flink's
+  ``ChannelSelectorRecordWriter``.
 
 Per input batch the work is vectorised: one ``take`` groups the rows, the size model's cumulative
 bits give every cut, and a run of rows that fills a fresh segment is serialised straight into a
@@ -50,6 +52,7 @@ from .format import (
     SchemaEvent,
     compact,
     encode_event,
+    encode_marker_chunk,
     pack_chunk_header,
     takes_wrong_rows,
 )
@@ -65,6 +68,11 @@ _PACK = CHUNK_HEADER.pack
 _EMPTY = b""
 #: Target of the shared broadcast builder in the writer's bookkeeping.
 _BROADCAST = -1
+#: A run of rows whose channel a load-based selector chooses when the writer reaches it.
+_CHOOSE = -2
+#: Buffer timeout 0 flushes after every record; a record of an Arrow writer is a slice of at most this many
+#: rows of one subpartition (Python works per slice, not per row; see the README).
+FLUSH_ALWAYS_ROWS = 64
 
 
 class BufferBuilder:
@@ -328,6 +336,8 @@ class RecordWriter:
         *,
         flush_always: bool = False,
         schema: pa.Schema | None = None,
+        resumable: bool = False,
+        flush_always_rows: int = FLUSH_ALWAYS_ROWS,
     ) -> None:
         if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size < MIN_SEGMENT_SIZE:
             raise ConfigError("segment_size", segment_size, f"an integer of at least {MIN_SEGMENT_SIZE} bytes")
@@ -343,6 +353,15 @@ class RecordWriter:
         self.selector = selector
         self.segment_size = segment_size
         self.flush_always = bool(flush_always)
+        if isinstance(flush_always_rows, bool) or not isinstance(flush_always_rows, int) or flush_always_rows < 1:
+            raise ConfigError("flush_always_rows", flush_always_rows, "an integer >= 1")
+        self.flush_always_rows = flush_always_rows
+        self.resumable = bool(resumable)
+        #: The partition's hooks for the buffer a writer holds open (a pipelined partition's per-channel limit).
+        self._builder_opened = getattr(partition, "builder_opened", None)
+        self._builder_finished = getattr(partition, "builder_finished", None)
+        self._pending: _PendingWrite | None = None
+        self._resume_row = 0
         self.num_subpartitions = n
         self._unicast: list[BufferBuilder | None] = [None] * n
         self._broadcast: BufferBuilder | None = None
@@ -410,15 +429,36 @@ class RecordWriter:
                 queued[sp] += builder._written + (builder._pending_bits >> 3)
         return queued
 
-    def emit(self, batch: pa.RecordBatch) -> None:
-        """Route every row of ``batch`` with the selector and append it to its subpartition."""
+    def emit(self, batch: pa.RecordBatch) -> bool:
+        """Route every row of ``batch`` with the selector and append it to its subpartition.
+
+        Returns True when every row is written. A ``resumable`` writer stops at the first new buffer its
+        partition cannot give (Flink's ``requestBufferBuilderBlocking``, sans IO) and returns False: the
+        caller waits until :meth:`is_available` and calls :meth:`resume` for the rest of the batch.
+        """
         if self.selector.is_broadcast:
-            self.broadcast_emit(batch)
-            return
+            return self.broadcast_emit(batch)
         self._check_batch(batch)
         n = batch.num_rows
+        runs: list[tuple[int, int, int]] = []
+        grouped, cum, overhead = batch, None, 0
         if n and self._load_based:
-            self._emit_load_based(batch)
+            self._ensure_unicast_mode()
+            model = self._model
+            cum = model.cumulative_bits(batch)  # type: ignore[union-attr]
+            overhead = model.overhead(batch)  # type: ignore[union-attr]
+            quarter = self.segment_size * 2  # bits in a quarter of a segment
+            total = int(cum[-1]) - int(cum[0])
+            if total > quarter:
+                marks = np.arange(int(cum[0]) + quarter, int(cum[0]) + total, quarter)
+                cuts = np.unique(np.searchsorted(cum, marks, "left").clip(1, n)).tolist()
+            else:
+                cuts = []
+            lo = 0
+            for hi in [*cuts, n]:
+                if hi > lo:
+                    runs.append((_CHOOSE, lo, hi))  # the channel is chosen when the chunk is written
+                    lo = hi
         elif n:
             channels = self.selector.select_channels(batch)
             grouped, counts = self._group(batch, channels)
@@ -429,50 +469,81 @@ class RecordWriter:
             lo = 0
             for sp, count in enumerate(counts.tolist()):
                 if count:
-                    self._write_run(sp, grouped, lo, lo + count, cum, overhead)
+                    runs.append((sp, lo, lo + count))
                     lo += count
-            self._records_out += counts
-        if self.flush_always:
-            self.flush_all()
+        return self._start(_PendingWrite(grouped, cum, overhead, runs))
 
-    def _emit_load_based(self, batch: pa.RecordBatch) -> None:
-        """Write ``batch`` in chunks of about a quarter segment, each to the channel the selector picks
-        from the queued bytes read just before it (adaptive rebalance)."""
-        self._ensure_unicast_mode()
-        model = self._model
-        cum = model.cumulative_bits(batch)  # type: ignore[union-attr]
-        overhead = model.overhead(batch)  # type: ignore[union-attr]
-        n = batch.num_rows
-        quarter = self.segment_size * 2  # bits in a quarter of a segment
-        total = int(cum[-1]) - int(cum[0])
-        if total > quarter:
-            marks = np.arange(int(cum[0]) + quarter, int(cum[0]) + total, quarter)
-            cuts = np.unique(np.searchsorted(cum, marks, "left").clip(1, n)).tolist()
-        else:
-            cuts = []
-        choose = self.selector.choose_channel  # type: ignore[attr-defined]
-        counts = np.zeros(self.num_subpartitions, dtype=np.int64)
-        lo = 0
-        for hi in [*cuts, n]:
-            if hi <= lo:
-                continue
-            sp = choose(self.queued_bytes())
-            self._write_rows(sp, batch, lo, hi, cum, overhead)
-            counts[sp] += hi - lo
-            lo = hi
-        self._records_out += counts
+    def broadcast_emit(self, batch: pa.RecordBatch) -> bool:
+        """Append every row of ``batch`` to every subpartition; True once written (see :meth:`emit`).
 
-    def broadcast_emit(self, batch: pa.RecordBatch) -> None:
-        """Append every row of ``batch`` to every subpartition, serialised once in a shared buffer."""
+        With a broadcast selector (Flink's ``BroadcastRecordWriter``) the rows are serialised once into a
+        shared buffer whose consumers all read the same bytes. Any other writer is Flink's
+        ``ChannelSelectorRecordWriter``, whose ``broadcastEmit`` emits the record to each channel in turn:
+        the rows are copied into every subpartition's own buffers, one pool buffer each.
+        """
         self._check_batch(batch)
         n = batch.num_rows
+        runs: list[tuple[int, int, int]] = []
+        cum, overhead = None, 0
         if n:
-            self._ensure_broadcast_mode()
-            cum = self._model.cumulative_bits(batch)  # type: ignore[union-attr]
-            self._write_rows(_BROADCAST, batch, 0, n, cum, self._model.overhead(batch))  # type: ignore[union-attr]
-            self._records_out += n
-        if self.flush_always:
+            model = self._model
+            cum = model.cumulative_bits(batch)  # type: ignore[union-attr]
+            overhead = model.overhead(batch)  # type: ignore[union-attr]
+            if self.selector.is_broadcast:
+                self._ensure_broadcast_mode()
+                runs.append((_BROADCAST, 0, n))
+            else:
+                self._ensure_unicast_mode()
+                runs.extend((sp, 0, n) for sp in range(self.num_subpartitions))
+        return self._start(_PendingWrite(batch, cum, overhead, runs))
+
+    def resume(self) -> bool:
+        """Write on where :meth:`emit` stopped; True once the whole batch is written."""
+        if self._pending is None:
+            return True
+        return self._drive()
+
+    @property
+    def has_pending_write(self) -> bool:
+        """A resumable writer stopped in a batch and waits for :meth:`resume`."""
+        return self._pending is not None
+
+    def _start(self, pending: _PendingWrite) -> bool:
+        if self._pending is not None:
+            raise RuntimeError("the RecordWriter has a batch it could not finish writing: call resume() first")
+        self._pending = pending
+        return self._drive()
+
+    def _drive(self) -> bool:
+        """Write the pending runs of rows in order; stop (False) at a buffer the partition cannot give."""
+        pending = self._pending
+        assert pending is not None
+        runs, batch, cum, overhead = pending.runs, pending.batch, pending.cum, pending.overhead
+        flush_always = self.flush_always
+        while pending.index < len(runs):
+            target, first, hi = runs[pending.index]
+            lo = first if pending.resume_row is None else pending.resume_row
+            if target == _CHOOSE:
+                target = self.selector.choose_channel(self.queued_bytes())  # type: ignore[attr-defined]
+                runs[pending.index] = (target, first, hi)
+            try:
+                if target >= 0 and not self._load_based and not flush_always:
+                    self._write_run(target, batch, lo, hi, cum, overhead)  # type: ignore[arg-type]
+                else:
+                    self._write_rows(target, batch, lo, hi, cum, overhead)  # type: ignore[arg-type]
+            except _NoBuffer:
+                pending.resume_row = self._resume_row
+                return False
+            if target >= 0:
+                self._records_out[target] += hi - first
+            else:
+                self._records_out += hi - first
+            pending.index += 1
+            pending.resume_row = None
+        self._pending = None
+        if flush_always:
             self.flush_all()
+        return True
 
     def broadcast_event(self, event: Event) -> None:
         """Finish every open buffer, then append ``event`` to every subpartition behind its data."""
@@ -499,6 +570,51 @@ class RecordWriter:
         if self.flush_always:
             self.flush(subpartition)
 
+    def emit_latency_marker(self, marker: LatencyMarker, subpartition: int) -> bool:
+        """Write ``marker`` as a record into ``subpartition``'s open buffer, behind its rows (Flink's
+        ``randomEmit`` of a ``LatencyMarker``): no buffer is finished, so the marker moves when its buffer
+        does (full, flushed by the buffer timeout, or finished by an event or the end).
+
+        A buffer is opened for it if the subpartition has none (a broadcast buffer is finished first: a
+        writing-mode switch, as in Flink); a resumable writer whose partition is not available skips the
+        marker and returns False, as Flink's source would not emit while back-pressured.
+        """
+        if self._finished:
+            raise RuntimeError("the RecordWriter is finished; no more markers can be written")
+        if not isinstance(marker, LatencyMarker):
+            raise TypeError(f"emit_latency_marker takes a LatencyMarker, got {type(marker).__name__}")
+        if not 0 <= subpartition < self.num_subpartitions:
+            raise ConfigError("subpartition", subpartition, f"an index in [0, {self.num_subpartitions})")
+        if self._pending is not None or self._model is None:
+            return False  # in the middle of a batch, or before the schema: the marker waits for the next turn
+        chunk = encode_marker_chunk(marker)
+        self._ensure_unicast_mode()
+        builder = self._unicast[subpartition]
+        if builder is not None:
+            builder.seal()
+            self._drain_overflow(subpartition)
+            builder = self._unicast[subpartition]
+        if builder is not None and len(chunk) > builder.free_bytes:
+            self._finish(subpartition)
+            builder = None
+        if builder is None:
+            try:
+                builder = self._open(subpartition, gate=True)
+            except _NoBuffer:
+                return False
+        builder.append_chunk(chunk)
+        if builder.free_bits(self._model.chunk_overhead) < self._min_row_bits:
+            self._finish(subpartition)
+        if self.flush_always:
+            self.partition.flush(subpartition)
+        return True
+
+    def _flush_target(self, target: int) -> None:
+        if target >= 0:
+            self.partition.flush(target)
+        else:
+            self.partition.flush_all()
+
     def flush(self, subpartition: int) -> None:
         """Make the rows written to ``subpartition`` so far consumable, without finishing its buffer."""
         self._drain_overflow(subpartition)
@@ -516,6 +632,8 @@ class RecordWriter:
         """End of input: finish every buffer, then the partition (which appends end-of-partition)."""
         if self._finished:
             return
+        if self._pending is not None:
+            raise RuntimeError("the RecordWriter has a batch it could not finish writing: call resume() first")
         self._finish_all()
         self._finished = True
         self.partition.finish()
@@ -525,6 +643,8 @@ class RecordWriter:
     def _check_event(self, event: Event) -> None:
         if self._finished:
             raise RuntimeError("the RecordWriter is finished; no more events can be written")
+        if self._pending is not None:
+            raise RuntimeError("the RecordWriter has a batch it could not finish writing: call resume() first")
         if not isinstance(event, (CheckpointBarrier, LatencyMarker)):
             hint = " (call finish())" if isinstance(event, EndOfPartition) else ""
             raise TypeError(f"cannot write event {event!r}{hint}: allowed are CheckpointBarrier and LatencyMarker")
@@ -596,25 +716,33 @@ class RecordWriter:
         max_row_bits = (self.segment_size - overhead) * 8
         searchsorted = cum.searchsorted
         item = cum.item
+        # timeout 0 flushes after every "record": a slice of at most flush_always_rows rows (see README)
+        step = self.flush_always_rows if self.flush_always else hi
         while lo < hi:
+            self._resume_row = lo
             builder = current[target] if current is not None else self._broadcast
             if builder is None:
-                builder = self._open(target)
+                builder = self._open(target, gate=True)
             elif builder._overflow:
                 self._drain_overflow(target)
                 continue
             free = builder.free_bits(overhead)
             base = item(lo)
             end = int(searchsorted(base + free, "right")) - 1  # rows lo..end-1 fit
-            if end >= hi:
-                bits = item(hi) - base
-                builder.append(batch.slice(lo, hi - lo), bits, overhead)
+            stop = min(hi, lo + step)
+            if end >= stop:
+                bits = item(stop) - base
+                builder.append(batch.slice(lo, stop - lo), bits, overhead)
                 if free - bits < min_bits:  # nothing more fits: it is full
                     self._finish(target)
-                return
+                elif step < hi:
+                    self._flush_target(target)
+                lo = stop
+                continue
             if end > lo:
                 builder.append(batch.slice(lo, end - lo), item(end) - base, overhead)
                 lo = end
+                self._resume_row = lo
             # row lo does not fit in this builder
             if item(lo + 1) - item(lo) > max_row_bits:
                 self._write_spanning(target, batch.slice(lo, 1))
@@ -656,6 +784,7 @@ class RecordWriter:
             end = int(searchsorted(base + free, "right")) - 1
             if end >= hi or end <= lo or item(end + 1) - item(end) > free:
                 break  # the last, partly filled segment, or a spanning row: the general path
+            self._resume_row = lo
             write_full(sp, batch.slice(lo, end - lo), overhead + -(-(item(end) - base) // 8))
             lo = end
         if lo < hi:
@@ -667,6 +796,8 @@ class RecordWriter:
         ``bound`` is the model's bound for their chunk. If Arrow writes more than a segment anyway,
         the rows are written exactly (split until they fit), as a builder's overflow is.
         """
+        if self.resumable and not self.partition.is_available():
+            raise _NoBuffer
         model = self._model
         message = model.serialize(rows, bound) if model.has_nested_lists else rows.serialize()  # type: ignore[union-attr]
         size = message.size
@@ -702,7 +833,7 @@ class RecordWriter:
         if size <= self.segment_size:  # the model was pessimistic: it fits a segment of its own
             if builder is not None:
                 self._finish(target)
-            self._open(target).append_chunk(b"".join((pack_chunk_header(1, message.size), message)))
+            self._open(target, gate=True).append_chunk(b"".join((pack_chunk_header(1, message.size), message)))
             return
         # Fragments: the first fills what the open builder has left (if worth a header), the rest
         # take one segment each; piece lengths stay multiples of 8 so messages remain aligned.
@@ -716,7 +847,7 @@ class RecordWriter:
         count = 1 + -(-(total - first) // piece)
         view = memoryview(message)
         if builder is None:
-            builder = self._open(target)
+            builder = self._open(target, gate=True)
         builder.append_chunk(b"".join((pack_chunk_header(1, first, 0, count), view[:first])))
         self._finish(target)
         offset = first
@@ -761,9 +892,20 @@ class RecordWriter:
     def _current(self, target: int) -> BufferBuilder | None:
         return self._unicast[target] if target >= 0 else self._broadcast
 
-    def _open(self, target: int, add: bool = True) -> BufferBuilder:
-        """Take a segment for ``target`` and open a builder on it (queued unless ``add`` is False)."""
-        recycler = self.partition.request_segment(target if target >= 0 else 0)
+    def _open(self, target: int, add: bool = True, *, gate: bool = False) -> BufferBuilder:
+        """Take a segment for ``target`` and open a builder on it (queued unless ``add`` is False).
+
+        ``gate``: the buffer starts a new slice of rows (a new record), so a resumable writer takes it only
+        while the partition is available, and otherwise stops (:class:`_NoBuffer`). The continuation of a
+        record (a spanning row's fragments, rows a serialisation could not fit) is not gated: it takes the
+        pool's overdraft, as Flink lets a record being written finish.
+        """
+        if gate and self.resumable and not self.partition.is_available():
+            raise _NoBuffer
+        channel = target if target >= 0 else 0
+        recycler = self.partition.request_segment(channel)
+        if self._builder_opened is not None:
+            self._builder_opened(channel)
         if self._load_based and target >= 0:
             recycler = self._counting_recycler(target, recycler)
         builder = BufferBuilder(self.segment_size, self._model, recycler)  # type: ignore[arg-type]
@@ -814,6 +956,11 @@ class RecordWriter:
             if builder is None:
                 return
             written = builder.finish()
+            if self._builder_finished is not None:
+                if target >= 0:
+                    self._builder_finished(target)
+                else:
+                    self._builder_finished(0, broadcast=True)
             if target >= 0:
                 self._buffers_out[target] += 1
                 self._bytes_out[target] += written
@@ -838,6 +985,26 @@ class RecordWriter:
     def _finish_all(self) -> None:
         self._ensure_broadcast_mode()
         self._finish(_BROADCAST)
+
+
+class _NoBuffer(Exception):
+    """A resumable writer's partition cannot give the next new buffer now (raised before anything of the
+    rows it was for is written; the writer keeps where it stopped)."""
+
+
+class _PendingWrite:
+    """A batch being written: its rows (grouped by channel), the size model's numbers, the runs of rows
+    ``(target, lo, hi)`` and where the writer stopped."""
+
+    __slots__ = ("batch", "cum", "index", "overhead", "resume_row", "runs")
+
+    def __init__(self, batch: pa.RecordBatch, cum: np.ndarray | None, overhead: int, runs: list) -> None:
+        self.batch = batch
+        self.cum = cum
+        self.overhead = overhead
+        self.runs = runs
+        self.index = 0
+        self.resume_row: int | None = None
 
 
 def _empty_row_batch(schema: pa.Schema) -> pa.RecordBatch:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..config import check_count, default_max_parallelism
+from ..config import check_operator_parallelism, default_max_parallelism
 from ..errors import ConfigError, PartitionerError, UnsupportedKeyTypeError
 from .keygroups import MAX_TUPLE_ARITY, NullKeys, _check_null_keys, check_parallelism
 from .selectors import (
@@ -74,8 +74,8 @@ def pointwise_wiring(num_producers: int, num_consumers: int) -> list[list[int]]:
     ``c % (number of consumers of p)`` — so with 3 -> 7, producer 1 feeds consumers 3 and 4, and its
     subpartition 0 goes to consumer 4, subpartition 1 to consumer 3.
     """
-    s = check_count(num_producers, "num_producers")
-    t = check_count(num_consumers, "num_consumers")
+    s = check_operator_parallelism(num_producers, "num_producers")
+    t = check_operator_parallelism(num_consumers, "num_consumers")
     if s >= t:
         wiring: list[list[int]] = [[] for _ in range(s)]
         for consumer in range(t):
@@ -102,8 +102,8 @@ class Partitioner(abc.ABC):
 
     def validate(self, num_producers: int, num_consumers: int) -> None:
         """Raise (before anything runs) if this partitioner cannot serve the exchange."""
-        check_count(num_producers, "num_producers")
-        check_count(num_consumers, "num_consumers")
+        check_operator_parallelism(num_producers, "num_producers")
+        check_operator_parallelism(num_consumers, "num_consumers")
 
     def consumers_of(self, producer: int, num_producers: int, num_consumers: int) -> list[int]:
         """The consumer subtask of each subpartition of ``producer``, in subpartition order."""
@@ -265,7 +265,8 @@ class RescalePartitioner(Partitioner):
 
 @dataclass(frozen=True)
 class ShufflePartitioner(Partitioner):
-    """A uniformly random consumer per row, from a generator per producer."""
+    """A uniformly random consumer per row, from a ``java.util.Random`` per producer: producer ``p``'s is
+    ``new Random(seed + p)`` (so producer 0 draws exactly ``new Random(seed).nextInt(n)``)."""
 
     seed: int | None = None
     name: ClassVar[str] = "SHUFFLE"
@@ -276,7 +277,7 @@ class ShufflePartitioner(Partitioner):
     def _make_selector(
         self, producer: int, num_channels: int, num_consumers: int, max_parallelism: int | None
     ) -> ChannelSelector:
-        return ShuffleSelector(num_channels, _rng(self.seed, producer, 1))
+        return ShuffleSelector(num_channels, None if self.seed is None else self.seed + producer)
 
 
 @dataclass(frozen=True)

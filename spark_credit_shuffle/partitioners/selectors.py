@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import inspect
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import PartitionerError
+from .javarandom import JavaRandom
 from .keygroups import _channels_of_hashes, _hash_codes_u32, check_parallelism
 
 __all__ = [
@@ -147,14 +149,16 @@ class AdaptiveRebalanceSelector(RoundRobinSelector):
 
 
 class ShuffleSelector(ChannelSelector):
-    """Flink's ``ShufflePartitioner``: a uniformly random channel per row, from this producer's generator."""
+    """Flink's ``ShufflePartitioner``: ``random.nextInt(numberOfChannels)`` per row from this producer's
+    ``java.util.Random``, seeded with ``seed`` (from entropy when None), so a seeded selector picks exactly
+    the channels Flink's would."""
 
-    def __init__(self, num_channels: int, rng: np.random.Generator) -> None:
+    def __init__(self, num_channels: int, seed: int | None = None) -> None:
         super().__init__(num_channels)
-        self.rng = rng
+        self.random = JavaRandom(secrets.randbits(48) if seed is None else seed)
 
     def select_channels(self, batch: Batch) -> np.ndarray:
-        return self.rng.integers(0, self.num_channels, size=batch.num_rows, dtype=np.int32)
+        return self.random.next_ints(self.num_channels, batch.num_rows)
 
 
 class BroadcastSelector(ChannelSelector):

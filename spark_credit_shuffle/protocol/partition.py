@@ -209,6 +209,21 @@ class PipelinedSubpartition:
             return 1 if self._tail_known_finished else 0
         return n - 1 if n else 0
 
+    def notify_tail_finished(self) -> None:
+        """The writer finished the builder whose consumer is last in the queue: it is a finished buffer now,
+        which a reader may take (Flink learns this only from the next add or flush, so a producer stopped
+        by its per-channel limit with that buffer alone in the queue would wait for its own buffer).
+
+        For a receiver without exclusive buffers the backlog then counts it too: such a channel gets credit
+        only for announced backlog, and the buffer is not one that may still be written."""
+        buffers = self._buffers
+        if not buffers or self._tail_known_finished or not IS_BUFFER[buffers[-1].data_type]:
+            return
+        self._tail_known_finished = True
+        view = self._view
+        if len(buffers) == 1 and view is not None and not (self.flush_requested or self.is_blocked):
+            view.notify_data_available()
+
     def finish(self) -> int:
         """Append END_OF_PARTITION and notify the reader; nothing can be added afterwards."""
         return self.add(_end_of_partition(), 0, finish=True)
@@ -294,7 +309,15 @@ class PipelinedSubpartition:
             return _new_tuple(BufferAndBacklog, (buffer, 0, _NONE, sequence))
         flush_requested = self.flush_requested
         in_backlog = self.buffers_in_backlog
-        if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1].data_type]) and in_backlog:
+        if (
+            not (
+                flush_requested
+                or self.is_finished
+                or (self._tail_known_finished and not self.receiver_exclusive_buffers_per_channel)
+                or not IS_BUFFER[buffers[-1].data_type]
+            )
+            and in_backlog
+        ):
             in_backlog -= 1  # the last data buffer may still be written
         if flush_requested or len(buffers) > 1 or self._tail_known_finished:
             return _new_tuple(BufferAndBacklog, (buffer, in_backlog, buffers[0].data_type, sequence))
@@ -339,7 +362,12 @@ class PipelinedSubpartition:
         buffers = self._buffers
         if self.is_blocked or not buffers:
             return 0
-        if self.flush_requested or self.is_finished or not IS_BUFFER[buffers[-1].data_type]:
+        if (
+            self.flush_requested
+            or self.is_finished
+            or (self._tail_known_finished and not self.receiver_exclusive_buffers_per_channel)
+            or not IS_BUFFER[buffers[-1].data_type]
+        ):
             return self.buffers_in_backlog
         return max(self.buffers_in_backlog - 1, 0)
 
@@ -350,7 +378,12 @@ class PipelinedSubpartition:
             return _NOT_AVAILABLE
         flush_requested = self.flush_requested
         in_backlog = self.buffers_in_backlog
-        if not (flush_requested or self.is_finished or not IS_BUFFER[buffers[-1].data_type]):
+        if not (
+            flush_requested
+            or self.is_finished
+            or (self._tail_known_finished and not self.receiver_exclusive_buffers_per_channel)
+            or not IS_BUFFER[buffers[-1].data_type]
+        ):
             in_backlog = in_backlog - 1 if in_backlog > 0 else 0
         if credit_available:
             available = flush_requested or len(buffers) > 1 or self._tail_known_finished
@@ -368,6 +401,11 @@ class PipelinedSubpartition:
         self._view = None
         if self.parent is not None:
             self.parent.on_consumed_subpartition(self.index)
+
+    @property
+    def is_sent_to_reader(self) -> bool:
+        """Finished, and its reader (still there) polled everything, END_OF_PARTITION included."""
+        return self.is_finished and not self._buffers and self._view is not None and not self.is_released
 
     # -- metrics --
 
@@ -482,7 +520,7 @@ class PipelinedResultPartition:
         self.is_released = False
         self._pending_references = num_subpartitions + 1
         self._producer_closed = False
-        #: Flink's LocalBufferPool availability (bound to the pool's: the writer asks before every batch).
+        #: Flink's LocalBufferPool availability (bound to the pool's: a resumable writer asks before every new buffer).
         self.is_available: Callable[[], bool] = buffer_pool.is_available
         self._consumed = [False] * num_subpartitions
         self._all_data_processed = [False] * num_subpartitions
@@ -536,6 +574,18 @@ class PipelinedResultPartition:
             self._check_in_produce_state()
         return self.subpartitions[subpartition].add(consumer, partial_record_length)
 
+    def builder_opened(self, subpartition: int) -> None:
+        """The writer holds an unfinished buffer of ``subpartition`` (see ``LocalBufferPool.builder_opened``)."""
+        self.buffer_pool.builder_opened(subpartition)
+
+    def builder_finished(self, subpartition: int, *, broadcast: bool = False) -> None:
+        """The writer's open buffer of ``subpartition`` (or, ``broadcast``, the shared buffer of every
+        subpartition, counted against subpartition 0) is finished: it counts against the per-channel limit
+        again, and a reader may take it."""
+        self.buffer_pool.builder_finished(subpartition)
+        for sub in self.subpartitions if broadcast else (self.subpartitions[subpartition],):
+            sub.notify_tail_finished()
+
     def emit_record(self, record: bytes | bytearray | memoryview, subpartition: int) -> None:
         """Append one serialised record to ``subpartition``'s open buffer (Flink's ``emitRecord``).
 
@@ -549,20 +599,25 @@ class PipelinedResultPartition:
         view = memoryview(record).cast("B")
         builders = self._unicast_builders
         builder = builders[subpartition]
+        pool = self.buffer_pool
         if builder is None:
-            builder = ByteBufferBuilder(self.buffer_pool.network_pool.segment_size, self.request_segment(subpartition))
+            builder = ByteBufferBuilder(pool.network_pool.segment_size, self.request_segment(subpartition))
+            pool.builder_opened(subpartition)
             desired = self.add_consumer(subpartition, builder.create_buffer_consumer())
             builder.trim(max(len(view), desired))
         view = view[builder.append(view) :]
         while view:
             builder.finish()
-            builder = ByteBufferBuilder(self.buffer_pool.network_pool.segment_size, self.request_segment(subpartition))
+            self.builder_finished(subpartition)
+            builder = ByteBufferBuilder(pool.network_pool.segment_size, self.request_segment(subpartition))
+            pool.builder_opened(subpartition)
             taken = builder.append(view)
             view = view[taken:]
             desired = self.add_consumer(subpartition, builder.create_buffer_consumer(), taken)
             builder.trim(max(taken, desired))
         if builder.is_full():
             builder.finish()
+            self.builder_finished(subpartition)
             builder = None
         builders[subpartition] = builder
 
@@ -585,6 +640,7 @@ class PipelinedResultPartition:
         for i, builder in enumerate(builders):
             if builder is not None:
                 builder.finish()
+                self.buffer_pool.builder_finished(i)
                 builders[i] = None
         for subpartition in self.subpartitions:
             subpartition.finish()

@@ -451,6 +451,8 @@ class LocalBufferPool:
         self.max_buffers_per_channel = max_buffers_per_channel
         self.max_overdraft_buffers = max_overdraft_buffers
         self.subpartition_buffers_count = [0] * num_subpartitions
+        #: Subpartitions whose writer holds an unfinished buffer (see :meth:`builder_opened`).
+        self.subpartition_builder_open = [False] * num_subpartitions
         self.unavailable_subpartitions_count = 0
         self.is_destroyed = False
         self._listeners: deque[BufferListener] = deque()
@@ -505,7 +507,7 @@ class LocalBufferPool:
             counts = self.subpartition_buffers_count
             count = counts[target_channel] + 1
             counts[target_channel] = count
-            if count == self.max_buffers_per_channel:
+            if count - self.subpartition_builder_open[target_channel] == self.max_buffers_per_channel:
                 self.unavailable_subpartitions_count += 1
                 self.check_availability()
                 return True
@@ -528,9 +530,36 @@ class LocalBufferPool:
         if target_channel >= 0:
             count = self.subpartition_buffers_count[target_channel] + 1
             self.subpartition_buffers_count[target_channel] = count
-            if count == self.max_buffers_per_channel:
+            if count - self.subpartition_builder_open[target_channel] == self.max_buffers_per_channel:
                 self.unavailable_subpartitions_count += 1
         self.check_availability()
+
+    def builder_opened(self, target_channel: int) -> None:
+        """The writer of ``target_channel`` holds an unfinished buffer of it (one of the segments counted
+        against it), which it finishes by writing more rows or by an event.
+
+        The per-channel limit does not count that buffer: only this writer can finish it, and it writes only
+        while the pool is available, so counting it would let ``max_buffers_per_channel`` = 1 stop the
+        producer with a partly filled buffer that nothing but a timer's event ever finishes. Buffers that are
+        finished and not yet consumed, the ones a slow consumer leaves behind, are all counted.
+        """
+        if not self.subpartition_builder_open[target_channel]:
+            self._set_builder_open(target_channel, True)
+
+    def builder_finished(self, target_channel: int) -> None:
+        """The writer's open buffer of ``target_channel`` is finished: it counts against the limit again."""
+        if self.subpartition_builder_open[target_channel]:
+            self._set_builder_open(target_channel, False)
+
+    def _set_builder_open(self, channel: int, is_open: bool) -> None:
+        limit = self.max_buffers_per_channel
+        count = self.subpartition_buffers_count[channel]
+        was_over = count - self.subpartition_builder_open[channel] >= limit
+        self.subpartition_builder_open[channel] = is_open
+        over = count - is_open >= limit
+        if over != was_over:
+            self.unavailable_subpartitions_count += 1 if over else -1
+            self.check_availability()
 
     def segment_recycler(self, target_channel: int = UNKNOWN_CHANNEL) -> SegmentRecycler:
         """The recycler of segments requested against ``target_channel``: one call returns one segment.
@@ -551,7 +580,7 @@ class LocalBufferPool:
             count = counts[target_channel]
             if not count:
                 raise RuntimeError(f"a segment of channel {target_channel} was recycled twice (none is out)")
-            if count == self.max_buffers_per_channel:
+            if count - self.subpartition_builder_open[target_channel] == self.max_buffers_per_channel:
                 self.unavailable_subpartitions_count -= 1
             counts[target_channel] = count - 1
         if self.num_borrowed:

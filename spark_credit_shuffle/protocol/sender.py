@@ -462,8 +462,8 @@ class PartitionRequestServerHandler:
             credit = message.credit
             if credit <= 0:
                 raise ProtocolError(f"AddCredit for receiver {message.receiver_id} announces {credit} credit")
-            reader = queue.all_readers.get(message.receiver_id)
-            if reader is not None:  # unknown ids are ignored, as in Flink
+            reader = self._obtain_reader(message.receiver_id, "AddCredit")
+            if reader is not None:
                 reader.num_credits_available += credit
                 if not reader.is_registered_as_available:
                     queue.enqueue_available_reader(reader)
@@ -478,12 +478,14 @@ class PartitionRequestServerHandler:
             queue.release_all_resources()
             self.is_closed = True
         elif kind is ResumeConsumption:
-            queue.add_credit_or_resume_consumption(message.receiver_id, lambda r: r.resume_consumption())
+            if self._obtain_reader(message.receiver_id, "ResumeConsumption") is not None:
+                queue.add_credit_or_resume_consumption(message.receiver_id, lambda r: r.resume_consumption())
         elif kind is AckAllUserRecordsProcessed:
-            reader = queue.all_readers.get(message.receiver_id)
+            reader = self._obtain_reader(message.receiver_id, "AckAllUserRecordsProcessed")
             if reader is not None:
                 reader.acknowledge_all_records_processed()
         elif kind is NewBufferSize:
+            # a consumer announces its buffer size to every upstream, ready or not: unknown ids are ignored
             reader = queue.all_readers.get(message.receiver_id)
             if reader is not None:
                 reader.notify_new_buffer_size(message.buffer_size)
@@ -498,6 +500,15 @@ class PartitionRequestServerHandler:
             pass  # already authenticated, or no secret required
         else:
             raise ProtocolError(f"unexpected {kind.__name__} from a client")
+
+    def _obtain_reader(self, receiver_id: int, what: str) -> CreditBasedSequenceNumberingViewReader | None:
+        """The reader of ``receiver_id``, as Flink's ``obtainReader``: a message naming a receiver that never
+        requested a partition on this connection (or was cancelled) is a protocol error. A receiver whose
+        request waits for its partition to be registered has no reader yet: None."""
+        reader = self.queue.all_readers.get(receiver_id)
+        if reader is None and receiver_id not in self._pending:
+            raise ProtocolError(f"{what} for receiver {receiver_id}, which has no partition request on this connection")
+        return reader
 
     def _on_partition_request(self, request: PartitionRequest) -> None:
         if request.receiver_id in self._pending:

@@ -54,10 +54,11 @@ else. At most four times the task's remote consumers (at least 32) may wait to a
 closes the oldest of them, and a consumer writes its ``Hello`` with its connect, so a flood of silent
 connections costs a bounded number of sockets and does not displace the consumers.
 
-**Backpressure.** The producer thread checks the pool's availability (Flink's ``isAvailable``) before every
-slice of about two buffers per subpartition of its input batch, so what it may take beyond its pool stays
-about two buffers per channel whatever the size of Spark's input batches, and the time it waits is its
-back-pressured time. Threads that make data or credit sendable write it to the socket themselves (see
+**Backpressure.** The producer thread hands each input batch to a resumable ``RecordWriter``, which takes a
+new buffer only while the pool is available (Flink's ``isAvailable``, checked per buffer request) and
+otherwise stops there; the thread waits (woken by every recycled segment) and resumes the batch. A producer
+holds at most its pool size plus the overdraft, and the time it waits is its back-pressured time. Threads
+that make data or credit sendable write it to the socket themselves (see
 :meth:`TcpTransport.sending`): every hand-over between threads costs a wait for the interpreter lock, and
 the credit loop is the latency that bounds a channel's throughput.
 
@@ -77,9 +78,9 @@ rows to the consumer half of the same task, whose last output row carries both.
 usage, backpressure, rates, and per channel backlog, queue length and credits; the list is in
 :mod:`spark_credit_shuffle.metrics`), once more when a side ends; ``Exchange.timeline()`` returns them.
 
-Latency markers here are events: like any event they finish the open buffer of their subpartition, so they
-measure queueing and transit, not the time a row waits in a partly filled buffer (Flink's markers travel as
-records). That wait is bounded by the buffer timeout.
+Latency markers travel as records, as Flink's: a marker chunk in the open buffer of one random channel,
+behind its rows. They finish no buffer, so they measure the time a row waits in a partly filled buffer
+(bounded by the buffer timeout) as well as queueing and transit.
 """
 
 from __future__ import annotations
@@ -101,14 +102,14 @@ import numpy as np
 import pyarrow as pa
 
 from ..buffers.buffer import Buffer
-from ..buffers.format import LatencyMarker
+from ..buffers.format import KeepAlive, LatencyMarker, encode_event
 from ..buffers.reader import RecordReader
 from ..buffers.writer import RecordWriter
 from ..config import ADDRESS_EXCHANGES
 from ..errors import ConfigError, CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.codec import default_max_frame_length
-from ..protocol.messages import BufferResponse, Message
+from ..protocol.messages import AddCredit, BufferResponse, Message
 from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
@@ -138,8 +139,6 @@ log = logging.getLogger("spark_credit_shuffle")
 _TAG = "__credit_shuffle_subtask"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MAX_LATENCY_SAMPLES = 100_000
-#: A producer checks its pool's availability before every slice of about this many segments per channel.
-_SEGMENTS_PER_EMIT = 2
 #: The longest a consumer holds decoded rows back, waiting for more to send to Spark in one batch.
 _MAX_DEFAULT_LINGER_MS = 2.0
 #: Returned by ``_next_buffer`` when its linger deadline passed with nothing new.
@@ -153,7 +152,7 @@ class TaskOptions:
     """Knobs of a pipelined task that are not network settings.
 
     ``latency_interval_ms``: a producer sends a latency marker to one random channel this often (0: only
-    the liveness markers every quarter of the partition request timeout). ``output_batch_rows``: the
+    the keep-alives every quarter of the partition request timeout). ``output_batch_rows``: the
     consumer joins decoded batches that are ready at the same moment up to this many rows before handing
     them to Spark (0: one output batch per network buffer). ``output_linger_ms``: how long the consumer waits
     for more rows when fewer than ``output_batch_rows`` are ready (each output batch costs Spark a fixed
@@ -479,6 +478,14 @@ class _LockedPartition:
         with self._lock:
             self.partition.add_event(subpartition, buffer)
 
+    def builder_opened(self, subpartition: int) -> None:
+        with self._lock:
+            self.partition.builder_opened(subpartition)
+
+    def builder_finished(self, subpartition: int, *, broadcast: bool = False) -> None:
+        with self._lock:
+            self.partition.builder_finished(subpartition, broadcast=broadcast)
+
     def flush(self, subpartition: int) -> None:
         with self._lock:
             self.partition.flush(subpartition)
@@ -632,6 +639,7 @@ class PipelinedTask:
             config.segment_size,
             flush_always=config.buffer_timeout_ms == 0,
             schema=plan.schema,
+            resumable=True,
         )
         self._queue_max = [0] * n
         self._queue_sum = [0] * n
@@ -666,7 +674,10 @@ class PipelinedTask:
             self.cond.notify_all()
 
     def _on_recycle(self) -> None:
+        """A segment came back (lock held): progress, and the producer may be waiting for it."""
         self._last_progress = time.monotonic()
+        if self._waiting_since is not None:
+            self.cond.notify_all()
 
     def _fail(self, exc: BaseException) -> None:
         with self.cond:
@@ -759,6 +770,14 @@ class PipelinedTask:
             max_frame_length=self.max_frame_length,
         )
         handler.queue.listener = wakeup
+        receive = handler.receive_message
+
+        def receive_message(message: Message) -> None:
+            if type(message) is AddCredit:  # a consumer read (and recycled) this producer's buffers: progress
+                self._last_progress = time.monotonic()
+            receive(message)
+
+        handler.receive_message = receive_message  # type: ignore[method-assign]
         return handler
 
     def _connect(self, peers: list[dict[str, Any]]) -> None:
@@ -853,13 +872,18 @@ class PipelinedTask:
                     continue
                 if batch.schema is not schema and not batch.schema.equals(schema):
                     batch = batch.cast(schema)
-                step = self._rows_per_emit(batch)
-                for start in range(0, batch.num_rows, step):
-                    self._await_buffer()
-                    with sending(), self.writer_lock:
-                        emit(batch.slice(start, step) if step < batch.num_rows else batch)
+                # the writer stops at the first buffer its pool cannot give; wait, then write on from there
+                self._await_buffer()
+                with sending(), self.writer_lock:
+                    done = emit(batch)
+                while not done:
                     with self.lock:
                         self._sample_output()
+                    self._await_buffer()
+                    with sending(), self.writer_lock:
+                        done = writer.resume()
+                with self.lock:
+                    self._sample_output()
             with sending(), self.writer_lock:
                 writer.finish()
                 self._writer_finished = True
@@ -874,27 +898,10 @@ class PipelinedTask:
         except BaseException as exc:
             self._fail(exc)
 
-    def _rows_per_emit(self, batch: pa.RecordBatch) -> int:
-        """Rows of ``batch`` to write between two availability checks: about two segments per subpartition.
-
-        Flink checks availability before every record; checking before every slice of about two buffers per
-        channel keeps the overdraft (what a writer may take beyond its pool while it finishes the rows it
-        was given) to about two buffers per subpartition, whatever the size of Spark's input batches, and
-        the cost of a check and of a ``RecordWriter.emit`` call small next to the rows it writes. The batch
-        is cut into equal slices of about that size (Spark's 10,000-row batches of 32-byte rows with 4
-        channels of 32 KiB: one slice, not 8,192 rows and a tail of 1,808 at the same fixed cost).
-        """
-        writer = self.writer
-        assert writer is not None
-        rows = batch.num_rows
-        channels = 1 if writer.selector.is_broadcast else writer.num_subpartitions
-        row_bytes = max(1.0, batch.nbytes / max(1, rows))
-        step = max(64, int(_SEGMENTS_PER_EMIT * channels * self.config.segment_size / row_bytes))
-        slices = max(1, round(rows / step))
-        return max(1, -(-rows // slices))
-
     def _await_buffer(self) -> None:
-        """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``)."""
+        """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``).
+
+        Every recycled segment wakes this wait (``_on_recycle``), not only the pool's turn to available."""
         partition = self.partition
         assert partition is not None
         if partition.is_available():
@@ -959,7 +966,7 @@ class PipelinedTask:
 
     def _on_send(self, conn: Connection, message: Message) -> None:
         if type(message) is BufferResponse and message.data_type.is_buffer:
-            self._last_progress = time.monotonic()  # data moved (events, such as liveness markers, do not count)
+            self._last_progress = time.monotonic()  # data moved (events, such as keep-alives, do not count)
 
     def _on_connection_closed(self, conn: Connection) -> None:
         """A connection ended (lock held): a client connection that fails channels fails the task."""
@@ -1082,22 +1089,26 @@ class PipelinedTask:
                     if now >= next_heartbeat:
                         self._send_liveness_markers()
                         next_heartbeat = now + heartbeat_every
-                    if now >= next_marker:
+                    if now >= next_marker:  # a record to one random channel (Flink's randomEmit)
                         sp = rng.randrange(writer.num_subpartitions)
-                        writer.emit_event(LatencyMarker(time.time_ns(), self.index), sp)
+                        writer.emit_latency_marker(LatencyMarker(time.time_ns(), self.index), sp)
                         next_marker = max(next_marker + marker_every, now)  # type: ignore[operator]
         except BaseException as exc:
             self._fail(exc)
 
     def _send_liveness_markers(self) -> None:
-        """A latency marker on every subpartition: tells each consumer this producer is alive.
+        """A :class:`KeepAlive` priority event on every subpartition: tells each consumer this producer is
+        alive. It overtakes the queued data and needs no credit, and it finishes and flushes no buffer, so
+        with buffer timeout -1 partly filled buffers still move only when full, on events or at the end.
 
         Call with ``writer_lock`` held."""
-        writer = self.writer
-        assert writer is not None
-        stamp = time.time_ns()
-        for sp in range(writer.num_subpartitions):
-            writer.emit_event(LatencyMarker(stamp, self.index), sp)
+        partition = self.partition
+        assert partition is not None
+        with self.lock:
+            if partition.is_finished or partition.is_released:
+                return
+            for sp in range(partition.num_subpartitions):
+                partition.add_event(sp, encode_event(KeepAlive()))
 
     def _sample_memory(self) -> None:
         rss = _rss_bytes()
@@ -1257,7 +1268,13 @@ class PipelinedTask:
     # -- the end --
 
     def _await_end(self) -> None:
-        """Wait until the producer finished, every subpartition was consumed and every connection closed."""
+        """Wait until the producer finished, every subpartition was consumed and every connection closed.
+
+        Progress is a recycled segment, a data buffer sent, or credit from a consumer. A subpartition whose
+        every buffer, its end of partition included, went to a reader that is still connected waits for
+        its consumer alone, which may still be working through the buffers it received (up to its exclusive
+        and floating buffers, behind a slow user function): that wait counts as progress, and it ends when
+        the consumer releases the subpartition or its connection closes (which releases it too)."""
         timeout = self.config.partition_request_timeout_ms / 1000.0
         with self.cond:
             self._last_progress = time.monotonic()
@@ -1266,6 +1283,13 @@ class PipelinedTask:
                 pending = self._pending_end()
                 if not pending:
                     return
+                partition = self.partition
+                if (
+                    self._producer_done
+                    and partition is not None
+                    and all(sub.is_released or sub.is_sent_to_reader for sub in partition.subpartitions)
+                ):
+                    self._last_progress = time.monotonic()
                 since = time.monotonic() - self._last_progress
                 if since >= timeout:
                     raise ExchangeTimeoutError(

@@ -9,10 +9,13 @@ from spark_credit_shuffle.buffers.buffer import DataType
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ProtocolError
 from spark_credit_shuffle.protocol import (
+    AckAllUserRecordsProcessed,
+    AddCredit,
     BacklogAnnouncement,
     BlockingResultPartition,
     BoundedBlockingSubpartitionReader,
     BufferResponse,
+    CancelPartitionRequest,
     CreditBasedSequenceNumberingViewReader,
     ErrorResponse,
     Hello,
@@ -24,6 +27,7 @@ from spark_credit_shuffle.protocol import (
     PipelinedResultPartition,
     PipelinedSubpartition,
     ResultPartitionManager,
+    ResumeConsumption,
     StoredBuffer,
 )
 from spark_credit_shuffle.protocol.partition import DEFAULT_BUFFER_SIZE
@@ -320,3 +324,39 @@ def test_request_for_unregistered_partition_waits_then_fails():
     manager.register_partition(partition)  # the waiting request is served now
     assert not handler.pending_partition_requests
     assert isinstance(handler.next_message(), BufferResponse)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [AddCredit(9, 1), ResumeConsumption(9), AckAllUserRecordsProcessed(9)],
+    ids=lambda m: type(m).__name__,
+)
+def test_message_for_a_receiver_without_partition_request_is_a_protocol_error(message):
+    # given a connection on which receiver 7 requested a partition
+    subpartition = PipelinedSubpartition(0)
+    manager = ResultPartitionManager()
+    manager.register_partition(SinglePartition(subpartition))
+    handler = PartitionRequestServerHandler(manager)
+    handler.receive_message(PartitionRequest(7, 0, 2))
+    # when a message names receiver 9, which never requested one (Flink's obtainReader fails)
+    # then it is refused, naming the message and the receiver
+    with pytest.raises(ProtocolError, match=rf"{type(message).__name__} for receiver 9"):
+        handler.receive_message(message)
+
+
+def test_cancelled_receiver_gets_no_more_credit_and_new_buffer_size_for_an_unknown_one_is_ignored():
+    # given receiver 7 that requested a partition and then cancelled it
+    subpartition = PipelinedSubpartition(0)
+    manager = ResultPartitionManager()
+    manager.register_partition(SinglePartition(subpartition))
+    handler = PartitionRequestServerHandler(manager)
+    handler.receive_message(PartitionRequest(7, 0, 2))
+    handler.receive_message(AddCredit(7, 1))  # known: accepted
+    handler.receive_message(CancelPartitionRequest(7))
+    # when a buffer size for an unknown receiver arrives, then it is ignored, as in Flink (a consumer announces
+    # its size to every upstream, ready or not); and a cancel for an unknown one is ignored too
+    handler.receive_message(NewBufferSize(9, 4096))
+    handler.receive_message(CancelPartitionRequest(9))
+    # but credit for the cancelled receiver is a protocol error
+    with pytest.raises(ProtocolError, match=r"AddCredit for receiver 7"):
+        handler.receive_message(AddCredit(7, 1))
