@@ -109,7 +109,7 @@ from ..config import ADDRESS_EXCHANGES
 from ..errors import ConfigError, CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.codec import default_max_frame_length
-from ..protocol.messages import AddCredit, BufferResponse, Message
+from ..protocol.messages import AddCredit, BufferResponse, Message, RecycleBuffers
 from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
@@ -134,6 +134,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("spark_credit_shuffle")
+#: Messages from a consumer that say it read and recycled this producer's buffers: progress for the end wait.
+_PROGRESS = (AddCredit, RecycleBuffers)
 
 #: Hidden column used by the identity placements around the barrier stage.
 _TAG = "__credit_shuffle_subtask"
@@ -773,7 +775,7 @@ class PipelinedTask:
         receive = handler.receive_message
 
         def receive_message(message: Message) -> None:
-            if type(message) is AddCredit:  # a consumer read (and recycled) this producer's buffers: progress
+            if type(message) in _PROGRESS:  # a consumer read (and recycled) this producer's buffers: progress
                 self._last_progress = time.monotonic()
             receive(message)
 
@@ -924,21 +926,35 @@ class PipelinedTask:
                 self.producer_clock.back_pressured += time.monotonic() - started
                 self._waiting_since = None
 
+    def _readers(self) -> Iterator[Any]:
+        """The view readers of every connection this producer serves (lock held)."""
+        if self.transport is None:
+            return
+        for conn in self.transport.connections:
+            queue = getattr(conn.handler, "queue", None)
+            yield from getattr(queue, "all_readers", {}).values()
+
     def _describe_buffer_wait(self, waited: float) -> str:
         partition = self.partition
         assert partition is not None
         pool = partition.buffer_pool
+        held: dict[int, int] = {}  # per subpartition: buffers a local channel's consumer has not recycled yet
+        for reader in self._readers():
+            if reader.holds_buffers and reader.view is not None:
+                held[reader.view.parent.index] = len(reader.held)
         stuck = []
         for sp, sub in enumerate(partition.subpartitions):
             queued = sub.queue_length()
-            if queued:
+            unrecycled = held.get(sp, 0)
+            if queued or unrecycled:
                 consumer = self.subpartition_consumers[sp]
                 where = "local" if consumer == self.index else self.peers.get(consumer, "?")
                 stuck.append(
                     (
-                        queued,
+                        queued + unrecycled,
                         f"consumer subtask {consumer} ({where}): {queued} buffers queued, "
-                        f"backlog {sub.get_buffers_in_backlog()}",
+                        + (f"{unrecycled} sent and not recycled, " if unrecycled else "")
+                        + f"backlog {sub.get_buffers_in_backlog()}",
                     )
                 )
         stuck.sort(reverse=True)
@@ -1001,13 +1017,10 @@ class PipelinedTask:
         yield "backPressuredTimeMsPerSecond", None, min(1000.0, self._back_pressure_rate.rate(back_pressured_ms))
         yield "numRecordsOutPerSecond", None, self._records_out_rate.rate(sum(writer.num_records_out))
         credits: dict[int, int] = {}
-        if self.transport is not None:
-            for conn in self.transport.connections:
-                queue = getattr(conn.handler, "queue", None)
-                for reader in getattr(queue, "all_readers", {}).values():
-                    view = reader.view
-                    if view is not None and not reader.holds_buffers:  # local channels have no credit
-                        credits[view.parent.index] = reader.num_credits_available
+        for reader in self._readers():
+            view = reader.view
+            if view is not None and not reader.holds_buffers:  # local channels have no credit
+                credits[view.parent.index] = reader.num_credits_available
         for sp, (sub, consumer) in enumerate(zip(partition.subpartitions, self.subpartition_consumers)):
             yield "backlog", consumer, float(sub.get_buffers_in_backlog())
             yield "outputQueueLength", consumer, float(sub.queue_length())
