@@ -19,6 +19,7 @@ from .errors import (
     PartitionerError,
     ProtocolError,
     UnknownSettingError,
+    UnsupportedColumnTypeError,
     UnsupportedKeyTypeError,
 )
 from .exchange import Exchange, ExchangePlan, Injection, exchange, exchange_rdd, exchanged
@@ -69,6 +70,7 @@ __all__ = [
     "Simulation",
     "SimulationReport",
     "UnknownSettingError",
+    "UnsupportedColumnTypeError",
     "UnsupportedKeyTypeError",
     "__version__",
     "broadcast",

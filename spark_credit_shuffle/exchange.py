@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from .config import NetworkConfig, check_count
-from .errors import ConfigError
+from .dataframe import _check_partitioner, _short, check_dataframe, resolve_key_columns
+from .errors import ConfigError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
 
@@ -168,6 +169,31 @@ class Exchange:
         return f"Exchange({self.plan.describe()})"
 
 
+def arrow_schema(df: DataFrame) -> pa.Schema:
+    """The Arrow schema of the batches ``mapInArrow`` hands ``df``'s rows over in, exactly: timestamps in the
+    session time zone (``spark.sql.session.timeZone``, read once here, on the driver), strings and binaries
+    large if ``spark.sql.execution.arrow.useLargeVarTypes`` says so. A column of a type that ``mapInArrow``
+    cannot carry (a year-month or calendar interval) raises :class:`UnsupportedColumnTypeError` naming it."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    spark = df.sparkSession
+    time_zone = spark.conf.get("spark.sql.session.timeZone", None)
+    large = str(spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")).strip().lower() == "true"
+    fields = []
+    for field in df.schema.fields:
+        try:
+            one = to_arrow_schema(StructType([field]), timezone=time_zone, prefers_large_types=large)
+        except Exception as e:
+            raise UnsupportedColumnTypeError(
+                f"column {field.name!r} has Spark type {field.dataType.simpleString()}, which cannot travel through "
+                f"an exchange: Spark's Arrow hand-over (mapInArrow) does not carry it ({type(e).__name__}). Cast it "
+                f"to a type that travels (a year-month interval to its months as int, for example) or drop it"
+            ) from None
+        fields.append(one.field(0))
+    return pa.schema(fields)
+
+
 def _num_partitions(df: DataFrame) -> int:
     try:
         return df.rdd.getNumPartitions()
@@ -208,19 +234,34 @@ def exchange(
     (``write``, ``count``, ``collect``, ``foreachPartition``). Blocking mode's output always comes from
     a Spark shuffle and is always retryable; there the keyword changes nothing.
     """
-    if mode not in MODES:
+    df = check_dataframe(df)
+    if not isinstance(mode, str) or mode not in MODES:
         raise ConfigError("mode", mode, " or ".join(repr(m) for m in MODES))
     if retryable is not None and not isinstance(retryable, bool):
         raise ConfigError("retryable", retryable, "True, False or None (the default: True)")
-    if not isinstance(partitioner, Partitioner):
-        raise ConfigError("partitioner", partitioner, "a partitioner such as key_by('k'), rebalance() or broadcast()")
+    partitioner = _check_partitioner(partitioner)
+    if config is not None and not isinstance(config, NetworkConfig):
+        raise ConfigError(
+            "config",
+            _short(config),
+            "a NetworkConfig or None (the session's spark.creditShuffle.* settings)",
+            "single settings go as keyword arguments: exchange(..., buffer_timeout_ms=10), or "
+            "config=NetworkConfig(**settings)",
+        )
+    if injection is not None and not isinstance(injection, Injection):
+        raise ConfigError("injection", _short(injection), "an Injection or None")
+    if parallelism is not None:
+        parallelism = check_count(parallelism, "parallelism")
+    if num_producers is not None:
+        num_producers = check_count(num_producers, "num_producers")
+    partitioner = resolve_key_columns(df, partitioner)
+    schema = arrow_schema(df)
     spark = df.sparkSession
     if config is None:
         config = NetworkConfig.from_spark(spark, **settings)
     elif settings:
         config = config.replace(**settings)
     if num_producers is not None:
-        num_producers = check_count(num_producers, "num_producers")
         df = df.repartition(num_producers)
     producers = num_producers or _num_partitions(df)
     consumers = producers if parallelism is None else parallelism
@@ -231,7 +272,6 @@ def exchange(
         max_parallelism = own(consumers, config.max_parallelism)
     partitioner.validate(producers, consumers)
     name = f"{partitioner.name.lower()}-{mode}-{next(_ids)}"
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     plan = ExchangePlan(
         name=name,
@@ -241,7 +281,7 @@ def exchange(
         num_consumers=consumers,
         max_parallelism=max_parallelism,
         config=config,
-        schema=to_arrow_schema(df.schema),
+        schema=schema,
         injection=injection,
         retryable=retryable,
     )
