@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -170,6 +171,29 @@ def resolve_key_columns(df: DataFrame, partitioner: Partitioner) -> Partitioner:
     return dataclasses.replace(partitioner, columns=tuple(resolved))  # type: ignore[type-var]
 
 
+def _plain_names(names: list[str]) -> list[str]:
+    """``names`` with every name that holds a dot or a backtick replaced by a plain one not among them."""
+    taken = set(names)
+    plain = []
+    for i, name in enumerate(names):
+        if "." in name or "`" in name:
+            candidate = re.sub(r"[.`]", "_", name)
+            while candidate in taken:
+                candidate = f"{candidate}_{i}"
+            taken.add(candidate)
+            name = candidate
+        plain.append(name)
+    return plain
+
+
+def _renamed_keys(partitioner: Partitioner, renamed: dict[str, str]) -> Partitioner:
+    columns = getattr(partitioner, "columns", None)
+    if not columns:
+        return partitioner
+    keys = tuple(renamed.get(c, c) if isinstance(c, str) else c for c in columns)
+    return dataclasses.replace(partitioner, columns=keys)  # type: ignore[type-var]
+
+
 def _top_level_field(fields: Sequence[Any], column: str) -> Any:
     by_name = {f.name: f for f in fields}
     if column in by_name:
@@ -224,6 +248,12 @@ def with_channel(
     if column in df.columns:
         raise ConfigError("column", column, f"a name that is not already a column (the columns are {df.columns})")
     partitioner = resolve_key_columns(df, partitioner)
+    names = df.columns
+    plain = _plain_names([*names, column])[:-1]  # none of them the channel column's name
+    if plain != names:  # PySpark hands mapInArrow its input as df[name], which reads "a.b" as a nested field
+        renamed = _renamed_keys(partitioner, dict(zip(names, plain)))
+        out = with_channel(df.toDF(*plain), renamed, parallelism, column, max_parallelism, num_producers)
+        return out.toDF(*names, column)
     max_p = _conf_max_parallelism(df.sparkSession.conf.get(_MAX_PARALLELISM_KEY, None), max_parallelism)
     if num_producers is None and (parallelism is None or partitioner.is_pointwise):
         num_producers = _num_partitions(df)
@@ -283,6 +313,8 @@ def rdd_with_channel(
     Integer. Broadcast pairs every element with every consumer.
     """
     partitioner = _check_partitioner(partitioner)
+    if not hasattr(rdd, "mapPartitionsWithIndex"):
+        raise ConfigError("rdd", _short(rdd), "a pyspark RDD (for a DataFrame use with_channel)")
     columns = _key_columns_of(partitioner)
     if key_types is not None:
         key_types = [key_types] if isinstance(key_types, pa.DataType) else list(key_types)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from .config import NetworkConfig, check_count
-from .dataframe import _check_partitioner, _short, check_dataframe, resolve_key_columns
+from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, check_dataframe, resolve_key_columns
 from .errors import ConfigError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
@@ -255,6 +255,11 @@ def exchange(
     if num_producers is not None:
         num_producers = check_count(num_producers, "num_producers")
     partitioner = resolve_key_columns(df, partitioner)
+    names = df.columns
+    plain = _plain_names(names)
+    if plain != names:  # PySpark hands mapInArrow its input as df[name], which reads "a.b" as a nested field
+        df = df.toDF(*plain)
+        partitioner = _renamed_keys(partitioner, dict(zip(names, plain)))
     schema = arrow_schema(df)
     spark = df.sparkSession
     if config is None:
@@ -294,6 +299,8 @@ def exchange(
     else:
         from .runtime.pipelined import build
     out, collected = build(plan, df)
+    if plain != names:
+        out = out.toDF(*names)
     return Exchange(plan, out, collected)
 
 
@@ -312,8 +319,12 @@ def exchange_rdd(
     RDD's partitions are the producer subtasks; partition *i* of the result's ``rdd`` holds what
     consumer subtask *i* received, as Rows.
     """
+    from pyspark import RDD
     from pyspark.sql import SparkSession
 
+    if not isinstance(rdd, RDD):
+        raise ConfigError("rdd", _short(rdd), "a pyspark RDD (for a DataFrame use exchange)")
+    _check_partitioner(partitioner)
     spark = SparkSession.builder.getOrCreate()
     df = spark.createDataFrame(rdd, schema)
     return exchange(df, partitioner, parallelism, mode, **kwargs)

@@ -225,9 +225,8 @@ def column_reference_name(column: Any) -> str:
             node = jc.node()
             kind = node.getClass().getSimpleName()
             if kind == "UnresolvedAttribute":
-                parts = [str(p) for p in node.nameParts().toList()] if hasattr(node, "nameParts") else None
-                if parts is None:  # pragma: no cover - every Spark 4 UnresolvedAttribute has nameParts
-                    parts = identifier_parts(str(node.sql()))
+                name_parts = node.nameParts()
+                parts = [str(name_parts.apply(i)) for i in range(name_parts.length())]
             elif (
                 kind == "ExpressionColumnNode" and node.expression().getClass().getSimpleName() == "AttributeReference"
             ):
@@ -236,8 +235,9 @@ def column_reference_name(column: Any) -> str:
                 text = str(node.expression()).strip()
                 if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|`(?:[^`]|``)+`", text):
                     parts = identifier_parts(text)
-        except Exception:  # an older or other Column implementation: read its text below
-            parts = None
+        except Exception:  # another Column implementation: its text, if that is a plain name ("Column<'k'>")
+            text = re.fullmatch(r"Column<'([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)'>", str(column))
+            parts = identifier_parts(text.group(1)) if text else None
     else:
         expr = getattr(column, "_expr", None)  # Spark Connect: the column's expression
         if type(expr).__name__ == "ColumnReference":

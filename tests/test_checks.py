@@ -1,0 +1,89 @@
+"""Everything the arguments and the schema reveal is refused on the driver, with zero Spark jobs started."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+from spark_helpers import no_spark_jobs
+
+import spark_credit_shuffle as scs
+from spark_credit_shuffle.errors import ConfigError, PartitionerError
+
+pytestmark = pytest.mark.spark
+
+MODES = ["blocking", "pipelined"]
+
+
+@pytest.fixture(scope="module")
+def df(spark):
+    return spark.createDataFrame(
+        [(i, i % 5, (i, f"s{i}"), f"d{i}") for i in range(40)],
+        "id long, k int, a struct<b: int, c: string>, `a.b` string",
+    ).repartition(2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_arguments_raise_typed_errors_before_any_job(spark, df, mode):
+    key = scs.key_by("k")
+    with no_spark_jobs(spark):
+        with pytest.raises(ConfigError, match=r"invalid value None for setting 'df'.*DataFrame"):
+            scs.exchange(None, key, 2, mode)
+        with pytest.raises(ConfigError, match=r"setting 'df'.*spark.createDataFrame"):
+            scs.exchange(pd.DataFrame({"k": [1, 2]}), key, 2, mode)
+        with pytest.raises(ConfigError, match=r"setting 'df'.*exchange_rdd"):
+            scs.exchange(df.rdd, key, 2, mode)
+        with pytest.raises(ConfigError, match=r"setting 'config'.*NetworkConfig.*keyword arguments"):
+            scs.exchange(df, key, 2, mode, config={"buffer_timeout_ms": 10})
+        with pytest.raises(ConfigError, match=r"setting 'partitioner'"):
+            scs.exchange(df, "k", 2, mode)
+        with pytest.raises(ConfigError, match=r"setting 'parallelism'"):
+            scs.exchange(df, key, "4", mode)
+        with pytest.raises(ConfigError, match=r"setting 'num_producers'"):
+            scs.exchange(df, key, 2, mode, num_producers=0)
+        with pytest.raises(ConfigError, match=r"setting 'mode'"):
+            scs.exchange(df, key, 2, ["blocking"])
+        with pytest.raises(ConfigError, match=r"setting 'injection'"):
+            scs.exchange(df, key, 2, mode, injection={"fail_once": ("producer", 0)})
+        with pytest.raises(ConfigError, match=r"setting 'rdd'"):
+            scs.exchange_rdd(df, key, 2, mode)
+        with pytest.raises(ConfigError, match=r"setting 'df'"):
+            scs.with_channel(None, key, 2)
+        with pytest.raises(ConfigError, match=r"setting 'rdd'"):
+            scs.rdd_with_channel(df, key, 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_key_columns_are_refused_before_any_job(spark, df, mode):
+    with no_spark_jobs(spark):
+        with pytest.raises(PartitionerError, match=r"key column 'nope' is not in the DataFrame; its columns are: id"):
+            scs.exchange(df, scs.key_by("nope"), 2, mode)
+        with pytest.raises(PartitionerError, match=r"key position 4 is out of range: the DataFrame has 4 columns"):
+            scs.exchange(df, scs.key_by(4), 2, mode)
+        with pytest.raises(PartitionerError, match=r"key position -5 is out of range"):
+            scs.exchange(df, scs.custom(lambda k, n: k.to_numpy() % n, -5), 2, mode)
+        with pytest.raises(PartitionerError, match=r"'a.c' is a nested field of column 'a'.*withColumn\('c'"):
+            scs.exchange(df, scs.key_by("a.c"), 2, mode)
+        with pytest.raises(PartitionerError, match=r"'a.c' is a nested field"):
+            scs.exchange(df, scs.key_by(F.col("a.c")), 2, mode)
+        with pytest.raises(PartitionerError, match=r"not a plain column reference.*withColumn"):
+            scs.key_by(F.col("k") + 1)
+        with pytest.raises(PartitionerError, match=r"not a plain column reference"):
+            scs.key_by(F.col("k").alias("x"))
+        with pytest.raises(PartitionerError, match=r"not a plain column reference"):
+            scs.key_by(F.lit(1))
+        with pytest.raises(PartitionerError, match=r"'a' has Spark type struct"):
+            scs.with_channel(df, scs.key_by("a"), 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_keys_as_column_references_positions_and_backticked_names(spark, df, mode):
+    by_name = scs.with_channel(df, scs.key_by("k"), 3, column="subtask")
+    for key in (scs.key_by(F.col("k")), scs.key_by(df["k"]), scs.key_by(df.k), scs.key_by(1), scs.key_by("`k`")):
+        ex = scs.exchange(df, key, 3, mode)
+        assert ex.plan.partitioner.columns in (("k",), (1,))
+        assert_df_equality(ex.df.withColumn("subtask", F.spark_partition_id()), by_name, ignore_row_order=True)
+    dotted = scs.exchange(df, scs.key_by(F.col("`a.b`")), 3, mode)  # a top-level column named a.b
+    expected = scs.with_channel(df, scs.key_by("`a.b`"), 3, column="subtask")
+    assert_df_equality(dotted.df.withColumn("subtask", F.spark_partition_id()), expected, ignore_row_order=True)
