@@ -10,6 +10,8 @@ from spark_helpers import no_spark_jobs
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import ConfigError, PartitionerError
+from spark_credit_shuffle.runtime import blocking, pipelined
+from spark_credit_shuffle.runtime.common import IN_BAND
 
 pytestmark = pytest.mark.spark
 
@@ -87,3 +89,25 @@ def test_keys_as_column_references_positions_and_backticked_names(spark, df, mod
     dotted = scs.exchange(df, scs.key_by(F.col("`a.b`")), 3, mode)  # a top-level column named a.b
     expected = scs.with_channel(df, scs.key_by("`a.b`"), 3, column="subtask")
     assert_df_equality(dotted.df.withColumn("subtask", F.spark_partition_id()), expected, ignore_row_order=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_users_columns_named_like_internal_columns_travel_unchanged(spark, mode):
+    """Columns named like the hidden ones (the placement tag, the in-band metrics column, with_channel's)."""
+    df = spark.range(0, 60, 1, 2).select(
+        F.col("id"),
+        (F.col("id") % 7).alias("__credit_shuffle_subtask"),
+        F.concat(F.lit("m"), F.col("id").cast("string")).alias("__credit_shuffle_metrics"),
+        (-F.col("id")).alias("__credit_shuffle_subtask_1"),
+        (F.col("id") % 2 == 0).alias("channel"),
+    )
+    for key in ("__credit_shuffle_subtask", "__credit_shuffle_metrics"):
+        ex = scs.exchange(df, scs.key_by(key), parallelism=3, mode=mode)  # 2 -> 3: the input is placed too
+        assert_df_equality(ex.df, df, ignore_row_order=True)
+        expected = scs.with_channel(df, scs.key_by(key), 3, column="subtask")
+        assert_df_equality(ex.df.withColumn("subtask", F.spark_partition_id()), expected, ignore_row_order=True)
+        assert sum(r.value for r in ex.metric_rows() if r.metric == "numRecordsIn") == 60
+    build = blocking.build if mode == "blocking" else pipelined.build
+    out, collected = build(scs.exchange(df, scs.rebalance(seed=1), parallelism=3, mode=mode).plan, df, report=IN_BAND)
+    assert_df_equality(out, df, ignore_row_order=True)
+    assert sum(r.value for r in collected.rows() if r.metric == "numRecordsIn") == 60

@@ -166,7 +166,7 @@ def build(
 
     ``report``: how consumer tasks report metrics (default: :func:`~.common.metrics_report`'s choice).
     """
-    report = report if report is not None else metrics_report(df.sparkSession)
+    report = (report if report is not None else metrics_report(df.sparkSession)).beside(df.columns)
 
     def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext

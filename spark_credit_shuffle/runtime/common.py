@@ -39,6 +39,7 @@ __all__ = [
     "metrics_batch",
     "metrics_report",
     "output_struct_type",
+    "unused_name",
     "with_metrics_column",
 ]
 
@@ -47,12 +48,23 @@ METRICS_COLUMN = "__credit_shuffle_metrics"
 _METRICS_TYPE = pa.list_(METRIC_ROW_TYPE)
 
 
-def output_struct_type(df: DataFrame):
-    """Spark type of a consumer stage's output: the input's columns plus the metrics column."""
+def unused_name(base: str, columns: Iterable[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ... : the first that is not one of ``columns`` (an internal
+    column never takes the place of a user's column of the same name)."""
+    taken = set(columns)
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    return name
+
+
+def output_struct_type(df: DataFrame, column: str = METRICS_COLUMN):
+    """Spark type of a consumer stage's output: the input's columns plus the metrics column ``column``."""
     from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StringType, StructField, StructType
 
-    if METRICS_COLUMN in df.columns:
-        raise ValueError(f"the input already has a column named {METRICS_COLUMN}")
+    if column in df.columns:
+        raise ValueError(f"the input already has a column named {column}")
     row = StructType(
         [
             StructField("side", StringType()),
@@ -65,11 +77,11 @@ def output_struct_type(df: DataFrame):
         ]
     )
     metrics_type = ArrayType(row)
-    return StructType([*df.schema.fields, StructField(METRICS_COLUMN, metrics_type, True)])
+    return StructType([*df.schema.fields, StructField(column, metrics_type, True)])
 
 
-def output_schema(schema: pa.Schema) -> pa.Schema:
-    return schema.append(pa.field(METRICS_COLUMN, _METRICS_TYPE))
+def output_schema(schema: pa.Schema, column: str = METRICS_COLUMN) -> pa.Schema:
+    return schema.append(pa.field(column, _METRICS_TYPE))
 
 
 def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
@@ -77,11 +89,11 @@ def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
-def with_metrics_column(batch: pa.RecordBatch) -> pa.RecordBatch:
+def with_metrics_column(batch: pa.RecordBatch, column: str = METRICS_COLUMN) -> pa.RecordBatch:
     """A data batch with a null metrics cell on every row."""
     return pa.RecordBatch.from_arrays(
         [*batch.columns, pa.nulls(batch.num_rows, _METRICS_TYPE)],
-        schema=output_schema(batch.schema),
+        schema=output_schema(batch.schema, column),
     )
 
 
@@ -110,24 +122,33 @@ def _zero(t: pa.DataType) -> object:
     return 0  # integers, dates, times, timestamps, durations
 
 
-def metrics_batch(schema: pa.Schema, rows: Iterable[MetricRow]) -> pa.RecordBatch:
+def metrics_batch(schema: pa.Schema, rows: Iterable[MetricRow], column: str = METRICS_COLUMN) -> pa.RecordBatch:
     """One row whose data columns are null (or zero where the column may not be null) and whose
     metrics cell holds ``rows``; the row is filtered out before the user sees the data."""
     arrays = [pa.nulls(1, f.type) if f.nullable else pa.array([_zero(f.type)], f.type) for f in schema]
     arrays.append(rows_to_arrow([list(rows)]))
-    return pa.RecordBatch.from_arrays(arrays, schema=output_schema(schema))
+    return pa.RecordBatch.from_arrays(arrays, schema=output_schema(schema, column))
 
 
 class MetricsReport:
     """How a consumer task hands its metric rows to the driver (pickled into the tasks).
 
-    ``accumulator`` is a PySpark accumulator of :class:`_ReportsParam`; None sends them in band.
+    ``accumulator`` is a PySpark accumulator of :class:`_ReportsParam`; None sends them in band, in the
+    hidden column ``column`` (see :meth:`beside`).
     """
 
-    __slots__ = ("accumulator",)
+    __slots__ = ("accumulator", "column")
 
-    def __init__(self, accumulator: Any = None) -> None:
+    def __init__(self, accumulator: Any = None, column: str = METRICS_COLUMN) -> None:
         self.accumulator = accumulator
+        self.column = column
+
+    def beside(self, columns: Iterable[str]) -> MetricsReport:
+        """This report, with a hidden metrics column named unlike any of ``columns`` (the input's) if in band."""
+        if self.accumulator is not None:
+            return self
+        column = unused_name(METRICS_COLUMN, columns)
+        return self if column == self.column else MetricsReport(None, column)
 
     @property
     def in_band(self) -> bool:
@@ -136,17 +157,17 @@ class MetricsReport:
 
     def output_type(self, df: DataFrame):
         """Spark type of the consumer stage's output: ``df``'s, plus the metrics column if in band."""
-        return output_struct_type(df) if self.accumulator is None else df.schema
+        return output_struct_type(df, self.column) if self.accumulator is None else df.schema
 
     def data(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """A data batch as the consumer stage yields it."""
-        return with_metrics_column(batch) if self.accumulator is None else batch
+        return with_metrics_column(batch, self.column) if self.accumulator is None else batch
 
     def last(self, schema: pa.Schema, rows: Iterable[MetricRow]) -> list[pa.RecordBatch]:
         """What a consumer task yields after its data: the metrics row if in band, else nothing (the rows
         go into the accumulator, tagged with the task's stage, partition and attempt)."""
         if self.accumulator is None:
-            return [metrics_batch(schema, rows)]
+            return [metrics_batch(schema, rows, self.column)]
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -225,6 +246,7 @@ def finish_plan(plan: ExchangePlan, consumed: DataFrame, report: MetricsReport) 
     from pyspark.sql import functions as F
 
     observation = Observation(plan.name)
-    observed = consumed.observe(observation, F.collect_list(METRICS_COLUMN).alias("metrics"))
-    out = observed.where(F.col(METRICS_COLUMN).isNull()).drop(METRICS_COLUMN)
+    hidden = F.col(f"`{report.column}`")
+    observed = consumed.observe(observation, F.collect_list(hidden).alias("metrics"))
+    out = observed.where(hidden.isNull()).drop(hidden)
     return out, CollectedMetrics(report, observation)

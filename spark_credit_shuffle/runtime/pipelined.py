@@ -103,7 +103,7 @@ from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
 from ..transport.tcp import Connection, TcpTransport, resolve_host
-from .common import IN_BAND, CollectedMetrics, MetricsReport, combine, finish_plan, metrics_report
+from .common import IN_BAND, CollectedMetrics, MetricsReport, combine, finish_plan, metrics_report, unused_name
 from .consumer import GateGauges
 
 if TYPE_CHECKING:
@@ -122,7 +122,8 @@ __all__ = [
 
 log = logging.getLogger("spark_credit_shuffle")
 
-#: Hidden column used by the identity placements around the barrier stage.
+#: Hidden column used by the identity placements around the barrier stage (or, if the input has a column of
+#: that name, the first of ``_TAG_1``, ``_TAG_2``, ... that it has not).
 _TAG = "__credit_shuffle_subtask"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MAX_LATENCY_SAMPLES = 100_000
@@ -254,13 +255,14 @@ def build(
     if retryable is None:
         retryable = True
     options = options or TaskOptions(address_exchange=plan.config.address_exchange)
-    report = report if report is not None else metrics_report(df.sparkSession)
+    report = (report if report is not None else metrics_report(df.sparkSession)).beside(df.columns)
     producers, consumers = plan.num_producers, plan.num_consumers
     width = max(producers, consumers)
     secret = _secrets.token_bytes(32)
+    tag = unused_name(_TAG, [*df.columns, report.column])
     source = df
     if producers < consumers:  # place producer p's rows on task p of `width` tasks
-        source = df.withColumn(_TAG, F.spark_partition_id()).repartitionById(width, _TAG).drop(_TAG)
+        source = df.withColumn(tag, F.spark_partition_id()).repartitionById(width, tag).drop(tag)
 
     rendezvous = _address_service(df.sparkSession, plan, secret, width) if options.address_exchange == "auto" else None
 
@@ -270,7 +272,7 @@ def build(
     run.__name__ = f"credit_shuffle_{plan.name.replace('-', '_')}"
     consumed = source.mapInArrow(run, report.output_type(df), barrier=True)
     if producers > consumers or retryable:
-        consumed = consumed.withColumn(_TAG, F.spark_partition_id()).repartitionById(consumers, _TAG).drop(_TAG)
+        consumed = consumed.withColumn(tag, F.spark_partition_id()).repartitionById(consumers, tag).drop(tag)
     return finish_plan(plan, consumed, report)
 
 
