@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
-from spark_helpers import no_spark_jobs
+from spark_helpers import job_group, no_spark_jobs
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import ConfigError, PartitionerError
@@ -111,3 +111,42 @@ def test_users_columns_named_like_internal_columns_travel_unchanged(spark, mode)
     out, collected = build(scs.exchange(df, scs.rebalance(seed=1), parallelism=3, mode=mode).plan, df, report=IN_BAND)
     assert_df_equality(out, df, ignore_row_order=True)
     assert sum(r.value for r in collected.rows() if r.metric == "numRecordsIn") == 60
+
+
+# -- failures every retry repeats ------------------------------------------------------------------------
+
+
+def with_a_null_key(spark):
+    return spark.range(0, 600, 1, 3).select(
+        "id", F.when(F.col("id") == 450, None).otherwise(F.col("id") % 7).alias("k")
+    )
+
+
+def test_null_key_fails_a_pipelined_exchange_once_with_the_typed_error(spark):
+    ex = scs.exchange(with_a_null_key(spark), scs.key_by("k"), parallelism=3, mode="pipelined")
+    with job_group(spark) as attempts, pytest.raises(Exception) as info:
+        ex.df.count()
+    message = str(info.value)
+    assert "NullKeyError: producer subtask 2: key column 'k' has 1 null value(s)" in message
+    assert attempts and max(attempts) == 0, f"the barrier stage ran again: attempts {attempts}"
+
+
+def test_custom_partitioner_raising_fails_a_pipelined_exchange_once(spark):
+    def explode(keys, n):
+        raise ZeroDivisionError("no channel for you")
+
+    df = spark.range(0, 300, 1, 2)
+    ex = scs.exchange(df, scs.custom(explode, "id"), parallelism=2, mode="pipelined")
+    with job_group(spark) as attempts, pytest.raises(Exception) as info:
+        ex.df.collect()
+    assert "PartitionerError: producer subtask" in str(info.value)
+    assert "custom partitioner " in str(info.value) and "raised ZeroDivisionError: no channel for you" in str(
+        info.value
+    )
+    assert attempts and max(attempts) == 0, f"the barrier stage ran again: attempts {attempts}"
+
+
+def test_null_key_in_blocking_mode_names_column_and_subtask(spark):
+    ex = scs.exchange(with_a_null_key(spark), scs.key_by("k"), parallelism=3, mode="blocking")
+    with pytest.raises(Exception, match=r"NullKeyError: producer subtask 2: key column 'k' has 1 null value"):
+        ex.df.count()

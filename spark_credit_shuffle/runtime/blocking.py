@@ -26,10 +26,11 @@ import numpy as np
 import pyarrow as pa
 
 from ..buffers.writer import RecordWriter
+from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.partition import BlockingResultPartition, StoredBuffer
 from ..protocol.pools import NetworkBufferPool, PartitionType, result_partition_pool_size
-from .common import CollectedMetrics, MetricsReport, finish_plan, metrics_report
+from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report
 from .consumer import consume_partition
 
 if TYPE_CHECKING:
@@ -171,7 +172,11 @@ def build(
     def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        yield from produce_partition(batches, TaskContext.get().partitionId(), plan)
+        producer = TaskContext.get().partitionId()
+        try:
+            yield from produce_partition(batches, producer, plan)
+        except PartitionerError as exc:
+            raise in_subtask(exc, PRODUCER, producer) from None
 
     def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext

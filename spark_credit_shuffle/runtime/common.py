@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..errors import CreditShuffleError
+from ..errors import BufferDecodeError, CreditShuffleError, PartitionerError
 from ..metrics import METRIC_ROW_TYPE, MetricRow, rows_to_arrow
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ __all__ = [
     "MetricsReport",
     "combine",
     "finish_plan",
+    "in_subtask",
+    "is_deterministic",
     "metrics_batch",
     "metrics_report",
     "output_struct_type",
@@ -46,6 +48,26 @@ __all__ = [
 #: The hidden column that carries metrics out of consumer tasks.
 METRICS_COLUMN = "__credit_shuffle_metrics"
 _METRICS_TYPE = pa.list_(METRIC_ROW_TYPE)
+
+
+def is_deterministic(exc: BaseException) -> bool:
+    """True for a failure that the same input raises again on every attempt: a null key, a key that cannot be
+    hashed, a custom partitioner's function that raised or returned bad channels (:class:`PartitionerError`),
+    a network buffer of the exchange's own data that does not decode (:class:`BufferDecodeError`). Retrying
+    such a task or stage only repeats the failure; a runtime fails the exchange at once instead."""
+    return isinstance(exc, (PartitionerError, BufferDecodeError))
+
+
+def in_subtask(exc: BaseException, side: str, subtask: int) -> BaseException:
+    """A :class:`PartitionerError` with the subtask that met it in its message (the same class, so a user
+    catches what the partitioner raises); any other exception as it is."""
+    if not isinstance(exc, PartitionerError) or str(exc).startswith(f"{side} subtask "):
+        return exc
+    try:
+        located = type(exc)(f"{side} subtask {subtask}: {exc}")
+    except TypeError:  # a subclass with another constructor
+        return exc
+    return located.with_traceback(exc.__traceback__)
 
 
 def unused_name(base: str, columns: Iterable[str]) -> str:

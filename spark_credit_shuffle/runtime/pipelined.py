@@ -103,7 +103,17 @@ from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
 from ..transport.tcp import Connection, TcpTransport, resolve_host
-from .common import IN_BAND, CollectedMetrics, MetricsReport, combine, finish_plan, metrics_report, unused_name
+from .common import (
+    IN_BAND,
+    CollectedMetrics,
+    MetricsReport,
+    combine,
+    finish_plan,
+    in_subtask,
+    is_deterministic,
+    metrics_report,
+    unused_name,
+)
 from .consumer import GateGauges
 
 if TYPE_CHECKING:
@@ -289,9 +299,23 @@ def _address_service(spark: Any, plan: ExchangePlan, secret: bytes, width: int) 
         log.info("%s: addresses through Spark's allGather (%s: %s)", plan.name, type(exc).__name__, exc)
         return None
     key = f"{plan.name}/{hashlib.sha256(secret).hexdigest()[:16]}"
-    service.register(key, secret, width)
+    service.register(key, secret, width, on_failure=_stage_canceller(spark, plan.name))
     host, port = service.address
     return host, port, key
+
+
+def _stage_canceller(spark: Any, name: str) -> Callable[[int, str], None]:
+    """Cancels a barrier stage of exchange ``name`` whose task met a failure every attempt repeats (see
+    :mod:`~spark_credit_shuffle.runtime.rendezvous`), so that Spark does not run it again: the job fails
+    with ``reason`` (the typed error's class and text) after one attempt."""
+
+    def cancel(stage: int, reason: str) -> None:
+        try:
+            spark.sparkContext._jsc.sc().cancelStage(stage, reason)
+        except Exception as exc:  # the stage fails anyway; later attempts fail at the address exchange
+            log.info("%s: could not cancel stage %d: %s", name, stage, exc)
+
+    return cancel
 
 
 def run_barrier_task(
@@ -329,7 +353,20 @@ def run_barrier_task(
         group = f"stage {ctx.stageId()}"
         address = (service_host, service_port)
         all_gather = all_gather_via(address, key, secret, group, index, ctx.taskAttemptId(), wait_s)
-    yield from task.run(batches, all_gather)
+    try:
+        yield from task.run(batches, all_gather)
+    except Exception as exc:
+        if not is_deterministic(exc):
+            raise
+        located = in_subtask(exc, PRODUCER, index)
+        if rendezvous is not None:  # every later attempt fails the same way: fail the exchange once, now
+            from .rendezvous import report_failure
+
+            service_host, service_port, key = rendezvous
+            report_failure(
+                (service_host, service_port), key, secret, ctx.stageId(), index, ctx.taskAttemptId(), located
+            )
+        raise located from None
 
 
 # -- in-process runs (tests, demos) -------------------------------------------------------------------

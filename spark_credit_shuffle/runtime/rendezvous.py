@@ -18,6 +18,14 @@ nothing. A task that gets no answer within its timeout raises
 :class:`~spark_credit_shuffle.errors.ExchangeTimeoutError` naming the service and what it waited for.
 Spark Connect sessions (no driver process here) and ``TaskOptions(address_exchange="allgather")`` use
 Spark's ``allGather``.
+
+**Failures that a retry repeats.** A task that meets a deterministic failure (a null key, a custom
+partitioner's function that raised: see :func:`~.common.is_deterministic`) reports it here
+(:func:`report_failure`) before it fails. From then on every address request of that exchange, of the
+attempt now waiting and of any later stage attempt, is answered with that failure, which the task raises at
+once, and the exchange's ``on_failure`` callback (given at :meth:`AddressRendezvous.register`; the
+pipelined runtime cancels the stage with it) runs once per stage: the exchange fails once, with the typed
+error, instead of after every barrier stage attempt Spark allows.
 """
 
 from __future__ import annotations
@@ -32,10 +40,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import errors
 from ..errors import CreditShuffleError, ExchangeTimeoutError
 from ..transport.tcp import resolve_host
 
-__all__ = ["AddressRendezvous", "all_gather_via", "driver_rendezvous"]
+__all__ = ["AddressRendezvous", "all_gather_via", "driver_rendezvous", "report_failure"]
 
 log = logging.getLogger("spark_credit_shuffle")
 
@@ -79,6 +88,9 @@ class AddressRendezvous:
     def __init__(self, host: str, *, timeout_s: float = 600.0) -> None:
         self.timeout_s = timeout_s
         self._exchanges: dict[str, tuple[bytes, int]] = {}
+        self._failures: dict[str, dict[str, str]] = {}  # exchange -> {"failed": error type, "message": text}
+        self._on_failure: dict[str, Callable[[int, str], None]] = {}
+        self._failed_stages: set[tuple[str, int]] = set()
         self._groups: dict[tuple[str, str], _Group] = {}
         self._lock = threading.Lock()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -102,10 +114,21 @@ class AddressRendezvous:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def register(self, name: str, secret: bytes, width: int) -> None:
-        """Accept the tasks of exchange ``name`` (``width`` per stage attempt) presenting ``secret``."""
+    def register(
+        self, name: str, secret: bytes, width: int, on_failure: Callable[[int, str], None] | None = None
+    ) -> None:
+        """Accept the tasks of exchange ``name`` (``width`` per stage attempt) presenting ``secret``;
+        ``on_failure(stage_id, reason)`` runs (on a thread of its own) the first time a task of a stage
+        reports a deterministic failure."""
         with self._lock:
             self._exchanges[name] = (bytes(secret), int(width))
+            if on_failure is not None:
+                self._on_failure[name] = on_failure
+
+    def failure(self, name: str) -> dict[str, str] | None:
+        """The deterministic failure a task of exchange ``name`` reported, if any."""
+        with self._lock:
+            return self._failures.get(name)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -141,6 +164,10 @@ class AddressRendezvous:
             task, message = int(request["task"]), str(request["message"])
             attempt = int(request["attempt"])
             secret = bytes.fromhex(str(request["secret"]))
+            failure = request.get("failure")
+            if failure is not None:
+                failure = {"failed": str(failure["type"]), "message": str(failure["message"])[: MAX_LINE // 2]}
+            stage = int(request.get("stage", -1))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             self._reject(sock, peer, f"bad request ({type(exc).__name__}: {exc})")
             return
@@ -150,6 +177,8 @@ class AddressRendezvous:
                 reason = "unknown exchange" if known is None else "wrong secret"
             elif not 0 <= task < known[1]:
                 reason = f"task {task} outside [0, {known[1]})"
+            elif failure is not None or name in self._failures:
+                reason = ""
             else:
                 reason = ""
                 self._expire()
@@ -173,6 +202,9 @@ class AddressRendezvous:
         if reason:
             self._reject(sock, peer, reason)
             return
+        if failure is not None or name in self._failures:
+            self._fail_exchange(sock, name, failure, stage)
+            return
         if complete:
             answer = (json.dumps([group.messages[i] for i in range(group.width)]) + "\n").encode()
             for waiting in group.waiting.values():
@@ -181,6 +213,31 @@ class AddressRendezvous:
                     waiting.sendall(answer)
                 with contextlib.suppress(OSError):
                     waiting.close()
+
+    def _fail_exchange(self, sock: socket.socket, name: str, failure: dict[str, str] | None, stage: int | None) -> None:
+        """Record a reported failure (``failure`` given) and answer every task of the exchange waiting, and
+        ``sock``, with it; run the exchange's ``on_failure`` once per stage."""
+        callback = None
+        waiting = [sock]
+        with self._lock:
+            if failure is not None:
+                self._failures.setdefault(name, failure)
+                if stage is not None and (name, stage) not in self._failed_stages:
+                    self._failed_stages.add((name, stage))
+                    callback = self._on_failure.get(name)
+            recorded = self._failures[name]
+            for key in [k for k in self._groups if k[0] == name]:
+                waiting.extend(self._groups.pop(key).waiting.values())
+        answer = (json.dumps(recorded) + "\n").encode()
+        for waiter in waiting:
+            with contextlib.suppress(OSError):
+                waiter.settimeout(10.0)
+                waiter.sendall(answer)
+            with contextlib.suppress(OSError):
+                waiter.close()
+        if callback is not None and stage is not None:
+            reason = f"{recorded['failed']}: {recorded['message']}"
+            threading.Thread(target=callback, args=(stage, reason), name="credit-shuffle-failure", daemon=True).start()
 
     def _expire(self) -> None:
         """Drop groups that never completed within the timeout (lock held)."""
@@ -255,8 +312,44 @@ def all_gather_via(
                 f"task {task} of {exchange}: exchanging addresses through {where} failed: {exc}; set "
                 f"spark.creditShuffle.addressExchange=allgather if executors cannot reach the driver"
             ) from exc
+        if isinstance(answer, dict) and "failed" in answer:  # another task met a failure that retries repeat
+            raise _reported_error(str(answer["failed"]), str(answer.get("message", "")))
         if not isinstance(answer, list) or not all(isinstance(m, str) for m in answer):
             raise CreditShuffleError(f"task {task} of {exchange}: malformed answer from {where}")
         return answer
 
     return all_gather
+
+
+def _reported_error(kind: str, message: str) -> CreditShuffleError:
+    """The error a task reported, as its own class if that is one of this package's partitioner errors."""
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, errors.PartitionerError):
+        return cls(message)
+    return CreditShuffleError(f"{kind}: {message}")
+
+
+def report_failure(
+    address: tuple[str, int], exchange: str, secret: bytes, stage: int, task: int, attempt: int, exc: BaseException
+) -> bool:
+    """Tell the rendezvous at ``address`` that task ``task`` of stage ``stage`` met ``exc``, a failure every
+    retry repeats (best effort, a few seconds at most: the task fails with ``exc`` either way). True if the
+    service took it."""
+    request = {
+        "exchange": exchange,
+        "group": f"stage {stage}",
+        "task": task,
+        "attempt": attempt,
+        "message": "",
+        "secret": secret.hex(),
+        "stage": stage,
+        "failure": {"type": type(exc).__name__, "message": str(exc)},
+    }
+    try:
+        with socket.create_connection(address, timeout=5.0) as sock:
+            sock.sendall((json.dumps(request) + "\n").encode())
+            _read_line(sock)
+        return True
+    except (OSError, ValueError) as e:
+        log.warning("task %d of %s: could not report its failure to the driver: %s", task, exchange, e)
+        return False
