@@ -178,8 +178,8 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
     from pyspark.sql.types import StructType
 
     spark = df.sparkSession
-    time_zone = spark.conf.get("spark.sql.session.timeZone", None)
-    large = str(spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")).strip().lower() == "true"
+    time_zone = _session_conf(spark, "spark.sql.session.timeZone")  # with a default, get() returns that one
+    large = str(_session_conf(spark, "spark.sql.execution.arrow.useLargeVarTypes")).strip().lower() == "true"
     fields = []
     for field in df.schema.fields:
         try:
@@ -192,6 +192,14 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
             ) from None
         fields.append(one.field(0))
     return pa.schema(fields)
+
+
+def _session_conf(spark: Any, key: str) -> str | None:
+    """The value Spark uses for SQL setting ``key`` (its default if nobody set it); None if it has none."""
+    try:
+        return spark.conf.get(key)
+    except Exception:  # a setting this Spark does not know
+        return None
 
 
 def _num_partitions(df: DataFrame) -> int:

@@ -97,16 +97,16 @@ def test_every_type_with_metrics_in_band(spark, new_york):
     assert sum(r.value for r in collected.rows() if r.metric == "numRecordsIn") == 12
 
 
-def test_variant_and_void_columns_go_through(spark):
+def test_variant_void_and_timestamp_in_the_default_time_zone_go_through(spark):
     df = spark.sql(
-        'select id, parse_json(concat(\'{"a":\', id, \', "b": [1, "x"]}\')) as v, null as nothing from range(20)'
+        'select id, parse_json(concat(\'{"a":\', id, \', "b": [1, "x"]}\')) as v, null as nothing, '
+        "timestamp_seconds(id * 86399) as at from range(20)"
     ).repartition(2)
     for mode in MODES:
         ex = scs.exchange(df, scs.key_by("id"), parallelism=2, mode=mode)
-        as_text = ex.df.select("id", F.col("v").cast("string").alias("v"), "nothing")
-        assert_df_equality(
-            as_text, df.select("id", F.col("v").cast("string").alias("v"), "nothing"), ignore_row_order=True
-        )
+        as_text = ex.df.select("id", F.col("v").cast("string").alias("v"), "nothing", "at")
+        expected = df.select("id", F.col("v").cast("string").alias("v"), "nothing", "at")
+        assert_df_equality(as_text, expected, ignore_row_order=True)
 
 
 @pytest.mark.parametrize("mode", MODES)
