@@ -112,6 +112,7 @@ from .common import (
     in_subtask,
     is_deterministic,
     metrics_report,
+    place_by,
     unused_name,
 )
 from .consumer import GateGauges
@@ -272,7 +273,7 @@ def build(
     tag = unused_name(_TAG, [*df.columns, report.column])
     source = df
     if producers < consumers:  # place producer p's rows on task p of `width` tasks
-        source = df.withColumn(tag, F.spark_partition_id()).repartitionById(width, tag).drop(tag)
+        source = place_by(df.withColumn(tag, F.spark_partition_id()), width, tag).drop(tag)
 
     rendezvous = _address_service(df.sparkSession, plan, secret, width) if options.address_exchange == "auto" else None
 
@@ -282,7 +283,7 @@ def build(
     run.__name__ = f"credit_shuffle_{plan.name.replace('-', '_')}"
     consumed = source.mapInArrow(run, report.output_type(df), barrier=True)
     if producers > consumers or retryable:
-        consumed = consumed.withColumn(tag, F.spark_partition_id()).repartitionById(consumers, tag).drop(tag)
+        consumed = place_by(consumed.withColumn(tag, F.spark_partition_id()), consumers, tag).drop(tag)
     return finish_plan(plan, consumed, report)
 
 
