@@ -5,6 +5,7 @@ Public API only; see README.md for a tour.
 
 from __future__ import annotations
 
+from ._pyspark import MIN_PYSPARK  # first: refuses a pyspark older than MIN_PYSPARK
 from .buffers import CheckpointBarrier, EndOfPartition, LatencyMarker, RecordReader, RecordWriter
 from .config import NetworkConfig, default_max_parallelism
 from .dataframe import rdd_with_channel, with_channel
@@ -44,6 +45,7 @@ from .simulation import Simulation, SimulationReport, simulate
 __version__ = "0.1.0"
 
 __all__ = [
+    "MIN_PYSPARK",
     "BufferDecodeError",
     "ChannelSelector",
     "CheckpointBarrier",

@@ -183,7 +183,11 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
     fields = []
     for field in df.schema.fields:
         try:
-            one = to_arrow_schema(StructType([field]), timezone=time_zone, prefers_large_types=large)
+            try:
+                one = to_arrow_schema(StructType([field]), timezone=time_zone, prefers_large_types=large)
+            except TypeError:  # pyspark 4.0 names timestamps' zone UTC here; Spark sends the session's
+                one = to_arrow_schema(StructType([field]), prefers_large_types=large)
+                one = pa.schema([_in_time_zone(one.field(0), time_zone)])
         except Exception as e:
             raise UnsupportedColumnTypeError(
                 f"column {field.name!r} has Spark type {field.dataType.simpleString()}, which cannot travel through "
@@ -192,6 +196,27 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
             ) from None
         fields.append(one.field(0))
     return pa.schema(fields)
+
+
+def _in_time_zone(field: pa.Field, time_zone: str | None) -> pa.Field:
+    """``field`` with every zoned timestamp in it (at any depth) in ``time_zone``."""
+
+    def convert(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_timestamp(t):
+            return pa.timestamp(t.unit, tz=time_zone) if t.tz is not None else t
+        if pa.types.is_map(t):
+            return pa.map_(convert_field(t.key_field), convert_field(t.item_field), t.keys_sorted)
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            make = pa.list_ if pa.types.is_list(t) else pa.large_list
+            return make(convert_field(t.value_field))
+        if pa.types.is_struct(t):
+            return pa.struct([convert_field(t.field(i)) for i in range(t.num_fields)])
+        return t
+
+    def convert_field(f: pa.Field) -> pa.Field:
+        return pa.field(f.name, convert(f.type), nullable=f.nullable, metadata=f.metadata)
+
+    return convert_field(field)
 
 
 def _session_conf(spark: Any, key: str) -> str | None:

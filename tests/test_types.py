@@ -129,3 +129,17 @@ def test_types_that_cannot_travel_or_be_keys_are_refused_before_launch(spark):
         intervals = spark.sql("select 1 as id, interval '1-2' year to month as ym")
         with pytest.raises(UnsupportedColumnTypeError, match=r"column 'ym' has Spark type interval year to month"):
             scs.exchange(intervals, scs.rebalance(), parallelism=2)
+
+
+def test_pyspark_4_0s_schema_in_the_session_time_zone_is_4_1s(spark):
+    """pyspark 4.0's to_arrow_schema has no time zone argument (it names every zone UTC): the exchange puts the
+    session's in at every depth, as pyspark 4.1+ does."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    from spark_credit_shuffle.exchange import _in_time_zone
+
+    for field in all_types_df(spark, rows=1).schema.fields:
+        expected = to_arrow_schema(StructType([field]), timezone="Asia/Kolkata").field(0)
+        as_4_0 = to_arrow_schema(StructType([field]), timezone="UTC").field(0)
+        assert _in_time_zone(as_4_0, "Asia/Kolkata").equals(expected, check_metadata=True)
