@@ -150,3 +150,14 @@ def test_null_key_in_blocking_mode_names_column_and_subtask(spark):
     ex = scs.exchange(with_a_null_key(spark), scs.key_by("k"), parallelism=3, mode="blocking")
     with pytest.raises(Exception, match=r"NullKeyError: producer subtask 2: key column 'k' has 1 null value"):
         ex.df.count()
+
+
+def test_spark_connect_column_references_are_keys_too():
+    """Spark Connect's Column class (built without a server: it is only an expression here)."""
+    pytest.importorskip("grpc", reason="Spark Connect's client needs pyspark[connect]")
+    from pyspark.sql.connect import functions as CF
+
+    assert scs.key_by(CF.col("k")).columns == ("k",)
+    assert scs.key_by(CF.col("`a.b`"), CF.col("a.b")).columns == ("a.b", "a.b")
+    with pytest.raises(PartitionerError, match=r"not a plain column reference"):
+        scs.key_by(CF.col("k") + 1)
