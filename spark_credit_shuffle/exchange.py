@@ -256,8 +256,13 @@ def exchange(
     The input's partitions are the producer subtasks (``num_producers`` repartitions it first,
     round robin, when given). ``parallelism`` defaults to the number of producers. ``config``
     defaults to the session's ``spark.creditShuffle.*`` settings; keyword ``settings`` override
-    single values (``buffer_timeout_ms=10``). Raises :class:`ConfigError`,
-    :class:`PartitionerError` or :class:`InsufficientNetworkBuffersError` before any job runs.
+    single values (``buffer_timeout_ms=10``). Everything the arguments and ``df``'s schema reveal is
+    checked before any job runs: :class:`ConfigError` (a setting, or an argument of the wrong kind, such as
+    a pandas DataFrame or a dict as ``config``), :class:`PartitionerError` (a key column that is missing, out
+    of range or nested), :class:`UnsupportedKeyTypeError`, :class:`UnsupportedColumnTypeError` (a column
+    ``mapInArrow`` cannot carry) or :class:`InsufficientNetworkBuffersError`. Key columns are top-level
+    columns by name, position or plain column reference (``F.col("k")``); every type ``mapInArrow`` carries
+    goes through unchanged, timestamps in the session time zone.
 
     ``retryable`` (pipelined mode; default True): the barrier stage's output is placed on its partitions
     by an identity shuffle, so that Spark can re-run the whole stage after a task failure (output exact)
