@@ -71,6 +71,8 @@ def session(args: argparse.Namespace) -> Any:
     """The SparkSession: spark-submit's, or a local one this script starts."""
     from pyspark.sql import SparkSession
 
+    from spark_credit_shuffle.runtime.session import spark_context
+
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: its conf wins
         return SparkSession.builder.appName("bench_exchange").getOrCreate()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -89,7 +91,9 @@ def session(args: argparse.Namespace) -> Any:
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "3")
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
+    sc = spark_context(spark)
+    if sc is not None:  # Spark Connect: the log level is the server's
+        sc.setLogLevel("ERROR")
     return spark
 
 

@@ -70,6 +70,8 @@ def spark_session(master: str, driver_memory: str):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    from spark_credit_shuffle.runtime.session import spark_context
+
     spark = (
         SparkSession.builder.master(master)
         .appName("bench_partitioners")
@@ -78,7 +80,9 @@ def spark_session(master: str, driver_memory: str):
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
+    sc = spark_context(spark)
+    if sc is not None:  # Spark Connect: the log level is the server's
+        sc.setLogLevel("ERROR")
     return spark
 
 

@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
 
     import spark_credit_shuffle as scs
+    from spark_credit_shuffle.runtime.session import spark_context
 
     builder = SparkSession.builder.appName("spark_credit_shuffle demo")
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # plain `python`: no spark-submit chose a master
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
+    sc = spark_context(spark)
+    if sc is not None:  # Spark Connect: the log level is the server's
+        sc.setLogLevel("ERROR")
 
     print("== Flink key groups (max parallelism 128, parallelism 4)")
     keys = pa.array([0, 1, 2, 42, -1], pa.int32())

@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from spark_credit_shuffle.config import CONF_PREFIX
     from spark_credit_shuffle.errors import CreditShuffleError
+    from spark_credit_shuffle.runtime.session import spark_context
 
     try:
         partitioner = parse_partitioner(args.partitioner)
@@ -145,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in args.conf:
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
+        sc = spark_context(spark)
+        if sc is not None:  # Spark Connect: the log level is the server's
+            sc.setLogLevel("WARN")
         previous = {}
     try:
         return _run(args, spark, partitioner)
@@ -164,8 +167,9 @@ def _run(args: argparse.Namespace, spark: Any, partitioner: Any) -> int:
 
     import spark_credit_shuffle as scs
     from spark_credit_shuffle.errors import CreditShuffleError
+    from spark_credit_shuffle.runtime.session import spark_context
 
-    sc = spark.sparkContext
+    sc = spark_context(spark)  # None on Spark Connect: no job descriptions there
     if args.input:
         fmt = _format_of(args.input, args.format)
         reader = spark.read.format(fmt)
@@ -213,9 +217,11 @@ def _run(args: argparse.Namespace, spark: Any, partitioner: Any) -> int:
         (args.timeline, ex.timeline, "timeline"),
     ):
         if path:
-            sc.setJobDescription(f"{plan.describe()}: write {what}")
+            if sc is not None:
+                sc.setJobDescription(f"{plan.describe()}: write {what}")
             write_table(frame().toPandas(), path)
-            sc.setJobDescription(None)
+            if sc is not None:
+                sc.setJobDescription(None)
             print(f"  {what}: {path}")
     if args.timeline_png:
         from spark_credit_shuffle.plot import plot_timeline

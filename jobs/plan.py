@@ -45,10 +45,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     print_plan(plan, args.tasks)
     if spark is not None:
-        spark.sparkContext.setJobDescription("spark_credit_shuffle plan: stage table")
+        from spark_credit_shuffle.runtime.session import spark_context
+
+        sc = spark_context(spark)  # None on Spark Connect: no job descriptions there
+        if sc is not None:
+            sc.setJobDescription("spark_credit_shuffle plan: stage table")
         table = plan.stages_table()
         spark.createDataFrame(table).show(truncate=False)
-        spark.sparkContext.setJobDescription(None)
+        if sc is not None:
+            sc.setJobDescription(None)
     print(json.dumps(plan.headline()))
     return 0 if plan.fits else 1
 

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
 
     import spark_credit_shuffle as scs
+    from spark_credit_shuffle.runtime.session import spark_context
 
     existing = SparkSession.getActiveSession()
     if existing is not None:
@@ -110,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in conf:
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
+        sc = spark_context(spark)
+        if sc is not None:  # Spark Connect: the log level is the server's
+            sc.setLogLevel("WARN")
     # small input batches: a producer takes its next batch only when its pool has room (backpressure acts
     # between batches), and the adaptive choice reads the queues between chunks of a batch
     keys = [k for k, _ in conf if k.startswith(scs.config.CONF_PREFIX)] + [

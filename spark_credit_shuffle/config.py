@@ -135,6 +135,23 @@ def _parse_address_exchange(value: str, setting: str) -> str:
     return text
 
 
+#: Which channels of a pipelined exchange are local (no credit, no exclusive buffers).
+LOCAL_CHANNELS = ("executor", "task")
+
+
+def _parse_local_channels(value: str, setting: str) -> str:
+    text = str(value).strip().lower()
+    if text not in LOCAL_CHANNELS:
+        raise ConfigError(
+            setting,
+            value,
+            "'executor' (every channel between two tasks of one executor is local, as between two tasks of one "
+            "Flink TaskManager) or 'task' (only a task's own channel is local; every other one is remote, with "
+            "credits and exclusive buffers)",
+        )
+    return text
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -224,6 +241,25 @@ class NetworkConfig:
         "Spark's allGather, for clusters whose executors cannot open connections to the driver",
     )  # fmt: skip
 
+    sort_shuffle_min_parallelism: int | None = _setting(
+        None, "taskmanager.network.sort-shuffle.min-parallelism", _parse_optional_int,
+        "blocking partitions with at least this many subpartitions are sized as Flink's sort-merge partitions "
+        "(min sort_shuffle_min_buffers, max max(min, 4 N)); unset: as hash blocking partitions (min N + 1), "
+        "which is what the blocking exchange's partition is (Flink 2.x: 1, every blocking partition sort-merge)",
+    )  # fmt: skip
+    sort_shuffle_min_buffers: int = _setting(
+        512, "taskmanager.network.sort-shuffle.min-buffers", _parse_int,
+        "buffers a sort-merge blocking partition reserves (see sort_shuffle_min_parallelism)",
+    )  # fmt: skip
+    local_channels: str = _setting(
+        "executor", "none (Flink: every channel within one TaskManager is a LocalInputChannel)",
+        _parse_local_channels,
+        "which channels of a pipelined exchange are local, without credit or exclusive buffers: 'executor' "
+        "every channel between two tasks of one executor (Flink's rule, with the executor as the TaskManager), "
+        "'task' only a task's own channel (every other one remote, with credits, as if each task had an "
+        "executor of its own)",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         for f in fields(self):
             raw = getattr(self, f.name)
@@ -245,6 +281,12 @@ class NetworkConfig:
                 "at least 1 when floating_buffers_per_gate is 0",
                 "an input gate with neither exclusive nor floating buffers can never receive data",
             )
+        if self.sort_shuffle_min_parallelism is not None and self.sort_shuffle_min_parallelism < 1:
+            raise ConfigError(
+                "sort_shuffle_min_parallelism", self.sort_shuffle_min_parallelism, "unset or an integer >= 1"
+            )
+        if self.sort_shuffle_min_buffers < 1:
+            raise ConfigError("sort_shuffle_min_buffers", self.sort_shuffle_min_buffers, "an integer >= 1")
         if self.max_buffers_per_channel < 1:
             raise ConfigError("max_buffers_per_channel", self.max_buffers_per_channel, "an integer >= 1")
         if self.buffer_timeout_ms < -1:
@@ -315,10 +357,10 @@ class NetworkConfig:
         try:  # every key of the session, also those set with spark.conf.set (Spark 4: a property, also on Connect)
             all_conf = list(dict(spark.conf.getAll).items())
         except Exception:
-            try:  # older sessions: the SparkContext's conf (classic only)
-                all_conf = spark.sparkContext.getConf().getAll()
-            except Exception:  # Spark Connect has no SparkContext
-                all_conf = []
+            from .runtime.session import spark_context
+
+            sc = spark_context(spark)  # older sessions: the SparkContext's conf (classic only)
+            all_conf = sc.getConf().getAll() if sc is not None else []
         for key, value in all_conf:
             if key.startswith(CONF_PREFIX):
                 conf.setdefault(key, value)

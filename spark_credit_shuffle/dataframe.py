@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from .config import NetworkConfig
+from .config import NetworkConfig, check_count
 from .errors import ConfigError, PartitionerError, UnsupportedKeyTypeError
 from .partitioners import SUPPORTED_KEY_TYPES, CustomPartitionerWrapper, KeyGroupStreamPartitioner, Partitioner
 from .partitioners.partitioner import identifier_parts
+from .runtime.session import num_partitions
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -209,15 +210,6 @@ def _top_level_field(fields: Sequence[Any], column: str) -> Any:
     raise PartitionerError(f"key column {column!r} is not in the DataFrame; its columns are: {', '.join(by_name)}")
 
 
-def _num_partitions(df: DataFrame) -> int | None:
-    """The DataFrame's partition count on a classic session; None on Spark Connect (which cannot tell)."""
-    try:
-        rdd = df.rdd
-    except Exception:  # Spark Connect: no RDD API
-        return None
-    return rdd.getNumPartitions()
-
-
 def with_channel(
     df: DataFrame,
     partitioner: Partitioner,
@@ -234,9 +226,9 @@ def with_channel(
     else ``max_parallelism``, else ``spark.creditShuffle.maxParallelism``, else Flink's default.
 
     The producer count is needed for pointwise partitioners (rescale, forward) and when ``parallelism`` is
-    not given; pass ``num_producers`` to state it. Otherwise it is read from the DataFrame on a classic
-    session — note that with adaptive query execution Spark may then run the stages that produce ``df``
-    to learn it — and Spark Connect needs it passed.
+    not given; pass ``num_producers`` to state it. Otherwise it is read from the DataFrame: from its plan on
+    a classic session (with adaptive query execution Spark may then run the stages that produce ``df``),
+    with one small Spark job on Spark Connect (see :func:`~spark_credit_shuffle.runtime.session.num_partitions`).
     """
     from pyspark import TaskContext
     from pyspark.sql.types import IntegerType, StructField, StructType
@@ -256,12 +248,9 @@ def with_channel(
         return out.toDF(*names, column)
     max_p = _conf_max_parallelism(df.sparkSession.conf.get(_MAX_PARALLELISM_KEY, None), max_parallelism)
     if num_producers is None and (parallelism is None or partitioner.is_pointwise):
-        num_producers = _num_partitions(df)
-        if num_producers is None:
-            raise PartitionerError(
-                "on Spark Connect the DataFrame's partition count is not known before it runs: pass num_producers "
-                "(pin the count with repartition(n)) or, for an all-to-all partitioner, parallelism"
-            )
+        num_producers = num_partitions(df)
+        if num_producers == 0:  # no rows to label: check the rest as if producers matched the consumers
+            num_producers = 1 if parallelism is None else check_count(parallelism, "parallelism")
     producers, consumers = _resolve_counts(partitioner, num_producers, parallelism, max_p)
     schema = StructType([*df.schema.fields, StructField(column, IntegerType(), nullable=False)])
     field = pa.field(column, pa.int32(), nullable=False)

@@ -24,6 +24,7 @@ from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, 
 from .errors import ConfigError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
+from .runtime.session import num_partitions
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -151,12 +152,21 @@ class Exchange:
 
         The stages' Python functions are named after the exchange as well
         (``credit_shuffle_produce_<name>``), so the SQL tab shows them whatever the label.
-        On Spark Connect, where the job description cannot be set from here, it does nothing.
+        On Spark Connect, where the job description cannot be set from a client, the jobs carry the
+        tag ``credit_shuffle_<name>`` instead (``spark.addTag``: the Spark UI shows it with each job, and
+        ``spark.interruptTag`` cancels them).
         """
-        try:
-            sc = self.df.sparkSession.sparkContext
-        except Exception:  # Spark Connect has no SparkContext
-            yield self
+        from .runtime.session import spark_context
+
+        spark = self.df.sparkSession
+        sc = spark_context(spark)
+        if sc is None:
+            tag = job_label(self.plan)
+            spark.addTag(tag)
+            try:
+                yield self
+            finally:
+                spark.removeTag(tag)
             return
         previous = sc.getLocalProperty("spark.job.description")
         sc.setJobDescription(self.plan.describe())
@@ -227,18 +237,6 @@ def _session_conf(spark: Any, key: str) -> str | None:
         return None
 
 
-def _num_partitions(df: DataFrame) -> int:
-    try:
-        return df.rdd.getNumPartitions()
-    except Exception as e:  # Spark Connect: no RDDs
-        raise ConfigError(
-            "num_producers",
-            None,
-            "an explicit producer count on Spark Connect",
-            f"the input's partition count cannot be read here ({type(e).__name__})",
-        ) from None
-
-
 def exchange(
     df: DataFrame,
     partitioner: Partitioner,
@@ -306,13 +304,17 @@ def exchange(
         config = config.replace(**settings)
     if num_producers is not None:
         df = df.repartition(num_producers)
-    producers = num_producers or _num_partitions(df)
+    if parallelism is not None:  # checked before the producer count, which is a Spark job on Spark Connect
+        _max_parallelism(partitioner, config, parallelism)
+    producers = num_producers or num_partitions(df)
+    if producers == 0:  # nothing to move: no producer subtask, consumers that receive nothing
+        empty = _empty_exchange(df, partitioner, parallelism, mode, config, injection, retryable, schema)
+        if plain != names:
+            empty.df = empty.df.toDF(*names)
+        return empty
     consumers = producers if parallelism is None else parallelism
     consumers = check_count(consumers, "parallelism")
-    max_parallelism = config.resolve_max_parallelism(consumers)
-    own = getattr(partitioner, "resolve_max_parallelism", None)
-    if own is not None:  # key_by(..., max_parallelism=P) wins over the config's
-        max_parallelism = own(consumers, config.max_parallelism)
+    max_parallelism = _max_parallelism(partitioner, config, consumers)
     partitioner.validate(producers, consumers)
     name = f"{partitioner.name.lower()}-{mode}-{next(_ids)}"
 
@@ -340,6 +342,48 @@ def exchange(
     if plain != names:
         out = out.toDF(*names)
     return Exchange(plan, out, collected)
+
+
+def _max_parallelism(partitioner: Partitioner, config: NetworkConfig, consumers: int) -> int:
+    """The exchange's max parallelism for ``consumers``, or the ConfigError of a parallelism above it."""
+    max_parallelism = config.resolve_max_parallelism(consumers)
+    own = getattr(partitioner, "resolve_max_parallelism", None)
+    if own is not None:  # key_by(..., max_parallelism=P) wins over the config's
+        max_parallelism = own(consumers, config.max_parallelism)
+    return max_parallelism
+
+
+def _empty_exchange(
+    df: DataFrame,
+    partitioner: Partitioner,
+    parallelism: int | None,
+    mode: str,
+    config: NetworkConfig,
+    injection: Injection | None,
+    retryable: bool | None,
+    schema: pa.Schema,
+) -> Exchange:
+    """The exchange of an input without partitions: ``parallelism`` consumers (0 if not given) that
+    receive nothing, an empty ``df`` with the input's schema, and no metric rows. No task runs."""
+    from .runtime.common import NoMetrics
+
+    consumers = parallelism or 0
+    max_parallelism = _max_parallelism(partitioner, config, max(consumers, 1))
+    plan = ExchangePlan(
+        name=f"{partitioner.name.lower()}-{mode}-{next(_ids)}",
+        mode=mode,
+        partitioner=partitioner,
+        num_producers=0,
+        num_consumers=consumers,
+        max_parallelism=max_parallelism,
+        config=config,
+        schema=schema,
+        injection=injection,
+        retryable=retryable,
+    )
+    log.info("%s: the input has no partitions, nothing to move", plan.describe())
+    out = df.repartition(consumers) if consumers else df  # consumer subtask i is partition i, as always
+    return Exchange(plan, out, NoMetrics())
 
 
 def exchange_rdd(

@@ -5,19 +5,30 @@ network buffers". The planner applies the same rules (reference §4.3) to a topo
 and the executors it will run on, so the answer comes on the driver, before a Spark job starts:
 
 - a producer task's result partition with N subpartitions: a LocalBufferPool of min N + 1 and max
-  N * buffers_per_channel + floating_buffers_per_gate (pipelined, bounded) or unbounded (blocking);
+  N * buffers_per_channel + floating_buffers_per_gate (pipelined, bounded) or unbounded (blocking, sized
+  as a hash blocking partition, which the blocking exchange's partition is; with
+  ``sort_shuffle_min_parallelism`` set, blocking partitions of at least that many subpartitions are sized
+  as Flink's sort-merge ones: min ``sort_shuffle_min_buffers`` (512), max max(min, 4 N));
 - a consumer task's input gate with C channels: buffers_per_channel exclusive buffers per *remote*
-  channel (a pipelined task reads its own producer through a local channel, which needs none) and a
-  floating pool of min 1 (pipelined) and max C * buffers_per_channel + floating_buffers_per_gate minus
-  the exclusive ones; blocking gates cap the required buffers at 1000 as Flink does.
+  channel and a floating pool of min 1 (pipelined) and max C * buffers_per_channel +
+  floating_buffers_per_gate minus the exclusive ones; blocking gates cap the required buffers at 1000 as
+  Flink does. A pipelined channel is local, with no exclusive buffers, when producer and consumer run in
+  tasks of one executor (with ``local_channels="executor"``, the default; with ``"task"`` only a task's own
+  channel is). A blocking consumer reads every producer from Spark's shuffle: all its channels are remote.
 
 Which halves share a task follows the runtime: a blocking exchange runs its producers in one Spark
 stage and its consumers in the next; a pipelined exchange runs producer subtask *i* and consumer
 subtask *i* in task *i* of one barrier stage. With ``chain=True`` consecutive exchanges share tasks
 (the consumer of exchange *k* is the producer of exchange *k + 1*, as Flink's tasks have an input gate
 and a result partition). An executor runs up to ``slots`` tasks of a stage at once, and the check
-assumes the worst: the heaviest tasks of the stage land on the same executor. Stages run one after
-the other, so an executor's requirement is that of its busiest stage.
+assumes the worst: the heaviest tasks of the stage land on the same executor. For a pipelined (barrier)
+stage, which tasks share an executor also decides which channels are local, so the planner tries every
+number *k* of tasks one executor can hold while all tasks run at once (from ``W - (count - 1) * slots``
+to ``min(slots, W)`` of the stage's *W* tasks; in local mode exactly *W*): the *k* heaviest tasks together
+on one executor, their channels among each other local, the others spread over the other executors; the
+busiest executor of the worst placement is the requirement. ``Executors(placement=...)`` gives the
+placement instead (the executor of every task), as a running stage knows it. Stages run one after the
+other, so an executor's requirement is that of its busiest stage.
 
 :func:`plan_network` returns a :class:`NetworkPlan` (per task, per stage, verdict);
 :func:`plan_table` gives it as a pandas DataFrame and :func:`plan_dataframe` as a Spark DataFrame.
@@ -129,7 +140,7 @@ def _saturating_add(a: int, b: int) -> int:
 
 
 def partition_type(mode: str) -> str:
-    """Flink's partition type of an exchange mode: PIPELINED_BOUNDED or (hash) BLOCKING."""
+    """Flink's partition type of an exchange mode: PIPELINED_BOUNDED or BLOCKING."""
     return PartitionType.BLOCKING if mode == "blocking" else PartitionType.PIPELINED_BOUNDED
 
 
@@ -143,8 +154,25 @@ def _consumer_buffers(channels: int, remote: int, config: NetworkConfig, mode: s
     return TaskBuffers(0, 0, spec.exclusive_total, spec.floating_min, spec.floating_max)
 
 
-def task_buffers(plan: ExchangePlan, subtask: int) -> tuple[TaskBuffers, TaskBuffers]:
-    """(producer half, consumer half) of subtask ``subtask`` of ``plan``: the pools the runtime creates."""
+def _local_channels(channels: Sequence[int], subtask: int, mode: str, config: NetworkConfig, placement: Any) -> int:
+    """How many of consumer ``subtask``'s ``channels`` (producer subtasks) are local: in pipelined mode its
+    own task's, and with ``local_channels="executor"`` every producer whose task shares its executor
+    (``placement[i]`` is the executor of task *i*; None: every task its own executor)."""
+    if mode != "pipelined":
+        return 0
+    if placement is None or config.local_channels != "executor":
+        return 1 if subtask in channels else 0
+    mine = placement[subtask]
+    return sum(1 for p in channels if p == subtask or placement[p] == mine)
+
+
+def task_buffers(
+    plan: ExchangePlan, subtask: int, placement: Sequence[Any] | None = None
+) -> tuple[TaskBuffers, TaskBuffers]:
+    """(producer half, consumer half) of subtask ``subtask`` of ``plan``: the pools the runtime creates.
+
+    ``placement[i]`` names the executor of task *i* (pipelined mode: channels between tasks of one executor
+    are local); None: every task its own executor."""
     p, config = plan.partitioner, plan.config
     producer = consumer = _NONE
     if subtask < plan.num_producers:
@@ -152,7 +180,7 @@ def task_buffers(plan: ExchangePlan, subtask: int) -> tuple[TaskBuffers, TaskBuf
         producer = _producer_buffers(n, config, plan.mode)
     if subtask < plan.num_consumers:
         channels = p.producers_of(subtask, plan.num_producers, plan.num_consumers)
-        local = 1 if plan.mode == "pipelined" and subtask in channels else 0
+        local = _local_channels(channels, subtask, plan.mode, config, placement)
         consumer = _consumer_buffers(len(channels), len(channels) - local, config, plan.mode)
     return producer, consumer
 
@@ -248,18 +276,31 @@ class ExchangeSpec:
 class Executors:
     """The executors a topology runs on: how many, task slots each, network memory each (bytes or "64mb").
 
-    ``network_memory=None`` takes the config's ``network_memory``.
+    ``network_memory=None`` takes the config's ``network_memory``. ``placement``, if given, is the executor
+    (0 .. count - 1) of every task of the pipelined stages, as Spark placed them; without it the planner
+    assumes the placement that needs the most buffers on one executor.
     """
 
     count: int = 1
     slots: int = 1
     network_memory: int | str | None = None
+    placement: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "count", check_count(self.count, "executors"))
         object.__setattr__(self, "slots", check_count(self.slots, "slots"))
         if self.network_memory is not None:
             object.__setattr__(self, "network_memory", parse_size(self.network_memory, "network_memory"))
+        if self.placement is not None:
+            placement = tuple(self.placement)
+            if any(isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < self.count for e in placement):
+                raise ConfigError("placement", self.placement, f"an executor index in [0, {self.count}) per task")
+            busiest = max((placement.count(e) for e in set(placement)), default=0)
+            if busiest > self.slots:
+                raise ConfigError(
+                    "placement", self.placement, f"at most slots={self.slots} tasks per executor", f"one has {busiest}"
+                )
+            object.__setattr__(self, "placement", placement)
 
     @property
     def total_slots(self) -> int:
@@ -327,6 +368,8 @@ class StagePlan:
     segment_size: int
     all_at_once: bool  # a barrier stage: every task must have a slot at the same time
     total_slots: int
+    #: The executor of every task the numbers assume (a barrier stage), or None (no channel depends on it).
+    placement: tuple[int, ...] | None = None
 
     @property
     def fits_memory(self) -> bool:
@@ -489,8 +532,11 @@ class _Half:
     partitions: list[tuple[int, str]] = field(default_factory=list)
 
 
-def _halves(spec: ExchangeSpec, config: NetworkConfig) -> tuple[list[_Half | None], list[_Half | None]]:
-    """(producer half per producer subtask, consumer half per consumer subtask) of one exchange."""
+def _halves(
+    spec: ExchangeSpec, config: NetworkConfig, placement: Sequence[int] | None = None
+) -> tuple[list[_Half | None], list[_Half | None]]:
+    """(producer half per producer subtask, consumer half per consumer subtask) of one exchange;
+    ``placement[i]`` is the executor of task *i* (None: every task its own)."""
     p = spec.resolved
     s, t, mode = spec.producers, spec.consumers, spec.mode
     producers: list[_Half | None] = []
@@ -507,8 +553,7 @@ def _halves(spec: ExchangeSpec, config: NetworkConfig) -> tuple[list[_Half | Non
     consumers: list[_Half | None] = []
     for j in range(t):
         channels = p.producers_of(j, s, t)
-        local = 1 if mode == "pipelined" and j in channels else 0
-        remote = len(channels) - local
+        remote = len(channels) - _local_channels(channels, j, mode, config, placement)
         consumers.append(
             _Half(
                 f"{spec.label} consumer {j}",
@@ -554,24 +599,93 @@ def _task_plan(stage: str, index: int, halves: list[_Half], config: NetworkConfi
     )
 
 
+#: One stage of a topology: (exchange, which halves) in the order they share its tasks; "both" is a
+#: pipelined exchange's producer and consumer halves.
+_Parts = list[tuple[ExchangeSpec, str]]
+
+
+def _stage_tasks(parts: _Parts, config: NetworkConfig, placement: Sequence[int] | None) -> list[list[_Half]]:
+    tasks: list[list[_Half]] = []
+    for spec, which in parts:
+        producers, consumers = _halves(spec, config, placement)
+        if which == "both":
+            halves = _merge(producers, consumers)
+        else:
+            halves = _merge(producers if which == "producers" else consumers, [])
+        tasks = _merge(tasks, halves)
+    return tasks
+
+
+def _placements(plans: Sequence[TaskPlan], executors: Executors) -> list[tuple[int, ...]]:
+    """The placements a barrier stage of ``plans`` may get that could need the most on one executor: for
+    every number k of tasks one executor can hold while all run at once, the k heaviest tasks (when every
+    channel between tasks is remote) on executor 0 and the others round robin over the others."""
+    width, count, slots = len(plans), executors.count, executors.slots
+    low, high = max(1, width - (count - 1) * slots), min(slots, width)
+    if low > high:  # the stage does not fit the slots (reported as such); any placement will do for memory
+        low = high
+    order = sorted(range(width), key=lambda i: (-plans[i].required, i))
+    out = []
+    for k in range(low, high + 1):
+        placement = [0] * width
+        for n, task in enumerate(order[k:]):
+            placement[task] = 1 + n % (count - 1) if count > 1 else 0
+        out.append(tuple(placement))
+    return out
+
+
 def _stage(
-    name: str, mode: str, tasks: list[list[_Half]], executors: Executors, config: NetworkConfig, barrier: bool
+    name: str, mode: str, parts: _Parts, executors: Executors, config: NetworkConfig, barrier: bool
 ) -> StagePlan:
-    plans = tuple(_task_plan(name, i, halves, config) for i, halves in enumerate(tasks))
-    at_once = min(executors.slots, len(plans))
-    heaviest = sorted((t.required for t in plans), reverse=True)[:at_once]
-    largest = sorted((t.maximum for t in plans), reverse=True)[:at_once]
+    def task_plans(placement: Sequence[int] | None) -> tuple[TaskPlan, ...]:
+        tasks = _stage_tasks(parts, config, placement)
+        return tuple(_task_plan(name, i, halves, config) for i, halves in enumerate(tasks))
+
+    plans = task_plans(None)
+    pipelined = any(which == "both" for _, which in parts)
+    if not (barrier and pipelined):  # no channel depends on the placement: the heaviest tasks together
+        at_once = min(executors.slots, len(plans))
+        heaviest = sorted((t.required for t in plans), reverse=True)[:at_once]
+        largest = sorted((t.maximum for t in plans), reverse=True)[:at_once]
+        worst: tuple[int, int, int, tuple[TaskPlan, ...], tuple[int, ...] | None] = (
+            sum(heaviest),
+            sum(largest),
+            at_once,
+            plans,
+            None,
+        )
+    else:
+        placements = [executors.placement] if executors.placement is not None else _placements(plans, executors)
+        worst = (-1, 0, 0, plans, None)
+        largest_max = 0
+        for placement in placements:
+            if len(placement) != len(plans):  # type: ignore[arg-type]
+                raise ConfigError(
+                    "placement", placement, f"one executor per task of stage '{name}' ({len(plans)} tasks)"
+                )
+            tasks = task_plans(placement)
+            by_executor: dict[int, list[TaskPlan]] = {}
+            for task, executor in zip(tasks, placement):  # type: ignore[arg-type]
+                by_executor.setdefault(executor, []).append(task)
+            for group in by_executor.values():
+                required = sum(t.required for t in group)
+                largest_max = max(largest_max, sum(t.maximum for t in group))
+                if required > worst[0]:
+                    worst = (required, 0, len(group), tasks, tuple(placement))  # type: ignore[arg-type]
+        worst = (worst[0], largest_max, *worst[2:])
+    required, maximum, at_once, plans, placement = worst
     return StagePlan(
         name=name,
         mode=mode,
         tasks=plans,
         tasks_per_executor=at_once,
-        required_per_executor=sum(heaviest),
-        max_per_executor=sum(largest),
+        required_per_executor=required,
+        max_per_executor=maximum,
         network_buffers=config.total_network_buffers,
         segment_size=config.segment_size,
         all_at_once=barrier,
         total_slots=executors.total_slots,
+        placement=placement,
     )
 
 
@@ -610,7 +724,7 @@ def plan_network(
                 )
     stages: list[StagePlan] = []
     # halves waiting to share tasks with the next exchange's producers (chain=True), and their stage name
-    pending: list[list[_Half]] = []
+    pending: _Parts = []
     pending_name, pending_barrier = "", False
     for k, spec in enumerate(specs):
         label = spec.label if len(specs) == 1 else f"{k}:{spec.label}"
@@ -621,23 +735,22 @@ def plan_network(
                 resolve(spec.consumers, config.max_parallelism)
             else:
                 config.resolve_max_parallelism(spec.consumers)
-        producers, consumers = _halves(spec, config)
         carries = chain and k + 1 < len(specs)
         prefix = f"{pending_name} + " if pending else ""
         if spec.mode == "pipelined":  # one barrier stage: producer i and consumer i in task i
-            tasks = _merge(pending, _merge(producers, consumers))
+            parts = [*pending, (spec, "both")]
             if carries:
-                pending, pending_name, pending_barrier = tasks, prefix + label, True
+                pending, pending_name, pending_barrier = parts, prefix + label, True
                 continue
-            stages.append(_stage(prefix + label, spec.mode, tasks, executors, config, True))
+            stages.append(_stage(prefix + label, spec.mode, parts, executors, config, True))
         else:  # a producer stage, then a consumer stage
-            tasks = _merge(pending, _merge(producers, []))
-            stage = _stage(f"{prefix}{label} produce", spec.mode, tasks, executors, config, pending_barrier)
+            parts = [*pending, (spec, "producers")]
+            stage = _stage(f"{prefix}{label} produce", spec.mode, parts, executors, config, pending_barrier)
             stages.append(stage)
             if carries:
-                pending, pending_name, pending_barrier = _merge(consumers, []), f"{label} consume", False
+                pending, pending_name, pending_barrier = [(spec, "consumers")], f"{label} consume", False
                 continue
-            stages.append(_stage(f"{label} consume", spec.mode, _merge(consumers, []), executors, config, False))
+            stages.append(_stage(f"{label} consume", spec.mode, [(spec, "consumers")], executors, config, False))
         pending, pending_name, pending_barrier = [], "", False
     return NetworkPlan(specs, executors, config, tuple(stages))
 

@@ -6,9 +6,12 @@ their :class:`SingleInputGate` and spend ``size / rate`` virtual seconds on each
 recycle it. Remote channels travel over :class:`~spark_credit_shuffle.transport.memory.MemoryConnection`\\ s
 with an optional latency and bandwidth, one connection per host pair (Flink's multiplexing: every channel
 between two hosts shares it) or per task pair; a consumer on the producer's host reads it through a
-:class:`LocalInputChannel`. Everything runs on virtual time, so results are deterministic and
-independent of the machine, which makes the simulation usable for what-if questions ("what does one slow
-consumer do to the others, with and without credits?") and for tests.
+:class:`LocalInputChannel`: directly (``local_channels="direct"``, Flink's TaskManager) or through a
+connection (``"connection"``: tasks of one Spark executor in different Python processes), where the
+producer holds each data buffer's segment in its pool until the consumer recycled it. Everything runs
+on virtual time, so results are deterministic and independent of the machine, which makes the simulation
+usable for what-if questions ("what does one slow consumer do to the others, with and without credits?")
+and for tests.
 
 The report gives per-channel and per-subtask bytes and throughput, the time producers spent back-pressured,
 and samples over virtual time of the Flink metrics (outPoolUsage, inPoolUsage, exclusive and floating
@@ -342,6 +345,9 @@ class Simulation:
     two hosts over one connection, ``"task_pair"`` gives each (consumer, producer) pair its own.
     ``network_buffers`` per host default to ``config.total_network_buffers``;
     ``extra_buffers_per_host`` instead sizes each host at exactly its minimum plus that many.
+    ``local_channels``: how a consumer reads a producer of its own host: ``"direct"`` (one process, Flink's
+    TaskManager) or ``"connection"`` (one process per task, as Spark's Python workers: a local channel over
+    a connection, credit-free, the producer's segment held until the consumer recycled it).
     """
 
     def __init__(
@@ -370,6 +376,7 @@ class Simulation:
         sample_interval: float | None = None,
         check_invariants: bool = False,
         max_steps: int = 2_000_000,
+        local_channels: str = "direct",
     ) -> None:
         if num_producers < 1 or num_consumers < 1:
             raise ConfigError("parallelism", (num_producers, num_consumers), "at least 1 producer and 1 consumer")
@@ -379,6 +386,8 @@ class Simulation:
             raise ConfigError("rate_unit", rate_unit, "'bytes' or 'records'")
         if connections not in ("host_pair", "task_pair"):
             raise ConfigError("connections", connections, "'host_pair' or 'task_pair'")
+        if local_channels not in ("direct", "connection"):
+            raise ConfigError("local_channels", local_channels, "'direct' or 'connection'")
         if record_size < 1 or batch_records < 1:
             raise ConfigError("record_size", (record_size, batch_records), "record_size and batch_records >= 1")
         self.config = config
@@ -456,6 +465,7 @@ class Simulation:
         self._pump_at: dict[MemoryConnection, float] = {}
         self.consumers: list[_Consumer] = []
         self._remote: list[tuple[RemoteInputChannel, MemoryConnection]] = []
+        self._local_links: list[tuple[int, MemoryConnection, PipelinedResultPartition]] = []
         self._channel_origin: list[list[tuple[int, int, bool]]] = []
         link = {
             "latency": latency,
@@ -471,7 +481,7 @@ class Simulation:
             origins = []
             for index, (p, sp) in enumerate(channels):
                 producer_host = self.producer_hosts[p]
-                if producer_host == host:
+                if producer_host == host and local_channels == "direct":
                     gate.local_channel(index, self.managers[host], partition_id=p, subpartition=sp)
                     origins.append((p, sp, True))
                     continue
@@ -486,6 +496,13 @@ class Simulation:
                     client.listener = server.queue.listener = self._marker(connection)
                     self.connections[key] = connection
                 receiver_id += 1
+                if producer_host == host:  # a local channel through the connection
+                    gate.local_channel(
+                        index, connection.client, receiver_id=receiver_id, partition_id=p, subpartition=sp
+                    )
+                    self._local_links.append((receiver_id, connection, self.producers[p].partition))
+                    origins.append((p, sp, True))
+                    continue
                 channel = gate.remote_channel(index, receiver_id, connection.client, partition_id=p, subpartition=sp)
                 self._remote.append((channel, connection))
                 origins.append((p, sp, False))
@@ -557,8 +574,27 @@ class Simulation:
             self.clock.schedule(now + self.sample_interval, self._sample)
 
     def _check_invariants(self) -> None:
-        """No data buffer is in flight or sendable without a receiver buffer reserved for it."""
+        """No data buffer is in flight or sendable without a receiver buffer reserved for it; on a local
+        channel through a connection, every buffer sent and not yet recycled holds a segment of the
+        producer's pool."""
         self.invariant_checks += 1
+        segments: dict[int, set[int]] = {}  # per producer partition: the segments its local channels hold
+        for receiver_id, connection, partition in self._local_links:
+            reader = connection.server.queue.all_readers.get(receiver_id)
+            if reader is not None:
+                mine = segments.setdefault(id(partition), set())
+                for buffer in reader.held:  # type: ignore[attr-defined]
+                    recycler = buffer._recycler  # a slice's recycler is bound to its segment's lease
+                    if recycler is None:
+                        raise AssertionError(f"local channel {receiver_id} holds a buffer already recycled")
+                    mine.add(id(getattr(recycler, "__self__", recycler)))
+        for partition in {id(p): p for _, _, p in self._local_links}.values():
+            held = len(segments.get(id(partition), ()))
+            if held > partition.buffer_pool.num_used:
+                raise AssertionError(
+                    f"producer {partition.partition_id}: {held} segments held by local channels, "
+                    f"{partition.buffer_pool.num_used} in use in its pool"
+                )
         if not self.config.credit_based:
             return
         for channel, connection in self._remote:

@@ -174,7 +174,8 @@ def test_bad_conf_value_names_the_setting():
 
 
 @pytest.mark.spark
-def test_precedence_through_a_spark_session(spark):
+def test_precedence_through_a_spark_session(any_spark):
+    spark = any_spark
     keys = ["spark.creditShuffle.segmentSize", "spark.creditShuffle.floatingBuffersPerGate"]
     try:
         spark.conf.set(keys[0], "64kb")
@@ -191,7 +192,8 @@ def test_precedence_through_a_spark_session(spark):
 
 
 @pytest.mark.spark
-def test_unknown_key_set_on_a_spark_session_is_refused(spark):
+def test_unknown_key_set_on_a_spark_session_is_refused(any_spark):
+    spark = any_spark
     try:
         spark.conf.set("spark.creditShuffle.bufferTimeout", "10ms")
         with pytest.raises(UnknownSettingError, match=r"spark.creditShuffle.bufferTimeout'.*bufferTimeoutMs"):

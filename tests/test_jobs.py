@@ -36,14 +36,14 @@ def test_plan_job_says_whether_a_topology_fits(capsys):
     headline = last_json(capsys.readouterr().out)
     assert headline == {
         "fits": True,
-        "required_buffers_per_executor": 4 * (5 + 6 + 1),
-        "max_buffers_per_executor": 4 * (16 + 6 + 8),
+        "required_buffers_per_executor": 4 * (5 + 0 + 1),  # all four tasks on one executor: local channels
+        "max_buffers_per_executor": 4 * (16 + 0 + 8),
         "network_buffers_per_executor": 2048,
-        "required_mib_per_executor": 1.5,
+        "required_mib_per_executor": 0.75,
         "network_mib_per_executor": 64.0,
         "stages": 1,
     }
-    too_small = [*argv, "--slots", "4", "--conf", "spark.creditShuffle.networkMemory=1mb"]
+    too_small = [*argv, "--slots", "4", "--conf", "spark.creditShuffle.networkMemory=512kb"]
     assert plan.main(too_small) == 1
     out = capsys.readouterr().out
     assert last_json(out)["fits"] is False and "spark.creditShuffle.networkMemory" in out
@@ -165,6 +165,14 @@ def test_exchange_job_refuses_bad_input_before_any_job(spark, capsys):
                      "--conf", "spark.creditShuffle.networkMemory=1mb"]) == 2  # fmt: skip
     assert "Insufficient number of network buffers" in capsys.readouterr().err
     assert spark.conf.get("spark.creditShuffle.networkMemory", None) is None
+
+
+def test_exchange_job_runs_on_spark_connect(connect_spark, capsys):
+    job = load_job("exchange_job")
+    argv = ["--generate", "2000", "--partitioner", "hash:user_id", "--parallelism", "3", "--mode", "pipelined"]
+    assert job.main(argv) == 0
+    headline = last_json(capsys.readouterr().out)
+    assert headline["rows"] == 2000 and headline["consumers"] == 3 and headline["producers"] == 2
 
 
 def test_jobs_have_main_and_run_as_scripts():

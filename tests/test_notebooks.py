@@ -1,6 +1,9 @@
 """The notebooks run: each .ipynb executes top to bottom in a Jupyter kernel of this interpreter, and the
 Databricks source-format versions run as scripts (in the same kernel after it, on its SparkSession, as on
-Databricks where the session exists already). The two formats hold the same code."""
+Databricks where the session exists already), once on classic Spark and once on the tests' local Spark
+Connect server (``SPARK_REMOTE``, so ``SparkSession.builder.getOrCreate()`` returns a Connect session, as on
+Databricks' shared and serverless compute). The two formats hold the same code; the Databricks form starts
+with the ``%pip install`` cell the README tells users to run (a comment when run as a script)."""
 
 from __future__ import annotations
 
@@ -18,10 +21,13 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = ("tour", "backpressure")
 HEADER = "# Databricks notebook source"
 SEPARATOR = "# COMMAND ----------"
+# an empty namespace as in a new kernel, whose __main__ has __spec__ None (pyspark's Connect client reads it)
+RESET = "%reset -f\n__spec__ = None"
+PIP_INSTALL = '# MAGIC %pip install "spark-credit-shuffle[plot]"'
 
 
 def databricks_cells(text: str) -> list[tuple[str, str]]:
-    """(cell type, source) of a Databricks source-format notebook."""
+    """(cell type, source) of a Databricks source-format notebook; a ``%pip`` cell is of type "pip"."""
     lines = text.splitlines()
     assert lines[0] == HEADER, "a Databricks notebook starts with its header line"
     chunks: list[list[str]] = [[]]
@@ -38,6 +44,8 @@ def databricks_cells(text: str) -> list[tuple[str, str]]:
         if text.startswith("# MAGIC %md"):
             body = [line.removeprefix("# MAGIC").removeprefix(" ") for line in text.splitlines()[1:]]
             cells.append(("markdown", "\n".join(body)))
+        elif text.startswith("# MAGIC %pip"):
+            cells.append(("pip", text))
         else:
             cells.append(("code", text))
     return cells
@@ -49,27 +57,34 @@ def test_both_formats_hold_the_same_notebook(name):
     nbformat.validate(notebook)
     assert notebook.metadata["kernelspec"]["name"] == "python3"
     ipynb = [(c.cell_type, c.source.strip("\n")) for c in notebook.cells]
-    source = (NOTEBOOKS / "databricks" / f"{name}.py").read_text()
-    assert ipynb == databricks_cells(source)
+    cells = databricks_cells((NOTEBOOKS / "databricks" / f"{name}.py").read_text())
+    assert cells[0] == ("pip", PIP_INSTALL)  # installs the package on the cluster first
+    assert ipynb == cells[1:]
     assert all(not c.get("outputs") for c in notebook.cells if c.cell_type == "code")  # stored without outputs
 
 
-def test_notebooks_and_their_databricks_versions_run(tmp_path, monkeypatch):
-    # One kernel (one JVM) for everything; each notebook starts from an empty namespace.
+@pytest.mark.parametrize("session", ["classic", "connect"])
+def test_notebooks_and_their_databricks_versions_run(request, monkeypatch, session):
+    # One kernel (one JVM, or one Connect session) for everything; each notebook starts from an empty namespace.
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setenv(
-        "PYSPARK_SUBMIT_ARGS",
-        "--master local[2] --driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' "
-        "--conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false pyspark-shell",
-    )
+    if session == "classic":
+        monkeypatch.delenv("SPARK_REMOTE", raising=False)
+        monkeypatch.setenv(
+            "PYSPARK_SUBMIT_ARGS",
+            "--master local[2] --driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' "
+            "--conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false pyspark-shell",
+        )
+    else:  # the kernel's SparkSession.builder.getOrCreate() connects to the tests' Spark Connect server
+        monkeypatch.setenv("SPARK_REMOTE", request.getfixturevalue("connect_server"))
+        monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
     combined = nbformat.v4.new_notebook()
     combined.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     owner: list[tuple[str, int]] = []  # (notebook, index of the cell in it) per combined cell
     for name in NAMES:
-        combined.cells.append(nbformat.v4.new_code_cell("%reset -f"))
+        combined.cells.append(nbformat.v4.new_code_cell(RESET))
         owner.append(("reset", -1))
         for i, cell in enumerate(nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4).cells):
             combined.cells.append(cell)
@@ -77,10 +92,14 @@ def test_notebooks_and_their_databricks_versions_run(tmp_path, monkeypatch):
         script = NOTEBOOKS / "databricks" / f"{name}.py"
         combined.cells.append(
             nbformat.v4.new_code_cell(
-                f"%reset -f\nimport runpy\n_ = runpy.run_path({str(script)!r}, run_name='__main__')"
+                f"{RESET}\nimport runpy\n_ = runpy.run_path({str(script)!r}, run_name='__main__')"
             )
         )
         owner.append((f"databricks/{name}.py", -1))
+    combined.cells.append(
+        nbformat.v4.new_code_cell("from pyspark.sql import SparkSession\nSparkSession.builder.getOrCreate()")
+    )
+    owner.append(("check", -1))
     client = NotebookClient(
         combined,
         kernel_name="python3",
@@ -104,9 +123,10 @@ def test_notebooks_and_their_databricks_versions_run(tmp_path, monkeypatch):
             parts.append(o.get("data", {}).get("text/plain", ""))
         return "\n".join(parts)
 
+    assert ("pyspark.sql.connect.session" in text("check")) == (session == "connect")  # the session they ran on
     assert pictures("tour") == 2
     tour = text("tour")
-    assert "fits: 48 of 2048 buffers per executor" in tour
+    assert "fits: 24 of 2048 buffers per executor" in tour
     assert "Insufficient number of network buffers" in tour and "spark.creditShuffle.networkMemory" in tour
     backpressure = text("backpressure")
     assert "runs the exchange in pipelined mode" in backpressure  # local[2]: two slots

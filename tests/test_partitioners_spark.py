@@ -93,6 +93,15 @@ def test_default_parallelism_is_the_producer_count(keyed):
     assert all(row.channel == row.producer for row in result)
 
 
+def test_with_channel_on_spark_connect_counts_the_producers_itself(connect_spark):
+    df = connect_spark.range(0, 60, 1, 3).withColumn("producer", F.spark_partition_id())
+    assert all(row.channel == row.producer for row in with_channel(df, forward()).collect())
+    result = with_channel(df, rescale(), parallelism=6).collect()
+    assert {(row.producer, row.channel) for row in result} == {(p, 2 * p + i) for p in range(3) for i in range(2)}
+    empty = connect_spark.range(0, 0, 1, 3)
+    assert with_channel(empty, key_by("id"), parallelism=4).collect() == []
+
+
 def test_rescale_follows_the_pointwise_wiring(keyed):
     result = with_channel(keyed, rescale(), parallelism=6).collect()
     for producer, producer_rows in by_producer(result).items():

@@ -495,6 +495,22 @@ def test_the_retryable_keyword_chooses_how_the_output_is_placed(spark):
 
 
 @pytest.mark.spark
+def test_streaming_on_spark_connect_is_exact_and_reports_its_metrics(connect_spark):
+    """retryable=False on Spark Connect: the consumers' rows go straight into the action, the metrics in band;
+    a pipelined exchange checks the task slots from the session's conf (local[4, 2]: 4) before launch."""
+    df = spark_rows(connect_spark, 2000, 2)
+    ex = scs.exchange(df, scs.key_by("k"), mode="pipelined", retryable=False)
+    got = ex.df.withColumn("_subtask", F.spark_partition_id()).collect()
+    assert sorted(r["id"] for r in got) == list(range(2000))
+    keys = sorted({(r["k"], r["_subtask"]) for r in got})
+    assert [s for _, s in keys] == scs.key_group_channels(pa.array([k for k, _ in keys], pa.int32()), 2, 128).tolist()
+    assert sum(r.value for r in ex.metric_rows() if r.metric == "numRecordsIn") == 2000
+    assert pipelined.available_slots(connect_spark) == (4, 1, 4)
+    with pytest.raises(InsufficientSlotsError, match=r"runs 5 barrier tasks .* only 4 task slots"):
+        scs.exchange(df, scs.key_by("k"), parallelism=5, mode="pipelined")
+
+
+@pytest.mark.spark
 def test_a_task_killed_on_its_first_attempt_is_retried_and_the_output_is_exact(spark, tmp_path):
     df = spark_rows(spark, 2000, 3)
     injection = scs.Injection(fail_once=("consumer", 1), marker_dir=str(tmp_path))

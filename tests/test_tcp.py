@@ -3,6 +3,7 @@ connection, authentication, hostile input, handshake and connect timeouts, and a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import struct
@@ -30,7 +31,7 @@ from spark_credit_shuffle.protocol import (
     encode_to_bytes,
 )
 from spark_credit_shuffle.protocol.codec import MAGIC_NUMBER, PROTOCOL_VERSION
-from spark_credit_shuffle.transport.tcp import TcpTransport, resolve_host
+from spark_credit_shuffle.transport.tcp import MAX_HELLO_BYTES, TcpTransport, resolve_host
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -234,6 +235,7 @@ def hostile_payloads() -> dict[str, bytes]:
         "no hello first": encode_to_bytes(PartitionRequest(1, 0, 2, 7)),
         "garbage": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
         "oversized length": header.pack(1 << 31, MAGIC_NUMBER, PROTOCOL_VERSION, 2),
+        "garbage after a valid hello": encode_to_bytes(Hello(SECRET)) + b"\xff" * 64,
     }
 
 
@@ -287,20 +289,88 @@ def test_a_silent_connection_is_closed_after_the_handshake_timeout(caplog):
         producer.transport.close()
 
 
-def test_unauthenticated_connections_are_capped(caplog):
+def test_when_too_many_connections_wait_to_authenticate_the_oldest_is_closed_and_a_peer_still_gets_in(caplog):
     caplog.set_level(logging.WARNING, logger="spark_credit_shuffle")
+    data = batches(5000)
     producer = Producer(1, max_unauthenticated=2)
-    sockets = [socket.create_connection(producer.transport.address) for _ in range(2)]
+    sockets = [socket.create_connection(producer.transport.address)]
     try:
+        assert wait_until(lambda: len(producer.transport.connections) == 1)
+        sockets.append(socket.create_connection(producer.transport.address))
         assert wait_until(lambda: len(producer.transport.connections) == 2)
-        extra = socket.create_connection(producer.transport.address)
-        assert closed_by_peer(extra)
-        assert "already waiting to authenticate" in producer.transport.rejections[-1]
-        extra.close()
+        oldest = "client {}:{}".format(*sockets[0].getsockname())
+        sockets.append(socket.create_connection(producer.transport.address))  # one more than the limit
+        assert closed_by_peer(sockets[0]), "the oldest silent connection was kept"
+        assert f"closing connection with {oldest}" in producer.transport.rejections[0]
+        assert "max_unauthenticated=2" in producer.transport.rejections[0]
+        consumer = Consumer(producer.transport.address, [0])  # a legitimate peer: it gets in, whatever waits
+        writer = threading.Thread(target=producer.write, args=(data, 1))
+        writer.start()
+        received = consumer.read_all(data[0].schema)
+        writer.join(10)
+        assert sum(b.num_rows for b in received[0]) == 5000
+        assert sum(not c.is_authenticated for c in producer.transport.connections) <= 2
+        consumer.transport.close()
     finally:
         for s in sockets:
             s.close()
         producer.transport.close()
+
+
+def test_a_peer_dribbling_a_hello_byte_by_byte_is_closed_at_the_deadline_counted_from_connecting():
+    producer = Producer(1, handshake_timeout_s=0.3)
+    hello = encode_to_bytes(Hello(SECRET))
+    try:
+        with socket.create_connection(producer.transport.address) as slow:
+            stop = threading.Event()
+
+            def dribble() -> None:
+                for byte in hello[:-1]:  # the whole Hello would take longer than the deadline
+                    if stop.wait(0.05):
+                        return
+                    with contextlib.suppress(OSError):
+                        slow.sendall(bytes([byte]))
+
+            sender = threading.Thread(target=dribble)
+            sender.start()
+            try:
+                assert closed_by_peer(slow)
+            finally:
+                stop.set()
+                sender.join(5)
+        assert "no valid Hello within 300 ms of connecting" in producer.transport.rejections[0]
+    finally:
+        producer.transport.close()
+
+
+def test_a_peer_sending_more_than_a_hello_before_authenticating_is_closed():
+    producer = Producer(1)  # authentication deadline 5 s: the byte limit closes it first
+    header = struct.Struct(">IIBB")
+    try:
+        with socket.create_connection(producer.transport.address) as rogue:
+            rogue.sendall(header.pack(4000, MAGIC_NUMBER, PROTOCOL_VERSION, 12))  # a Hello frame of 4000 bytes
+            rogue.sendall(b"\0" * (MAX_HELLO_BYTES + 10))
+            assert closed_by_peer(rogue, timeout=2.0)
+        assert f"without a valid Hello (at most {MAX_HELLO_BYTES} bytes" in producer.transport.rejections[0]
+    finally:
+        producer.transport.close()
+
+
+def test_a_flood_of_silent_connections_logs_each_cause_once_and_a_count_when_the_transport_closes(caplog):
+    caplog.set_level(logging.DEBUG, logger="spark_credit_shuffle")
+    producer = Producer(1, max_unauthenticated=4, handshake_timeout_s=1.0)
+    sockets = [socket.create_connection(producer.transport.address) for _ in range(20)]
+    try:
+        assert wait_until(lambda: producer.transport.num_rejected == 20)
+        assert producer.transport.rejected_by_cause == {"evicted unauthenticated": 16, "handshake timeout": 4}
+    finally:
+        for s in sockets:
+            s.close()
+        producer.transport.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3, warnings  # the first of each cause, then one count of both
+    assert "16 x evicted unauthenticated, 4 x handshake timeout" in warnings[-1]
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 18
 
 
 def test_connect_gives_up_after_its_timeout_naming_the_peer():

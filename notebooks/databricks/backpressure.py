@@ -1,4 +1,8 @@
 # Databricks notebook source
+# MAGIC %pip install "spark-credit-shuffle[plot]"
+
+# COMMAND ----------
+
 # MAGIC %md
 # MAGIC # Where backpressure starts: one slow consumer
 # MAGIC
@@ -31,10 +35,16 @@ from spark_credit_shuffle.simulation import simulate
 spark = SparkSession.builder.appName("spark_credit_shuffle backpressure").getOrCreate()
 
 # Pipelined mode (Flink's streaming exchange: every subtask at once in one barrier stage, real
-# backpressure over TCP) needs a task slot per subtask; with fewer than 2 slots fall back to blocking.
-slots = spark.sparkContext.defaultParallelism
-MODE = "pipelined" if slots >= 2 else "blocking"
-print(f"{slots} task slots: this notebook runs the exchange in {MODE} mode")
+# backpressure over TCP) needs a task slot per subtask. An exchange checks that when it is planned, before
+# any Spark job (num_producers=2 states the producer count, so not even a count runs): with fewer than 2
+# slots this notebook falls back to blocking mode.
+try:
+    scs.exchange(spark.range(2), scs.rebalance(), parallelism=2, mode="pipelined", num_producers=2)
+    MODE = "pipelined"
+except scs.InsufficientSlotsError as error:
+    print(error)
+    MODE = "blocking"
+print(f"this notebook runs the exchange in {MODE} mode")
 
 # COMMAND ----------
 
@@ -120,7 +130,10 @@ plot.plot_metrics(slow, "outPoolUsage", stat="max", side="producer", title="prod
 # MAGIC Every `metrics_sample_interval_ms` (10 ms here) each task samples its gauges; in pipelined mode the
 # MAGIC task's timer thread does it on time, whether data moves or not. Producers: pool usage, whether they
 # MAGIC are back-pressured and for how many ms per second, and per subpartition its queue and the credit its
-# MAGIC consumer granted; consumers: their buffer usage and, per channel, the credit they announced. With
+# MAGIC consumer granted; consumers: their buffer usage and, per channel, the credit they announced. Credit
+# MAGIC exists only on channels between executors: in local mode every task runs on one executor, so every
+# MAGIC channel is local, as between the tasks of one Flink TaskManager, and the producers' pools alone hold
+# MAGIC the slow consumer back (its buffers are theirs until it recycles them). With
 # MAGIC consumer 0 slowed, every producer's queue towards consumer 0 fills up to its limit and stays there,
 # MAGIC its pool runs dry and it waits (`backPressuredTimeMsPerSecond` near 1000) while the queues towards
 # MAGIC consumer 1 stay short.

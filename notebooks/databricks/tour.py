@@ -1,4 +1,8 @@
 # Databricks notebook source
+# MAGIC %pip install "spark-credit-shuffle[plot]"
+
+# COMMAND ----------
+
 # MAGIC %md
 # MAGIC # A tour of spark_credit_shuffle
 # MAGIC

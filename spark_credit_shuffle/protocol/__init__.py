@@ -21,6 +21,7 @@ from .messages import (
     Hello,
     NewBufferSize,
     PartitionRequest,
+    RecycleBuffers,
     ResumeConsumption,
 )
 from .partition import (
@@ -46,6 +47,7 @@ from .pools import (
 from .receiver import (
     BufferManager,
     BufferOrEvent,
+    ConnectionSubpartitionView,
     CreditBasedPartitionRequestClientHandler,
     InputChannelError,
     LocalInputChannel,
@@ -54,6 +56,7 @@ from .receiver import (
 )
 from .sender import (
     CreditBasedSequenceNumberingViewReader,
+    LocalChannelViewReader,
     PartitionRequestQueue,
     PartitionRequestServerHandler,
     SequenceNumberingViewReader,
@@ -74,6 +77,7 @@ __all__ = [
     "BufferSizeEMA",
     "CancelPartitionRequest",
     "CloseRequest",
+    "ConnectionSubpartitionView",
     "CreditBasedPartitionRequestClientHandler",
     "CreditBasedSequenceNumberingViewReader",
     "ErrorResponse",
@@ -82,6 +86,7 @@ __all__ = [
     "Hello",
     "InputChannelError",
     "LocalBufferPool",
+    "LocalChannelViewReader",
     "LocalInputChannel",
     "NetworkBufferPool",
     "NewBufferSize",
@@ -92,6 +97,7 @@ __all__ = [
     "PipelinedResultPartition",
     "PipelinedSubpartition",
     "PipelinedSubpartitionView",
+    "RecycleBuffers",
     "RemoteInputChannel",
     "ResultPartitionManager",
     "ResultPartitionWriter",

@@ -10,7 +10,7 @@ message                 body
 BufferResponse (0)      receiver id:u64, subpartition:u32, sequence number:u32, backlog:u32, data type:u8,
                         compressed:u8, payload size:u32, payload
 ErrorResponse (1)       has receiver id:u8, receiver id:u64, message size:u32, message (UTF-8)
-PartitionRequest (2)    partition id:u64, subpartition:u32, receiver id:u64, credit:u32
+PartitionRequest (2)    partition id:u64, subpartition:u32, receiver id:u64, credit:u32, local:u8
 CancelPartition (4)     receiver id:u64
 CloseRequest (5)        (empty)
 AddCredit (6)           credit:u32 (> 0), receiver id:u64
@@ -19,6 +19,7 @@ AckAllUserRecords (8)   receiver id:u64
 BacklogAnnounce (9)     backlog:u32, receiver id:u64
 NewBufferSize (10)      buffer size:u32, receiver id:u64
 Hello (12)              secret size:u16 (<= 1024), secret
+RecycleBuffers (13)     count:u32 (> 0), receiver id:u64
 ======================  =====================================================================================
 
 Input from the wire is untrusted. :class:`FrameDecoder` checks the declared length against its maximum
@@ -52,6 +53,7 @@ from .messages import (
     Message,
     NewBufferSize,
     PartitionRequest,
+    RecycleBuffers,
     ResumeConsumption,
 )
 
@@ -84,7 +86,7 @@ _FRAME = struct.Struct(">IIBB")
 _BUFFER_RESPONSE = struct.Struct(">IIBBQIIIBBI")  # frame header + buffer response header
 _BUFFER_RESPONSE_BODY = struct.Struct(">QIIIBBI")
 _ERROR = struct.Struct(">BQI")
-_PARTITION_REQUEST = struct.Struct(">QIQI")
+_PARTITION_REQUEST = struct.Struct(">QIQIB")
 _RECEIVER = struct.Struct(">Q")
 _INT_RECEIVER = struct.Struct(">IQ")
 _SECRET = struct.Struct(">H")
@@ -150,7 +152,7 @@ _ENCODERS: dict[type, Callable[[object], list[object]]] = {
     BufferResponse: _encode_buffer_response,  # type: ignore[dict-item]
     ErrorResponse: _encode_error,  # type: ignore[dict-item]
     PartitionRequest: lambda m: _frame(
-        2, _PARTITION_REQUEST.pack(m.partition_id, m.subpartition, m.receiver_id, m.credit)
+        2, _PARTITION_REQUEST.pack(m.partition_id, m.subpartition, m.receiver_id, m.credit, 1 if m.local else 0)
     ),
     CancelPartitionRequest: lambda m: _frame(4, _RECEIVER.pack(m.receiver_id)),
     CloseRequest: lambda m: _frame(5, b""),
@@ -159,6 +161,7 @@ _ENCODERS: dict[type, Callable[[object], list[object]]] = {
     AckAllUserRecordsProcessed: lambda m: _frame(8, _RECEIVER.pack(m.receiver_id)),
     BacklogAnnouncement: lambda m: _frame(9, _INT_RECEIVER.pack(m.backlog, m.receiver_id)),
     NewBufferSize: lambda m: _frame(10, _INT_RECEIVER.pack(m.buffer_size, m.receiver_id)),
+    RecycleBuffers: lambda m: _frame(13, _INT_RECEIVER.pack(m.count, m.receiver_id)),
     Hello: _encode_hello,  # type: ignore[dict-item]
 }
 
@@ -233,8 +236,10 @@ def _decode_error(body: memoryview) -> ErrorResponse:
 
 def _decode_partition_request(body: memoryview) -> PartitionRequest:
     _expect(body, _PARTITION_REQUEST.size, "PartitionRequest")
-    partition_id, subpartition, receiver_id, credit = _PARTITION_REQUEST.unpack_from(body)
-    return PartitionRequest(receiver_id, subpartition, credit, partition_id)
+    partition_id, subpartition, receiver_id, credit, local = _PARTITION_REQUEST.unpack_from(body)
+    if local > 1:
+        raise ProtocolError(f"PartitionRequest has local flag {local}, allowed is 0 or 1")
+    return PartitionRequest(receiver_id, subpartition, credit, partition_id, local == 1)
 
 
 def _receiver_only(cls: type, name: str) -> Callable[[memoryview], Message]:
@@ -256,6 +261,14 @@ def _decode_add_credit(body: memoryview) -> AddCredit:
     if credit == 0:
         raise ProtocolError("AddCredit announces 0 credit; the announced credit must be > 0")
     return AddCredit(receiver_id, credit)
+
+
+def _decode_recycle_buffers(body: memoryview) -> RecycleBuffers:
+    _expect(body, _INT_RECEIVER.size, "RecycleBuffers")
+    count, receiver_id = _INT_RECEIVER.unpack_from(body)
+    if count == 0:
+        raise ProtocolError("RecycleBuffers recycles 0 buffers; the count must be > 0")
+    return RecycleBuffers(receiver_id, count)
 
 
 def _decode_backlog(body: memoryview) -> BacklogAnnouncement:
@@ -293,6 +306,7 @@ _DECODERS: dict[int, Callable[[memoryview], Message]] = {
     9: _decode_backlog,
     10: _decode_new_buffer_size,
     12: _decode_hello,
+    13: _decode_recycle_buffers,
 }
 
 

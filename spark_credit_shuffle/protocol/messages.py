@@ -4,9 +4,14 @@
 Server to client: :class:`BufferResponse`, :class:`ErrorResponse`, :class:`BacklogAnnouncement`.
 Client to server: :class:`PartitionRequest`, :class:`CancelPartitionRequest`, :class:`CloseRequest`,
 :class:`AddCredit`, :class:`ResumeConsumption`, :class:`AckAllUserRecordsProcessed`,
-:class:`NewBufferSize`, and :class:`Hello`, which carries the exchange's secret and must be the first
-message of every connection whose server expects one (Flink has no such message; its connections are
-authenticated by SSL if at all).
+:class:`NewBufferSize`, :class:`RecycleBuffers`, and :class:`Hello`, which carries the exchange's secret and
+must be the first message of every connection whose server expects one (Flink has no such message; its
+connections are authenticated by SSL if at all).
+
+A *local* channel (``PartitionRequest(local=True)``) joins two tasks of one executor that run in different
+processes: it has no credit and no buffers of its own, as Flink's ``LocalInputChannel``; the producer keeps
+each data buffer's segment (counted in its pool) until the consumer recycled the buffer and said so with
+:class:`RecycleBuffers` (Flink's local channel recycles into the producer's pool by a direct call).
 
 A *receiver id* identifies one input channel on a connection (Flink's 16-byte ``InputChannelID``); here it
 is an unsigned 64-bit integer chosen by the consumer. The ``MSG_ID`` class attributes are the message ids
@@ -34,6 +39,7 @@ __all__ = [
     "Message",
     "NewBufferSize",
     "PartitionRequest",
+    "RecycleBuffers",
     "ResumeConsumption",
     "ServerMessage",
 ]
@@ -90,7 +96,10 @@ class ErrorResponse:
 @dataclass(frozen=True, slots=True)
 class PartitionRequest:
     """Open channel ``receiver_id`` on ``subpartition`` of partition ``partition_id`` with ``credit``
-    initial credits (the channel's exclusive buffers; 0 in the model without credits)."""
+    initial credits (the channel's exclusive buffers; 0 in the model without credits).
+
+    ``local``: the channel is a local one (both tasks in one executor): no credit; the server keeps each
+    data buffer's segment until a :class:`RecycleBuffers` for it arrives."""
 
     MSG_ID: ClassVar[int] = 2
 
@@ -98,6 +107,7 @@ class PartitionRequest:
     subpartition: int
     credit: int
     partition_id: int = 0
+    local: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +175,17 @@ class NewBufferSize:
 
 
 @dataclass(frozen=True, slots=True)
+class RecycleBuffers:
+    """The consumer of local channel ``receiver_id`` recycled its next ``count`` data buffers (always > 0):
+    the producer returns their segments to its pool, in the order it sent them."""
+
+    MSG_ID: ClassVar[int] = 13
+
+    receiver_id: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Hello:
     """First message of a connection: the per-exchange ``secret`` the server checks before anything else."""
 
@@ -185,6 +206,7 @@ ClientMessage = (
     | ResumeConsumption
     | AckAllUserRecordsProcessed
     | NewBufferSize
+    | RecycleBuffers
     | Hello
 )
 Message = ServerMessage | ClientMessage

@@ -64,15 +64,20 @@ def result_partition_pool_size(
     partition_type: str = PartitionType.PIPELINED_BOUNDED,
     *,
     sort_shuffle_min_parallelism: int | None = None,
-    sort_shuffle_min_buffers: int = 512,
+    sort_shuffle_min_buffers: int | None = None,
 ) -> tuple[int, int]:
     """(min, max) buffers of a result partition's LocalBufferPool (``NettyShuffleUtils``, §4.3).
 
     Pipelined and hash-blocking partitions: min = N + 1; max = N * buffers_per_channel +
     floating_buffers_per_gate for PIPELINED_BOUNDED, unbounded otherwise. A BLOCKING partition whose
-    subpartition count reaches ``sort_shuffle_min_parallelism`` (if given) is sized as Flink's sort-merge
-    partition: min = ``sort_shuffle_min_buffers``, max = max(min, 4 N).
+    subpartition count reaches ``sort_shuffle_min_parallelism`` is sized as Flink's sort-merge partition:
+    min = ``sort_shuffle_min_buffers``, max = max(min, 4 N). Both default to the config's settings of those
+    names (unset min parallelism: every blocking partition is a hash one).
     """
+    if sort_shuffle_min_parallelism is None:
+        sort_shuffle_min_parallelism = getattr(config, "sort_shuffle_min_parallelism", None)
+    if sort_shuffle_min_buffers is None:
+        sort_shuffle_min_buffers = getattr(config, "sort_shuffle_min_buffers", 512)
     if num_subpartitions < 1:
         raise ValueError(f"num_subpartitions must be >= 1, got {num_subpartitions}")
     if partition_type not in PartitionType.ALL:
@@ -168,7 +173,7 @@ def network_buffers_for_announcing(
     config: NetworkConfig,
     *,
     sort_shuffle_min_parallelism: int | None = None,
-    sort_shuffle_min_buffers: int = 512,
+    sort_shuffle_min_buffers: int | None = None,
 ) -> int:
     """Network buffers a task announces for its gates and partitions (``computeNetworkBuffersForAnnouncing``).
 

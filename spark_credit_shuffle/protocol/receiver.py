@@ -5,7 +5,11 @@ connection (§5.3-§5.5 and §6 of the reference).
 initial credit) and asks the gate's floating pool for more according to the backlog the sender announces;
 every buffer it obtains becomes credit, announced to the sender with AddCredit. A received data buffer
 occupies one of these buffers until the consumer recycles it. :class:`LocalInputChannel` reads a
-producer's subpartition in the same process, with no credit and no copy. :class:`SingleInputGate` reads
+producer's subpartition of the same executor with no credit and no buffers of its own: in the same
+process directly (no copy), or, for a producer in another process of the executor, through a connection
+(:class:`ConnectionSubpartitionView`): the producer keeps each data buffer's segment in its pool until
+the consumer recycled the buffer, which :class:`RecycleBuffers` tells it, so the producer's pool bounds
+what the channel holds on both sides. :class:`SingleInputGate` reads
 its channels round robin. :class:`CreditBasedPartitionRequestClientHandler` is the client end of one
 connection: it routes inbound messages to channels by receiver id and queues the outbound ones.
 
@@ -40,14 +44,16 @@ from .messages import (
     Message,
     NewBufferSize,
     PartitionRequest,
+    RecycleBuffers,
     ResumeConsumption,
 )
-from .partition import ResultPartitionManager
+from .partition import BufferAndBacklog, ResultPartitionManager
 from .pools import GateBuffersSpec, LocalBufferPool, NetworkBufferPool, input_gate_buffers_spec
 
 __all__ = [
     "BufferManager",
     "BufferOrEvent",
+    "ConnectionSubpartitionView",
     "CreditBasedPartitionRequestClientHandler",
     "InputChannelError",
     "LocalInputChannel",
@@ -457,6 +463,10 @@ class LocalInputChannel:
     No credits and no buffers of its own: it hands the consumer slices of the producer's segments, which
     go back to the producer's pool when recycled, so backpressure shows as the producer's pool filling.
     Empty data buffers are skipped.
+
+    ``partition_provider`` is a partition or a :class:`ResultPartitionManager` of this process, or the
+    :class:`CreditBasedPartitionRequestClientHandler` of a connection to another process of the same
+    executor; then the channel reads a :class:`ConnectionSubpartitionView` registered as ``receiver_id``.
     """
 
     is_local = True
@@ -469,12 +479,14 @@ class LocalInputChannel:
         *,
         partition_id: int = 0,
         subpartition: int = 0,
+        receiver_id: int = 0,
     ) -> None:
         self.gate = gate
         self.channel_index = channel_index
         self.partition_provider = partition_provider
         self.partition_id = partition_id
         self.subpartition = subpartition
+        self.receiver_id = receiver_id
         self.view = None
         self.error: BaseException | None = None
         self.is_released = False
@@ -494,6 +506,10 @@ class LocalInputChannel:
         provider = self.partition_provider
         if isinstance(provider, ResultPartitionManager):
             self.view = provider.create_subpartition_view(self.partition_id, self.subpartition, self)
+        elif isinstance(provider, CreditBasedPartitionRequestClientHandler):
+            self.view = provider.request_local_subpartition(  # type: ignore[assignment]
+                self.receiver_id, self.partition_id, self.subpartition, self
+            )
         else:  # a partition: create_subpartition_view(subpartition, listener)
             self.view = provider.create_subpartition_view(self.subpartition, self)  # type: ignore[attr-defined]
         self.gate.notify_channel_non_empty(self)
@@ -557,6 +573,124 @@ class LocalInputChannel:
 
     queue_size_bytes = 0
     exclusive_buffers_used = 0
+
+
+class ConnectionSubpartitionView:
+    """A producer's subpartition in another process of the same executor, read through a connection: the
+    view a :class:`LocalInputChannel` reads when producer and consumer share an executor but not a process.
+
+    Buffers arrive as BufferResponses with no credit (the server sends whenever it has data) and are queued
+    here; the producer keeps the segment of each data buffer in its pool meanwhile. Recycling a data buffer
+    counts it; the count goes to the producer as :class:`RecycleBuffers` (built when sent, so recycles made
+    while the link is busy go out as one message), and the producer returns that many segments to its pool.
+    Sequence numbers are checked (the wire is untrusted); empty data buffers are recycled at once.
+    """
+
+    __slots__ = (
+        "_queue",
+        "connection",
+        "error",
+        "expected_sequence_number",
+        "is_released",
+        "listener",
+        "receiver_id",
+        "unannounced_recycled",
+    )
+
+    def __init__(
+        self, receiver_id: int, connection: CreditBasedPartitionRequestClientHandler, listener: LocalInputChannel
+    ) -> None:
+        self.receiver_id = receiver_id
+        self.connection = connection
+        self.listener = listener
+        self._queue: deque[tuple[Buffer, int, int]] = deque()
+        self.expected_sequence_number = 0
+        self.unannounced_recycled = 0
+        self.error: BaseException | None = None
+        self.is_released = False
+
+    # -- network side --
+
+    def on_buffer(self, data_type: DataType, payload: object, sequence_number: int, backlog: int) -> None:
+        """A BufferResponse for this channel arrived."""
+        if self.is_released:
+            return
+        if sequence_number != self.expected_sequence_number:
+            self.on_error(
+                BufferReorderingError(self.expected_sequence_number, sequence_number, self.listener.channel_index)
+            )
+            return
+        self.expected_sequence_number = sequence_number + 1
+        if IS_BUFFER[data_type]:
+            if not len(payload):  # type: ignore[arg-type]
+                self._recycle_one()  # nothing to read; the producer's segment goes back at once
+                return
+            buffer = Buffer(data_type, payload, self._recycle_one)
+        else:
+            buffer = Buffer(data_type, payload)
+        queue = self._queue
+        queue.append((buffer, sequence_number, backlog))
+        if len(queue) == 1:
+            self.listener.notify_data_available()
+
+    def on_error(self, cause: BaseException) -> None:
+        if self.error is None:
+            self.error = cause
+        self.listener.notify_data_available()
+
+    def _recycle_one(self) -> None:
+        if self.is_released:
+            return
+        before = self.unannounced_recycled
+        self.unannounced_recycled = before + 1
+        if before == 0:
+            self.connection.notify_recycled(self)
+
+    def get_and_reset_unannounced_recycled(self) -> int:
+        count, self.unannounced_recycled = self.unannounced_recycled, 0
+        return count
+
+    # -- the view a LocalInputChannel reads --
+
+    def get_next_buffer(self) -> BufferAndBacklog | None:
+        if self.error is not None:
+            raise self.error
+        queue = self._queue
+        if not queue:
+            return None
+        buffer, sequence_number, backlog = queue.popleft()
+        next_type = queue[0][0].data_type if queue else _NONE
+        return _new_tuple(BufferAndBacklog, (buffer, backlog, next_type, sequence_number))
+
+    def queue_length(self) -> int:
+        """Buffers received and not yet read."""
+        return len(self._queue)
+
+    def resume_consumption(self) -> None:
+        if not self.is_released:
+            self.connection._enqueue(ResumeConsumption(self.receiver_id))
+
+    def acknowledge_all_data_processed(self) -> None:
+        if not self.is_released:
+            self.connection._enqueue(AckAllUserRecordsProcessed(self.receiver_id))
+
+    def notify_new_buffer_size(self, size: int) -> None:
+        if not self.is_released:
+            self.connection._enqueue(NewBufferSize(self.receiver_id, size))
+
+    def release_all_resources(self) -> None:
+        """Drop what is queued and cancel the request (the producer then returns every held segment)."""
+        if self.is_released:
+            return
+        self.is_released = True
+        self._queue.clear()
+        self.connection.close_receiver(self.receiver_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"ConnectionSubpartitionView(receiver_id={self.receiver_id}, queued={len(self._queue)}, "
+            f"unannounced_recycled={self.unannounced_recycled}, expected_seq={self.expected_sequence_number})"
+        )
 
 
 # -- input gate ---------------------------------------------------------------------------------------
@@ -626,11 +760,24 @@ class SingleInputGate:
         return channel
 
     def local_channel(
-        self, channel_index: int, partition_provider: object, *, partition_id: int = 0, subpartition: int = 0
+        self,
+        channel_index: int,
+        partition_provider: object,
+        *,
+        partition_id: int = 0,
+        subpartition: int = 0,
+        receiver_id: int = 0,
     ) -> LocalInputChannel:
-        """Create local channel ``channel_index`` reading ``partition_provider`` (a partition or a manager)."""
+        """Create local channel ``channel_index`` reading ``partition_provider``: a partition or a manager of
+        this process, or the client handler of a connection to another process of the executor (then
+        ``receiver_id`` names the channel on that connection)."""
         channel = LocalInputChannel(
-            self, channel_index, partition_provider, partition_id=partition_id, subpartition=subpartition
+            self,
+            channel_index,
+            partition_provider,
+            partition_id=partition_id,
+            subpartition=subpartition,
+            receiver_id=receiver_id,
         )
         self._set_channel(channel)
         return channel
@@ -824,7 +971,9 @@ class CreditBasedPartitionRequestClientHandler:
     ) -> None:
         self.credit_based = credit_based
         self.input_channels: dict[int, RemoteInputChannel] = {}
-        self._outbound: deque[ClientMessage | RemoteInputChannel] = deque()
+        #: The local channels on this connection (producer and consumer share an executor), by receiver id.
+        self.local_views: dict[int, ConnectionSubpartitionView] = {}
+        self._outbound: deque[ClientMessage | RemoteInputChannel | ConnectionSubpartitionView] = deque()
         self._decoder = FrameDecoder(max_frame_length)
         self._staged: deque[BufferResponse] = deque()
         self._waiting_pool: LocalBufferPool | None = None
@@ -840,12 +989,23 @@ class CreditBasedPartitionRequestClientHandler:
     # -- channels and outbound --
 
     def add_input_channel(self, channel: RemoteInputChannel) -> None:
-        if channel.receiver_id in self.input_channels:
+        if channel.receiver_id in self.input_channels or channel.receiver_id in self.local_views:
             raise ValueError(f"receiver id {channel.receiver_id} is already used on this connection")
         self.input_channels[channel.receiver_id] = channel
         channel.connection = self
 
-    def _enqueue(self, item: ClientMessage | RemoteInputChannel) -> None:
+    def request_local_subpartition(
+        self, receiver_id: int, partition_id: int, subpartition: int, listener: LocalInputChannel
+    ) -> ConnectionSubpartitionView:
+        """Open a local channel on this connection: the view ``listener`` reads, and its PartitionRequest."""
+        if receiver_id in self.input_channels or receiver_id in self.local_views:
+            raise ValueError(f"receiver id {receiver_id} is already used on this connection")
+        view = ConnectionSubpartitionView(receiver_id, self, listener)
+        self.local_views[receiver_id] = view
+        self._enqueue(PartitionRequest(receiver_id, subpartition, 0, partition_id, True))
+        return view
+
+    def _enqueue(self, item: ClientMessage | RemoteInputChannel | ConnectionSubpartitionView) -> None:
         was_idle = not self._outbound
         self._outbound.append(item)
         if was_idle and self.listener is not None:
@@ -860,6 +1020,8 @@ class CreditBasedPartitionRequestClientHandler:
 
     #: A channel has unannounced credit: queue it; its AddCredit is made when it is sent.
     notify_credit_available = _enqueue
+    #: A local channel's view has recycles to announce: queue it; its RecycleBuffers is made when sent.
+    notify_recycled = _enqueue
 
     def resume_consumption(self, channel: RemoteInputChannel) -> None:
         self._enqueue(ResumeConsumption(channel.receiver_id))
@@ -872,10 +1034,16 @@ class CreditBasedPartitionRequestClientHandler:
 
     def close_channel(self, channel: RemoteInputChannel) -> None:
         """The channel is released: cancel its request, or close the connection if it was the last."""
-        if self.input_channels.pop(channel.receiver_id, None) is None or self.is_closed:
+        self.close_receiver(channel.receiver_id)
+
+    def close_receiver(self, receiver_id: int) -> None:
+        """Channel ``receiver_id`` (remote or local) is released: cancel its request, or close the
+        connection if it was the last."""
+        found = self.input_channels.pop(receiver_id, None) or self.local_views.pop(receiver_id, None)
+        if found is None or self.is_closed:
             return
-        if self.input_channels:
-            self._enqueue(CancelPartitionRequest(channel.receiver_id))
+        if self.input_channels or self.local_views:
+            self._enqueue(CancelPartitionRequest(receiver_id))
         else:
             self._enqueue(CloseRequest())
             self.is_closed = True
@@ -895,6 +1063,11 @@ class CreditBasedPartitionRequestClientHandler:
                 if credit == 0:
                     continue
                 return _new_tuple(AddCredit, (item.receiver_id, credit))
+            if type(item) is ConnectionSubpartitionView:
+                count = item.get_and_reset_unannounced_recycled()
+                if count == 0 or item.is_released:
+                    continue
+                return RecycleBuffers(item.receiver_id, count)
             return item  # type: ignore[return-value]
         return None
 
@@ -920,6 +1093,12 @@ class CreditBasedPartitionRequestClientHandler:
         """One decoded message from the server."""
         kind = type(message)
         if kind is BufferResponse:
+            if self.local_views:
+                view = self.local_views.get(message[0])  # type: ignore[index]
+                if view is not None:  # a local channel: no credit, no receive buffer of the gate
+                    _, _, sequence_number, backlog, data_type, _, payload = message  # type: ignore[misc]
+                    view.on_buffer(data_type, payload, sequence_number, backlog)
+                    return
             if self.credit_based:
                 receiver_id, _, sequence_number, backlog, data_type, _, payload = message  # type: ignore[misc]
                 channel = self.input_channels.get(receiver_id)
@@ -1030,10 +1209,12 @@ class CreditBasedPartitionRequestClientHandler:
             self.fatal_error = error
             for channel in list(self.input_channels.values()):
                 channel.on_error(error)
+            for view in list(self.local_views.values()):
+                view.on_error(error)
         else:
-            channel = self.input_channels.get(message.receiver_id)
-            if channel is not None:
-                channel.on_error(error)
+            target = self.input_channels.get(message.receiver_id) or self.local_views.get(message.receiver_id)
+            if target is not None:
+                target.on_error(error)
 
     def connection_closed(self) -> None:
         """The connection went away: fail every channel still open."""
@@ -1041,6 +1222,9 @@ class CreditBasedPartitionRequestClientHandler:
         for channel in list(self.input_channels.values()):
             if not channel.is_released and not channel.received_end_of_partition:
                 channel.on_error(error)
+        for view in list(self.local_views.values()):
+            if not view.is_released and not view.listener.received_end_of_partition:
+                view.on_error(error)
         self._decoder.close()
 
     @property

@@ -9,7 +9,9 @@ tells an event-driven transport that something became sendable.
 
 A data buffer is written only by a reader with a credit, and costs that credit; events are free. A
 buffer's segment goes back to its pool as soon as its :class:`BufferResponse` is handed to the transport
-(the message keeps the payload alive until it is written).
+(the message keeps the payload alive until it is written), except on a local channel
+(:class:`LocalChannelViewReader`): there the segment stays held, counted in the producer's pool, until
+the consumer recycled the buffer and said so with :class:`RecycleBuffers`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .messages import (
     Message,
     NewBufferSize,
     PartitionRequest,
+    RecycleBuffers,
     ResumeConsumption,
     ServerMessage,
 )
@@ -44,6 +47,7 @@ from .partition import AvailabilityWithBacklog, BufferAndBacklog, ResultPartitio
 __all__ = [
     "BufferAndAvailability",
     "CreditBasedSequenceNumberingViewReader",
+    "LocalChannelViewReader",
     "PartitionProvider",
     "PartitionRequestQueue",
     "PartitionRequestServerHandler",
@@ -88,6 +92,8 @@ class CreditBasedSequenceNumberingViewReader:
     )
 
     credit_based = True
+    #: Whether the segments of the data buffers it sends stay held until the consumer recycles them.
+    holds_buffers = False
 
     def __init__(self, receiver_id: int, initial_credit: int, queue: PartitionRequestQueue) -> None:
         if initial_credit < 0:
@@ -220,6 +226,44 @@ class SequenceNumberingViewReader(CreditBasedSequenceNumberingViewReader):
         return nxt.buffer, nxt.next_data_type.value != 0, nxt.backlog, nxt.sequence_number
 
 
+class LocalChannelViewReader(SequenceNumberingViewReader):
+    """The server side of a local channel: two tasks of one executor in different processes (Flink's
+    ``LocalInputChannel`` reading the producer's view, with the connection as the path for the bytes).
+
+    No credit: it sends whenever its view has data, as a local channel reads whenever the subpartition has
+    some. The segment of every data buffer it sends stays held, counted in the producer's LocalBufferPool
+    (and against its subpartition's ``max_buffers_per_channel``), until the consumer recycled the buffer:
+    :meth:`recycle` returns the oldest held segments to the pool. So what a slow consumer of a local
+    channel holds is bounded by the producer's pool, and backpressure shows as the producer's pool
+    filling, not as missing credit. Releasing the reader returns every held segment.
+    """
+
+    __slots__ = ("held",)
+
+    holds_buffers = True
+
+    def __init__(self, receiver_id: int, initial_credit: int, queue: PartitionRequestQueue) -> None:
+        super().__init__(receiver_id, 0, queue)
+        #: The data buffers sent and not yet recycled by the consumer, oldest first.
+        self.held: deque[Buffer] = deque()
+
+    def recycle(self, count: int) -> None:
+        """The consumer recycled its next ``count`` data buffers: return their segments to the pool."""
+        held = self.held
+        if not 0 < count <= len(held):
+            raise ProtocolError(
+                f"receiver {self.receiver_id}: RecycleBuffers of {count} buffers, but {len(held)} are held for it"
+            )
+        for _ in range(count):
+            held.popleft().recycle()
+
+    def release_all_resources(self) -> None:
+        held = self.held
+        while held:
+            held.popleft().recycle()
+        super().release_all_resources()
+
+
 class PartitionRequestQueue:
     """The outbound side of one server connection (Flink's ``PartitionRequestQueue``).
 
@@ -350,7 +394,10 @@ class PartitionRequestQueue:
                 BufferResponse,
                 (reader.receiver_id, reader.subpartition, sequence_number, backlog, data_type, False, buffer.data),
             )
-            buffer.recycle()  # the message keeps the payload; the segment is free for the producer
+            if reader.holds_buffers and IS_BUFFER[data_type]:  # a local channel: held until recycled
+                reader.held.append(buffer)  # type: ignore[attr-defined]
+            else:
+                buffer.recycle()  # the message keeps the payload; the segment is free for the producer
             return message
         return None
 
@@ -440,6 +487,13 @@ class PartitionRequestServerHandler:
             reader = queue.all_readers.get(message.receiver_id)
             if reader is not None:
                 reader.notify_new_buffer_size(message.buffer_size)
+        elif kind is RecycleBuffers:
+            reader = queue.all_readers.get(message.receiver_id)
+            if reader is None:  # cancelled meanwhile: releasing it returned every held segment
+                return
+            if not reader.holds_buffers:
+                raise ProtocolError(f"RecycleBuffers for receiver {message.receiver_id}, which is not a local channel")
+            reader.recycle(message.count)  # type: ignore[attr-defined]
         elif kind is Hello:
             pass  # already authenticated, or no secret required
         else:
@@ -448,7 +502,12 @@ class PartitionRequestServerHandler:
     def _on_partition_request(self, request: PartitionRequest) -> None:
         if request.receiver_id in self._pending:
             raise ProtocolError(f"receiver id {request.receiver_id} requested a partition twice on one connection")
-        reader_type = CreditBasedSequenceNumberingViewReader if self.credit_based else SequenceNumberingViewReader
+        if request.local:
+            reader_type: type[CreditBasedSequenceNumberingViewReader] = LocalChannelViewReader
+        elif self.credit_based:
+            reader_type = CreditBasedSequenceNumberingViewReader
+        else:
+            reader_type = SequenceNumberingViewReader
         reader = reader_type(request.receiver_id, request.credit, self.queue)
         self.queue.notify_reader_created(reader)
         try:

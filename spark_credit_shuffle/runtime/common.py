@@ -35,6 +35,7 @@ __all__ = [
     "METRICS_COLUMN",
     "CollectedMetrics",
     "MetricsReport",
+    "NoMetrics",
     "combine",
     "finish_plan",
     "in_subtask",
@@ -273,9 +274,10 @@ _ROW_FIELDS = ("side", "subtask", "channel", "metric", "stat", "value", "time_ms
 
 def metrics_report(spark: Any) -> MetricsReport:
     """The report for a plan on ``spark``: an accumulator on a classic session, in band on Spark Connect."""
-    try:
-        sc = spark.sparkContext
-    except Exception:  # Spark Connect has no SparkContext, hence no accumulators
+    from .session import spark_context
+
+    sc = spark_context(spark)
+    if sc is None:  # Spark Connect has no SparkContext, hence no accumulators
         return IN_BAND
     return MetricsReport(sc.accumulator([], _ReportsParam()))
 
@@ -323,6 +325,16 @@ class CollectedMetrics:
             if current is None or stage < current[0] or (stage == current[0] and attempt > current[1]):
                 best[partition] = (stage, attempt, rows)
         return [MetricRow(*row) for _, (_, _, rows) in sorted(best.items()) for row in rows]
+
+
+class NoMetrics(CollectedMetrics):
+    """The metrics of an exchange whose input has no partitions: no subtask ran, there is nothing to report."""
+
+    def __init__(self) -> None:
+        super().__init__(IN_BAND)
+
+    def rows(self) -> list[MetricRow]:
+        return []
 
 
 def finish_plan(plan: ExchangePlan, consumed: DataFrame, report: MetricsReport) -> tuple[DataFrame, CollectedMetrics]:

@@ -5,7 +5,8 @@ Every subtask runs at once: task *i* of a ``mapInArrow(..., barrier=True)`` stag
 subtask *i* (a :class:`SingleInputGate` over all its producers) at the same time. Buffers stream from
 producers to consumers as soon as they are handed on (full, buffer timeout, event), under credit-based
 flow control, with real backpressure: a producer whose buffer pool is exhausted stops reading its input
-until its consumers return credit, and the time it waits is measured.
+until its consumers return credit (or, on local channels, recycle its buffers), and the time it waits is
+measured.
 
 **Wiring.** Each task listens on its own address (the executor's host as Spark reports it; 127.0.0.1 in
 local mode) and publishes ``host:port`` once: through the driver's address service on a classic session
@@ -13,8 +14,14 @@ local mode) and publishes ``host:port`` once: through the driver's address servi
 or ``TaskOptions(address_exchange="allgather")``; each barrier call costs about a second, during which no
 consumer reads); after that tasks talk only over their own sockets. A consumer opens one TCP connection
 per remote producer task, carrying every channel between the two (framed with the protocol codec,
-authenticated with a random per-exchange secret generated on the driver); its own subpartition is read
-through a local channel, with no credit and no copy. Threads per task: the Spark task thread is the
+authenticated with a random per-exchange secret generated on the driver). Every channel between two tasks
+of one executor (``getTaskInfos()`` gives each task's executor address; in local mode all tasks share one)
+is a local channel, as between two tasks of one Flink TaskManager: no credit and no exclusive buffers; a
+task's own subpartition is read directly (no copy), a subpartition of another task of the executor (another
+Python worker process) through that connection, with the producer's segment held in its pool until the
+consumer recycled the buffer (:class:`~spark_credit_shuffle.protocol.receiver.ConnectionSubpartitionView`):
+backpressure on a local channel is the producer's pool filling. ``local_channels="task"`` makes every
+channel between tasks remote (credit-based) instead. Threads per task: the Spark task thread is the
 consumer (it yields the received rows as they arrive), one producer thread feeds the input batches to the
 RecordWriter, one I/O thread
 drives every socket (:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread is
@@ -40,8 +47,12 @@ the output is always placed on T partitions by that shuffle.
 and from whom: connecting (``partition_request_timeout_ms``), data on a channel (a live producer sends a
 latency marker on every channel at least every quarter of ``partition_request_timeout_ms``, so silence
 means a stalled peer), a network buffer while back-pressured (``buffers_request_timeout_ms`` without a
-single data buffer moving), and the end of the exchange. Connections must present the exchange's secret;
-a wrong secret, garbage or an oversized frame closes that connection (logged) and nothing else.
+single data buffer moving), and the end of the exchange. Connections must present the exchange's secret
+within the authentication deadline (``min(partition_request_timeout_ms, 2 s)`` from connecting); a wrong
+secret, garbage, an oversized frame or silence closes that connection (logged once per cause) and nothing
+else. At most four times the task's remote consumers (at least 32) may wait to authenticate; one more
+closes the oldest of them, and a consumer writes its ``Hello`` with its connect, so a flood of silent
+connections costs a bounded number of sockets and does not displace the consumers.
 
 **Backpressure.** The producer thread checks the pool's availability (Flink's ``isAvailable``) before every
 slice of about two buffers per subpartition of its input batch, so what it may take beyond its pool stays
@@ -82,7 +93,7 @@ import random
 import secrets as _secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +113,7 @@ from ..protocol.partition import PipelinedResultPartition, ResultPartitionManage
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
-from ..transport.tcp import Connection, TcpTransport, resolve_host
+from ..transport.tcp import AUTHENTICATION_TIMEOUT_S, Connection, TcpTransport, resolve_host, unauthenticated_cap
 from .common import (
     IN_BAND,
     CollectedMetrics,
@@ -116,6 +127,7 @@ from .common import (
     unused_name,
 )
 from .consumer import GateGauges
+from .session import is_connect, spark_context
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -213,8 +225,10 @@ def available_slots(spark: Any) -> tuple[int, int, int] | None:
     if master.startswith("local"):
         return per, 1, per
     executors = 0
-    with contextlib.suppress(Exception):  # classic session: the executors registered now
-        executors = int(spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()) - 1
+    sc = spark_context(spark)
+    if sc is not None:  # classic session: the executors registered now
+        with contextlib.suppress(Exception):
+            executors = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1
     if executors <= 0:
         with contextlib.suppress(Exception):
             executors = int(spark.conf.get("spark.executor.instances", "0") or 0)
@@ -292,8 +306,10 @@ def _address_service(spark: Any, plan: ExchangePlan, secret: bytes, width: int) 
     Spark Connect or if the service cannot start (the tasks then use Spark's ``allGather``)."""
     from .rendezvous import driver_rendezvous
 
+    if is_connect(spark):  # no driver process here: the tasks cannot reach this client
+        log.info("%s: addresses through Spark's allGather (Spark Connect)", plan.name)
+        return None
     try:
-        spark.sparkContext  # noqa: B018 - raises on Spark Connect, which has no driver process here
         host = spark.conf.get("spark.driver.host", None) or "127.0.0.1"
         service = driver_rendezvous(host)
     except Exception as exc:
@@ -312,7 +328,7 @@ def _stage_canceller(spark: Any, name: str) -> Callable[[int, str], None]:
 
     def cancel(stage: int, reason: str) -> None:
         try:
-            spark.sparkContext._jsc.sc().cancelStage(stage, reason)
+            spark_context(spark)._jsc.sc().cancelStage(stage, reason)  # type: ignore[union-attr]
         except Exception as exc:  # the stage fails anyway; later attempts fail at the address exchange
             log.info("%s: could not cancel stage %d: %s", name, stage, exc)
 
@@ -344,7 +360,10 @@ def run_barrier_task(
         )
     address = infos[index].address
     host = resolve_host(address.rsplit(":", 1)[0] if ":" in address else address)
-    task = PipelinedTask(plan, index, secret, host, options, attempt_id=ctx.taskAttemptId(), report=report)
+    executors = [info.address for info in infos]  # an executor's address (host:port) names it
+    task = PipelinedTask(
+        plan, index, secret, host, options, attempt_id=ctx.taskAttemptId(), report=report, executors=executors
+    )
     all_gather: Callable[[str], list[str]] = ctx.allGather
     if rendezvous is not None:
         from .rendezvous import all_gather_via
@@ -353,7 +372,9 @@ def run_barrier_task(
         wait_s = max(_MIN_ADDRESS_WAIT_S, plan.config.partition_request_timeout_ms / 1000.0)
         group = f"stage {ctx.stageId()}"
         address = (service_host, service_port)
-        all_gather = all_gather_via(address, key, secret, group, index, ctx.taskAttemptId(), wait_s)
+        all_gather = all_gather_via(
+            address, key, secret, group, index, ctx.taskAttemptId(), wait_s, fallback=ctx.allGather
+        )
     try:
         yield from task.run(batches, all_gather)
     except Exception as exc:
@@ -382,10 +403,13 @@ def run_in_threads(
     host: str = "127.0.0.1",
     timeout_s: float = 60.0,
     on_batch: Callable[[int, pa.RecordBatch], None] | None = None,
+    executors: Sequence[object] | None = None,
 ) -> tuple[list[list[pa.RecordBatch]], list[MetricRow]]:
     """Run a pipelined exchange between threads of this process over real TCP sockets, without Spark.
 
     ``partitions[p]`` are producer p's input batches (any iterable, consumed as the producer goes).
+    ``executors[i]`` names the executor task ``i`` plays on (tasks of one executor talk through local
+    channels); default: every task its own executor, so every channel between tasks is remote.
     Returns (the data batches each consumer received, every metric row); ``on_batch(consumer, batch)``
     sees each data batch as it arrives. Raises the error of the task that failed first.
     """
@@ -401,7 +425,7 @@ def run_in_threads(
 
     def task_main(i: int) -> None:
         data = partitions[i] if i < plan.num_producers else []
-        task = PipelinedTask(plan, i, secret, host, options, attempt_id=i)
+        task = PipelinedTask(plan, i, secret, host, options, attempt_id=i, executors=executors)
         try:
             for batch in task.run(iter(data), gather.all_gather):
                 outputs[i].append(batch)
@@ -546,9 +570,10 @@ class PipelinedTask:
 
     ``host`` is the address to listen on; ``attempt_id`` distinguishes attempts of the same task (it
     becomes the partition id that consumers request); ``report`` carries the task's metrics to the driver
-    (default: in band, as a last output row). :meth:`run` does everything: set-up, one address exchange
-    through ``all_gather``, streaming, and the final metrics; it closes every socket and joins every thread
-    before it returns or raises.
+    (default: in band, as a last output row); ``executors[i]`` names the executor of task ``i`` (tasks of
+    one executor read each other through local channels; None: every task its own executor). :meth:`run`
+    does everything: set-up, one address exchange through ``all_gather``, streaming, and the final metrics;
+    it closes every socket and joins every thread before it returns or raises.
     """
 
     def __init__(
@@ -561,10 +586,12 @@ class PipelinedTask:
         *,
         attempt_id: int = 0,
         report: MetricsReport = IN_BAND,
+        executors: Sequence[object] | None = None,
     ) -> None:
         self.plan = plan
         self.report = report
         self.index = index
+        self.executors = list(executors) if executors is not None else None
         self.secret = secret
         self.host = host
         self.options = options or TaskOptions()
@@ -655,10 +682,22 @@ class PipelinedTask:
         self.channel_producers = producers
         if not producers:
             return
-        remote = sum(1 for p in producers if p != index)
+        remote = sum(1 for p in producers if not self.is_local(p))
         self.gate = SingleInputGate(self.network, len(producers), self.config, num_remote_channels=remote)
         self.gate.listener = self._notify
         self.readers = [RecordReader(plan.schema, channel=p, validate=p != index) for p in producers]
+
+    def is_local(self, task: int) -> bool:
+        """Whether the channel between task ``task`` and this task is local: the same task, or (with
+        ``local_channels="executor"``) a task of the same executor."""
+        if task == self.index:
+            return True
+        executors = self.executors
+        return (
+            self.config.local_channels == "executor"
+            and executors is not None
+            and executors[task] == executors[self.index]
+        )
 
     # -- notifications (lock held) --
 
@@ -690,11 +729,16 @@ class PipelinedTask:
     ) -> Iterator[pa.RecordBatch]:
         """Set up, exchange addresses, stream; yields the received rows, then reports the metrics."""
         try:
+            remote_consumers = {c for c in self.subpartition_consumers if c != self.index}
             self.transport = TcpTransport(
                 self.host,
                 self.lock,
                 server_handler_factory=self._server_handler if self.is_producer else None,
-                handshake_timeout_s=self.config.partition_request_timeout_ms / 1000.0,
+                handshake_timeout_s=min(self.config.partition_request_timeout_ms / 1000.0, AUTHENTICATION_TIMEOUT_S),
+                handshake_timeout_setting=(
+                    f"min(partition_request_timeout_ms, {AUTHENTICATION_TIMEOUT_S * 1000:.0f} ms)"
+                ),
+                max_unauthenticated=unauthenticated_cap(len(remote_consumers)),
                 on_event=self._notify,
                 on_send=self._on_send,
                 on_closed=self._on_connection_closed,
@@ -782,7 +826,7 @@ class PipelinedTask:
                     f"consumer subtask {self.index}: producer subtask {producer} published no address"
                 )
             conn = self._client_connections.get(producer)
-            if conn is None:
+            if conn is None:  # one connection per producer task, for its remote and local channels alike
                 handler = CreditBasedPartitionRequestClientHandler(
                     credit_based=self.config.credit_based, secret=self.secret, max_frame_length=self.max_frame_length
                 )
@@ -794,6 +838,15 @@ class PipelinedTask:
                 )
                 self._client_connections[producer] = conn
             with self.lock:
+                if self.is_local(producer):  # another task of this executor: no credit, its pool holds
+                    gate.local_channel(
+                        channel,
+                        conn.handler,
+                        receiver_id=channel + 1,
+                        partition_id=int(peer["partition"]),
+                        subpartition=subpartition,
+                    )
+                    continue
                 gate.remote_channel(
                     channel,
                     receiver_id=channel + 1,
@@ -954,10 +1007,17 @@ class PipelinedTask:
             return
         handler = conn.handler
         open_channels = [c for c in handler.input_channels.values() if not c.received_end_of_partition]
+        open_channels += [v for v in handler.local_views.values() if not v.listener.received_end_of_partition]
         if open_channels and self._failure is None:
+            hint = ""
+            if conn.bytes_in == 0:  # closed before the producer answered anything: it never accepted us
+                hint = (
+                    " (closed before the producer answered anything; unless that task failed, its log says why: "
+                    "a wrong secret, or more connections waiting to authenticate there than it allows)"
+                )
             self._failure = CreditShuffleError(
                 f"consumer subtask {self.index}: connection to {conn.peer} failed before the end of its "
-                f"partition: {conn.error}"
+                f"partition: {conn.error}{hint}"
             )
 
     # -- timeline (timer thread, lock held) --
@@ -979,12 +1039,12 @@ class PipelinedTask:
                 queue = getattr(conn.handler, "queue", None)
                 for reader in getattr(queue, "all_readers", {}).values():
                     view = reader.view
-                    if view is not None:
+                    if view is not None and not reader.holds_buffers:  # local channels have no credit
                         credits[view.parent.index] = reader.num_credits_available
         for sp, (sub, consumer) in enumerate(zip(partition.subpartitions, self.subpartition_consumers)):
             yield "backlog", consumer, float(sub.get_buffers_in_backlog())
             yield "outputQueueLength", consumer, float(sub.queue_length())
-            if sp in credits:  # remote channels only: a local channel reads without credit
+            if sp in credits:  # remote channels only: local channels read without credit
                 yield "credit", consumer, float(credits[sp])
 
     def _consumer_gauges(self) -> Iterator[tuple[str, int | None, float]]:

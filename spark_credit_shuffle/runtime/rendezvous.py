@@ -12,12 +12,24 @@ late task of a failed attempt) is turned away. The barrier stage
 still schedules all tasks at once and retries them together; only the address exchange is faster.
 
 The service listens on the driver's own address only. Each exchange registers its random secret with it
-(:meth:`AddressRendezvous.register`); a connection that presents a wrong secret, an unknown exchange, a
-malformed or oversized request, or that says nothing within the timeout is closed and logged, and changes
-nothing. A task that gets no answer within its timeout raises
+(:meth:`AddressRendezvous.register`); a connection that presents a wrong secret, a malformed or oversized
+request (more than :data:`MAX_REQUEST` bytes), or that says nothing within ``request_timeout_s`` is closed
+and changes nothing. A task that gets no answer within its timeout raises
 :class:`~spark_credit_shuffle.errors.ExchangeTimeoutError` naming the service and what it waited for.
 Spark Connect sessions (no driver process here) and ``TaskOptions(address_exchange="allgather")`` use
 Spark's ``allGather``.
+
+The service is hardened against peers that never authenticate: one thread runs a selector over every
+socket (no thread per connection, no blocking read), at most ``max_pending`` connections wait to send their
+request (:func:`~spark_credit_shuffle.transport.tcp.unauthenticated_cap` of the registered exchanges' tasks:
+when one more arrives the oldest waiting one is closed), and a request or an answer not done within
+``request_timeout_s`` closes its connection. Connections that sent a valid request wait for their group
+(at most one per task of a registered exchange). A group's addresses are forgotten as soon as every task
+got them (or ``timeout_s`` after it started, if it never completes), and an exchange's secret
+``exchange_ttl_s`` after its last request: a later run of that exchange is told "unknown exchange", and
+its tasks fall back to Spark's ``allGather`` (all of them: every request of that run gets the same answer).
+:meth:`AddressRendezvous.unregister` forgets an exchange at once. Each kind of rejection is logged at
+WARNING once per minute (the limit and the peer), with a count of the others.
 
 **Failures that a retry repeats.** A task that meets a deterministic failure (a null key, a custom
 partitioner's function that raised: see :func:`~.common.is_deterministic`) reports it here
@@ -34,6 +46,7 @@ import contextlib
 import hmac
 import json
 import logging
+import selectors
 import socket
 import threading
 import time
@@ -42,16 +55,36 @@ from typing import Any
 
 from .. import errors
 from ..errors import CreditShuffleError, ExchangeTimeoutError
-from ..transport.tcp import resolve_host
+from ..transport.tcp import ACCEPTS_PER_ROUND, resolve_host, unauthenticated_cap
 
-__all__ = ["AddressRendezvous", "all_gather_via", "driver_rendezvous", "report_failure"]
+__all__ = [
+    "EXCHANGE_TTL_S",
+    "MAX_REQUEST",
+    "REQUEST_TIMEOUT_S",
+    "AddressRendezvous",
+    "all_gather_via",
+    "driver_rendezvous",
+    "report_failure",
+]
 
 log = logging.getLogger("spark_credit_shuffle")
 
-#: The longest request or answer line accepted (one address message per task is about 100 bytes).
+#: The longest answer line a task accepts (one address message per task is about 100 bytes).
 MAX_LINE = 1 << 20
+#: The longest request line the service accepts (a task's request is a few hundred bytes).
+MAX_REQUEST = 64 * 1024
+#: How long a connection may take to send its request, and to take its answer.
+REQUEST_TIMEOUT_S = 5.0
+#: How long the service keeps an exchange's secret after its last request.
+EXCHANGE_TTL_S = 600.0
+#: How often a kind of rejection is logged at WARNING (the others in between are counted).
+_LOG_WINDOW_S = 60.0
+#: The answer to a request for an exchange the service does not know (never registered, or forgotten).
+UNKNOWN_EXCHANGE = "unknown exchange"
 _LOCK = threading.Lock()
 _SERVICES: dict[str, AddressRendezvous] = {}
+_LISTENER = object()
+_WAKEUP = object()
 
 
 def driver_rendezvous(host: str) -> AddressRendezvous:
@@ -64,6 +97,21 @@ def driver_rendezvous(host: str) -> AddressRendezvous:
         return service
 
 
+class _Exchange:
+    """A registered exchange: its secret, its tasks per stage attempt, and when it was last asked for; the
+    failure a task reported (``{"failed": error class, "message": text}``), if any, and what to call then."""
+
+    __slots__ = ("failed_stages", "failure", "last_used", "on_failure", "secret", "width")
+
+    def __init__(self, secret: bytes, width: int, on_failure: Callable[[int, str], None] | None = None) -> None:
+        self.secret = secret
+        self.width = width
+        self.last_used = time.monotonic()
+        self.failure: dict[str, str] | None = None
+        self.on_failure = on_failure
+        self.failed_stages: set[int] = set()
+
+
 class _Group:
     """The messages of one stage attempt of one exchange, and the connections waiting for them."""
 
@@ -73,36 +121,85 @@ class _Group:
         self.width = width
         self.messages: dict[int, str] = {}
         self.attempts: dict[int, int] = {}
-        self.waiting: dict[int, socket.socket] = {}
+        self.waiting: dict[int, _Peer] = {}
         self.created = time.monotonic()
 
 
+class _Peer:
+    """One connection: reading its request, waiting for its group, or being written its answer."""
+
+    __slots__ = ("accepted", "address", "answer", "deadline", "inbox", "sent", "sock", "state")
+
+    def __init__(self, sock: socket.socket, address: str, deadline: float) -> None:
+        self.sock = sock
+        self.address = address
+        self.accepted = time.monotonic()
+        self.deadline: float | None = deadline
+        self.state = "request"  # then "waiting", then "answer"
+        self.inbox = bytearray()
+        self.answer = memoryview(b"")
+        self.sent = 0
+
+
 class AddressRendezvous:
-    """The driver's address service: one listening socket and one daemon thread per connection.
+    """The driver's address service: one listening socket and one daemon thread running a selector.
 
     ``register(name, secret, width)`` before the exchange's stage runs; tasks then call
-    :func:`all_gather_via` with :attr:`address`. ``timeout_s`` bounds how long a connection may take to
-    send its request and how long an incomplete group is kept.
+    :func:`all_gather_via` with :attr:`address`. ``timeout_s`` bounds how long an incomplete group is
+    kept, ``request_timeout_s`` how long a connection may take to send its request or take its answer,
+    ``exchange_ttl_s`` how long an exchange's secret is kept after its last request; ``max_pending``
+    (default: derived from the registered exchanges' tasks) how many connections may wait to send their
+    request at once.
     """
 
-    def __init__(self, host: str, *, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        *,
+        timeout_s: float = 600.0,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        exchange_ttl_s: float = EXCHANGE_TTL_S,
+        max_pending: int | None = None,
+    ) -> None:
+        for name, value in (
+            ("timeout_s", timeout_s),
+            ("request_timeout_s", request_timeout_s),
+            ("exchange_ttl_s", exchange_ttl_s),
+        ):
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value}")
+        if max_pending is not None and max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.timeout_s = timeout_s
-        self._exchanges: dict[str, tuple[bytes, int]] = {}
-        self._failures: dict[str, dict[str, str]] = {}  # exchange -> {"failed": error type, "message": text}
-        self._on_failure: dict[str, Callable[[int, str], None]] = {}
-        self._failed_stages: set[tuple[str, int]] = set()
+        self.request_timeout_s = request_timeout_s
+        self.exchange_ttl_s = exchange_ttl_s
+        self._max_pending = max_pending
+        self._exchanges: dict[str, _Exchange] = {}
         self._groups: dict[tuple[str, str], _Group] = {}
+        self._peers: set[_Peer] = set()
         self._lock = threading.Lock()
+        self._closing = False
+        self._selector = selectors.DefaultSelector()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._listener.bind((host, 0))
             self._listener.listen(128)
+            self._listener.setblocking(False)
         except OSError:
             self._listener.close()
+            self._selector.close()
             raise
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKEUP)
         self.num_rejected = 0
-        self._thread = threading.Thread(target=self._accept_loop, name="credit-shuffle-rendezvous", daemon=True)
+        #: Connections closed per cause since the service started.
+        self.rejected_by_cause: dict[str, int] = {}
+        self._log_window: dict[str, tuple[float, int]] = {}  # cause -> (window start, closed since logged)
+        self._thread = threading.Thread(target=self._run, name="credit-shuffle-rendezvous", daemon=True)
         self._thread.start()
 
     @property
@@ -114,6 +211,26 @@ class AddressRendezvous:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def exchanges(self) -> list[str]:
+        """The names of the exchanges whose secret the service holds now."""
+        with self._lock:
+            return list(self._exchanges)
+
+    @property
+    def num_connections(self) -> int:
+        """Open connections (reading a request, waiting for a group or being answered)."""
+        return len(self._peers)
+
+    @property
+    def max_pending(self) -> int:
+        """How many connections may wait to send their request at once."""
+        if self._max_pending is not None:
+            return self._max_pending
+        with self._lock:
+            tasks = sum(e.width for e in self._exchanges.values())
+        return unauthenticated_cap(tasks)
+
     def register(
         self, name: str, secret: bytes, width: int, on_failure: Callable[[int, str], None] | None = None
     ) -> None:
@@ -121,44 +238,143 @@ class AddressRendezvous:
         ``on_failure(stage_id, reason)`` runs (on a thread of its own) the first time a task of a stage
         reports a deterministic failure."""
         with self._lock:
-            self._exchanges[name] = (bytes(secret), int(width))
-            if on_failure is not None:
-                self._on_failure[name] = on_failure
+            self._exchanges[name] = _Exchange(bytes(secret), int(width), on_failure)
+        self._wakeup()
 
     def failure(self, name: str) -> dict[str, str] | None:
         """The deterministic failure a task of exchange ``name`` reported, if any."""
         with self._lock:
-            return self._failures.get(name)
+            known = self._exchanges.get(name)
+            return None if known is None else known.failure
 
-    def close(self) -> None:
+    def unregister(self, name: str) -> None:
+        """Forget exchange ``name``: its secret now, its open groups (closing their connections) at once."""
+        with self._lock:
+            self._exchanges.pop(name, None)
+        self._wakeup()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the service thread (joined within ``timeout_s``) and close every socket."""
+        self._closing = True
+        self._wakeup()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def _wakeup(self) -> None:
         with contextlib.suppress(OSError):
-            self._listener.close()
+            self._wake_w.send(b"\0")
 
-    # -- service threads --
+    # -- the service thread --
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, peer = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(
-                target=self._serve,
-                args=(sock, f"{peer[0]}:{peer[1]}"),
-                name="credit-shuffle-rendezvous-conn",
-                daemon=True,
-            ).start()
-
-    def _reject(self, sock: socket.socket, peer: str, reason: str) -> None:
-        self.num_rejected += 1
-        log.warning("address rendezvous: closing connection from %s: %s", peer, reason)
-        with contextlib.suppress(OSError):
-            sock.close()
-
-    def _serve(self, sock: socket.socket, peer: str) -> None:
+    def _run(self) -> None:
         try:
-            sock.settimeout(min(self.timeout_s, 60.0))
-            line = _read_line(sock)
+            while not self._closing:
+                events = self._selector.select(self._select_timeout())
+                accept = False
+                for key, mask in events:
+                    data = key.data
+                    if data is _LISTENER:
+                        accept = True  # after the other sockets were read
+                    elif data is _WAKEUP:
+                        with contextlib.suppress(OSError):
+                            while self._wake_r.recv(4096):
+                                pass
+                    elif data in self._peers:
+                        if mask & selectors.EVENT_READ:
+                            self._on_readable(data)
+                        if mask & selectors.EVENT_WRITE and data in self._peers:
+                            self._on_writable(data)
+                if accept:
+                    self._accept()
+                self._expire()
+        except Exception:  # a bug or an OS failure: tasks then fail with a named error, not a hang
+            log.exception("address rendezvous: the service thread failed")
+        finally:
+            for peer in list(self._peers):
+                self._close(peer)
+            for sock in (self._listener, self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    sock.close()
+            with contextlib.suppress(Exception):
+                self._selector.close()
+
+    def _select_timeout(self) -> float:
+        now = time.monotonic()
+        deadlines = [p.deadline for p in self._peers if p.deadline is not None]
+        deadlines += [g.created + self.timeout_s for g in self._groups.values()]
+        with self._lock:
+            deadlines += [e.last_used + self.exchange_ttl_s for e in self._exchanges.values()]
+        deadlines += [start + _LOG_WINDOW_S for start, count in self._log_window.values() if count]
+        if not deadlines:
+            return 60.0
+        return min(60.0, max(0.0, min(deadlines) - now))
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPTS_PER_ROUND):
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors: try again next round
+                log.warning("address rendezvous cannot accept a connection: %s", exc)
+                return
+            self._make_room()
+            sock.setblocking(False)
+            peer = _Peer(sock, f"{address[0]}:{address[1]}", time.monotonic() + self.request_timeout_s)
+            self._peers.add(peer)
+            self._selector.register(sock, selectors.EVENT_READ, peer)
+
+    def _make_room(self) -> None:
+        """Before accepting one more: if ``max_pending`` connections wait to send their request, read what
+        they sent, then close the oldest still waiting."""
+        limit = self.max_pending
+        pending = [p for p in self._peers if p.state == "request"]
+        if len(pending) < limit:
+            return
+        for peer in pending:
+            self._on_readable(peer)
+        pending = [p for p in pending if p in self._peers and p.state == "request"]
+        if len(pending) >= limit:
+            oldest = min(pending, key=lambda p: p.accepted)
+            self._reject(
+                oldest,
+                f"{len(pending)} connections wait to send their request, the limit max_pending={limit} "
+                "(from the registered exchanges' tasks) is reached and it is the oldest",
+                "evicted unauthenticated",
+            )
+
+    def _on_readable(self, peer: _Peer) -> None:
+        try:
+            data = peer.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if peer.state == "request":
+                self._reject(peer, f"bad request ({type(exc).__name__}: {exc})", "connection error")
+            else:
+                self._leave(peer)
+            return
+        if peer.state != "request" or not data:
+            if peer.state == "request":
+                self._reject(peer, "bad request (connection closed before the end of the line)", "closed early")
+            else:  # a task that sent more, or went away while it waited: it will not read its answer
+                self._leave(peer)
+            return
+        end = data.find(b"\n")
+        if end < 0:
+            peer.inbox += data
+            if len(peer.inbox) > MAX_REQUEST:
+                self._reject(peer, f"bad request (longer than {MAX_REQUEST} bytes)", "request too long")
+            return
+        line = bytes(peer.inbox + data[:end])
+        peer.inbox = bytearray()
+        if len(line) > MAX_REQUEST:
+            self._reject(peer, f"bad request (longer than {MAX_REQUEST} bytes)", "request too long")
+            return
+        self._on_request(peer, line)
+
+    def _on_request(self, peer: _Peer, line: bytes) -> None:
+        try:
             request = json.loads(line)
             name, group_id = str(request["exchange"]), str(request["group"])
             task, message = int(request["task"]), str(request["message"])
@@ -168,86 +384,170 @@ class AddressRendezvous:
             if failure is not None:
                 failure = {"failed": str(failure["type"]), "message": str(failure["message"])[: MAX_LINE // 2]}
             stage = int(request.get("stage", -1))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            self._reject(sock, peer, f"bad request ({type(exc).__name__}: {exc})")
+        except (ValueError, KeyError, TypeError) as exc:
+            self._reject(peer, f"bad request ({type(exc).__name__}: {exc})", "bad request")
             return
+        now = time.monotonic()
         with self._lock:
             known = self._exchanges.get(name)
-            if known is None or not hmac.compare_digest(secret, known[0]):
-                reason = "unknown exchange" if known is None else "wrong secret"
-            elif not 0 <= task < known[1]:
-                reason = f"task {task} outside [0, {known[1]})"
-            elif failure is not None or name in self._failures:
-                reason = ""
-            else:
-                reason = ""
-                self._expire()
-                group = self._groups.get((name, group_id))
-                if group is None:
-                    group = self._groups[(name, group_id)] = _Group(known[1])
-                complete = False
-                if attempt < group.attempts.get(task, -1):
-                    reason = f"task {task} attempt {attempt} is older than attempt {group.attempts[task]}"
-                else:
-                    previous = group.waiting.pop(task, None)
-                    if previous is not None:  # the same task again (a new attempt): the old one is gone
-                        with contextlib.suppress(OSError):
-                            previous.close()
-                    group.messages[task] = message
-                    group.attempts[task] = attempt
-                    group.waiting[task] = sock
-                    complete = len(group.messages) == group.width
-                    if complete:
-                        del self._groups[(name, group_id)]
-        if reason:
-            self._reject(sock, peer, reason)
+            if known is not None and hmac.compare_digest(secret, known.secret):
+                known.last_used = now
+        if known is None:
+            self._reject(peer, f"{UNKNOWN_EXCHANGE} {name!r}", UNKNOWN_EXCHANGE)
             return
-        if failure is not None or name in self._failures:
-            self._fail_exchange(sock, name, failure, stage)
+        if not hmac.compare_digest(secret, known.secret):
+            self._reject(peer, "wrong secret", "wrong secret")
             return
-        if complete:
+        if not 0 <= task < known.width:
+            self._reject(peer, f"task {task} outside [0, {known.width})", "task outside the exchange")
+            return
+        if failure is not None or known.failure is not None:
+            self._fail_exchange(peer, name, known, failure, stage)
+            return
+        group = self._groups.get((name, group_id))
+        if group is None:
+            group = self._groups[(name, group_id)] = _Group(known.width)
+        if attempt < group.attempts.get(task, -1):
+            self._reject(
+                peer, f"task {task} attempt {attempt} is older than attempt {group.attempts[task]}", "older attempt"
+            )
+            return
+        previous = group.waiting.pop(task, None)
+        if previous is not None:  # the same task again (a new attempt): the old one is gone
+            self._close(previous)
+        group.messages[task] = message
+        group.attempts[task] = attempt
+        group.waiting[task] = peer
+        peer.state = "waiting"
+        peer.deadline = None  # the group's timeout bounds the wait
+        if len(group.messages) == group.width:
+            del self._groups[(name, group_id)]
             answer = (json.dumps([group.messages[i] for i in range(group.width)]) + "\n").encode()
             for waiting in group.waiting.values():
-                with contextlib.suppress(OSError):
-                    waiting.settimeout(10.0)
-                    waiting.sendall(answer)
-                with contextlib.suppress(OSError):
-                    waiting.close()
+                self._answer(waiting, answer)
 
-    def _fail_exchange(self, sock: socket.socket, name: str, failure: dict[str, str] | None, stage: int | None) -> None:
-        """Record a reported failure (``failure`` given) and answer every task of the exchange waiting, and
-        ``sock``, with it; run the exchange's ``on_failure`` once per stage."""
+    def _fail_exchange(
+        self, peer: _Peer, name: str, known: _Exchange, failure: dict[str, str] | None, stage: int
+    ) -> None:
+        """Record a reported failure (``failure`` given), answer ``peer`` and every task of the exchange
+        waiting for its group with it, and run the exchange's ``on_failure`` once per stage."""
         callback = None
-        waiting = [sock]
         with self._lock:
             if failure is not None:
-                self._failures.setdefault(name, failure)
-                if stage is not None and (name, stage) not in self._failed_stages:
-                    self._failed_stages.add((name, stage))
-                    callback = self._on_failure.get(name)
-            recorded = self._failures[name]
-            for key in [k for k in self._groups if k[0] == name]:
-                waiting.extend(self._groups.pop(key).waiting.values())
+                if known.failure is None:
+                    known.failure = failure
+                if stage not in known.failed_stages:
+                    known.failed_stages.add(stage)
+                    callback = known.on_failure
+            recorded = known.failure
+        assert recorded is not None
         answer = (json.dumps(recorded) + "\n").encode()
-        for waiter in waiting:
-            with contextlib.suppress(OSError):
-                waiter.settimeout(10.0)
-                waiter.sendall(answer)
-            with contextlib.suppress(OSError):
-                waiter.close()
-        if callback is not None and stage is not None:
+        for key in [k for k in self._groups if k[0] == name]:
+            for waiting in self._groups.pop(key).waiting.values():
+                self._answer(waiting, answer)
+        self._answer(peer, answer)
+        if callback is not None:
             reason = f"{recorded['failed']}: {recorded['message']}"
             threading.Thread(target=callback, args=(stage, reason), name="credit-shuffle-failure", daemon=True).start()
 
+    def _answer(self, peer: _Peer, line: bytes) -> None:
+        """Write ``line`` to ``peer`` (shared, never copied per peer) and close it once written."""
+        peer.state = "answer"
+        peer.answer = memoryview(line)
+        peer.sent = 0
+        peer.deadline = time.monotonic() + self.request_timeout_s
+        self._on_writable(peer)
+        if peer in self._peers:
+            self._selector.modify(peer.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
+
+    def _on_writable(self, peer: _Peer) -> None:
+        if peer.state != "answer":
+            return
+        try:
+            peer.sent += peer.sock.send(peer.answer[peer.sent :])
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(peer)
+            return
+        if peer.sent >= len(peer.answer):
+            self._close(peer)
+
+    def _leave(self, peer: _Peer) -> None:
+        """A task's connection ended while it waited for its group or its answer: forget the connection."""
+        for group in self._groups.values():
+            for task, waiting in list(group.waiting.items()):
+                if waiting is peer:
+                    del group.waiting[task]
+        self._close(peer)
+
+    def _reject(self, peer: _Peer, reason: str, cause: str) -> None:
+        """Close ``peer`` for ``reason``; log ``cause`` at WARNING once per window, count the rest."""
+        self.num_rejected += 1
+        self.rejected_by_cause[cause] = self.rejected_by_cause.get(cause, 0) + 1
+        text = f"address rendezvous: closing connection from {peer.address}: {reason}"
+        if cause not in self._log_window:
+            self._log_window[cause] = (time.monotonic(), 0)
+            log.warning("%s (more of this cause within %.0f s are counted, not logged)", text, _LOG_WINDOW_S)
+        else:
+            start, count = self._log_window[cause]
+            self._log_window[cause] = (start, count + 1)
+            log.debug("%s", text)
+        if cause == UNKNOWN_EXCHANGE:  # logged first: the peer may look at the log once it is answered
+            self._answer(peer, (json.dumps({"error": UNKNOWN_EXCHANGE}) + "\n").encode())
+        else:
+            self._close(peer)
+
+    def _close(self, peer: _Peer) -> None:
+        if peer not in self._peers:
+            return
+        self._peers.discard(peer)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(peer.sock)
+        with contextlib.suppress(OSError):
+            peer.sock.close()
+
     def _expire(self) -> None:
-        """Drop groups that never completed within the timeout (lock held)."""
+        """Close connections past their deadline, drop old groups and exchanges, log the counts."""
         now = time.monotonic()
+        for peer in [p for p in self._peers if p.deadline is not None and now >= p.deadline]:
+            if peer.state == "request":
+                self._reject(
+                    peer,
+                    f"no request within {self.request_timeout_s * 1000:.0f} ms of connecting (request_timeout_s)",
+                    "request timeout",
+                )
+            else:
+                self._close(peer)  # a task that does not take its answer
+        with self._lock:
+            for name, exchange in list(self._exchanges.items()):
+                idle = now - exchange.last_used
+                if idle > self.exchange_ttl_s and not any(key[0] == name for key in self._groups):
+                    del self._exchanges[name]
+                    log.info("address rendezvous: forgot exchange %s after %.0f s without a request", name, idle)
+            known = set(self._exchanges)
         for key, group in list(self._groups.items()):
-            if now - group.created > self.timeout_s:
+            expired = now - group.created > self.timeout_s
+            if expired or key[0] not in known:
                 del self._groups[key]
                 for waiting in group.waiting.values():
-                    with contextlib.suppress(OSError):
-                        waiting.close()
+                    self._close(waiting)
+                if expired:
+                    log.warning(
+                        "address rendezvous: group %s of %s incomplete after %.0f s (%d of %d tasks): dropped",
+                        key[1],
+                        key[0],
+                        self.timeout_s,
+                        len(group.messages),
+                        group.width,
+                    )
+        for cause, (start, count) in list(self._log_window.items()):
+            if now - start >= _LOG_WINDOW_S:
+                del self._log_window[cause]
+                if count:
+                    log.warning(
+                        "address rendezvous: closed %d more connections in %.0f s: %s", count, now - start, cause
+                    )
 
 
 def _read_line(sock: socket.socket) -> str:
@@ -276,12 +576,15 @@ def all_gather_via(
     task: int,
     attempt: int,
     timeout_s: float,
+    fallback: Callable[[str], list[str]] | None = None,
 ) -> Callable[[str], list[str]]:
     """An ``allGather(message)`` for task ``task`` (task attempt id ``attempt``) through the rendezvous at
     ``address``.
 
     ``group`` names the stage (every task of it must use the same). Raises
-    :class:`ExchangeTimeoutError` if the answer does not come within ``timeout_s``.
+    :class:`ExchangeTimeoutError` if the answer does not come within ``timeout_s``. If the service does
+    not know the exchange (it forgot it, see :data:`EXCHANGE_TTL_S`), every task of the stage hears so, and
+    ``fallback`` (Spark's ``allGather``) is used instead; without one, :class:`CreditShuffleError`.
     """
     host, port = address
 
@@ -312,6 +615,13 @@ def all_gather_via(
                 f"task {task} of {exchange}: exchanging addresses through {where} failed: {exc}; set "
                 f"spark.creditShuffle.addressExchange=allgather if executors cannot reach the driver"
             ) from exc
+        if isinstance(answer, dict) and answer.get("error") == UNKNOWN_EXCHANGE:
+            if fallback is None:
+                raise CreditShuffleError(f"task {task} of {exchange}: {where} answered: {UNKNOWN_EXCHANGE}")
+            log.info(
+                "task %d of %s: %s forgot the exchange; addresses through Spark's allGather", task, exchange, where
+            )
+            return fallback(message)
         if isinstance(answer, dict) and "failed" in answer:  # another task met a failure that retries repeat
             raise _reported_error(str(answer["failed"]), str(answer.get("message", "")))
         if not isinstance(answer, list) or not all(isinstance(m, str) for m in answer):
@@ -334,7 +644,7 @@ def report_failure(
 ) -> bool:
     """Tell the rendezvous at ``address`` that task ``task`` of stage ``stage`` met ``exc``, a failure every
     retry repeats (best effort, a few seconds at most: the task fails with ``exc`` either way). True if the
-    service took it."""
+    service took it (it answers with the failure it holds)."""
     request = {
         "exchange": exchange,
         "group": f"stage {stage}",
@@ -343,13 +653,13 @@ def report_failure(
         "message": "",
         "secret": secret.hex(),
         "stage": stage,
-        "failure": {"type": type(exc).__name__, "message": str(exc)},
+        "failure": {"type": type(exc).__name__, "message": str(exc)[: MAX_REQUEST // 2]},
     }
     try:
         with socket.create_connection(address, timeout=5.0) as sock:
             sock.sendall((json.dumps(request) + "\n").encode())
-            _read_line(sock)
-        return True
+            answer = json.loads(_read_line(sock))
     except (OSError, ValueError) as e:
         log.warning("task %d of %s: could not report its failure to the driver: %s", task, exchange, e)
         return False
+    return isinstance(answer, dict) and "failed" in answer

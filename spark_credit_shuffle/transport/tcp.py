@@ -20,10 +20,19 @@ threads waits for the interpreter lock, and the credit loop (credit out, buffer 
 that bounds a channel's throughput.
 
 Input from the wire is untrusted. Every accepted connection must authenticate with the exchange's secret
-(the protocol's ``Hello``) within ``handshake_timeout_s``; a wrong secret, garbage, an oversized frame
-length or a message out of turn raises :class:`~spark_credit_shuffle.errors.ProtocolError` in the handler,
-and the transport logs it (logger ``spark_credit_shuffle``) and closes that connection only: the exchange
-carries on. Unauthenticated connections are capped (``max_unauthenticated``).
+(the protocol's ``Hello``) within ``handshake_timeout_s`` (the authentication deadline, counted from the
+accept, so a peer that sends a byte a second gains nothing) and within :data:`MAX_HELLO_BYTES`; a wrong
+secret, garbage, an oversized frame length or a message out of turn raises
+:class:`~spark_credit_shuffle.errors.ProtocolError` in the handler, and the transport closes that connection
+only: the exchange carries on. At most ``max_unauthenticated`` connections wait to authenticate (see
+:func:`unauthenticated_cap`): when one more arrives, whatever the waiting ones sent is read first (a peer
+whose ``Hello`` has arrived authenticates), then the oldest one still unauthenticated is closed to make room,
+so a flood of silent connections costs a bounded number of sockets and closes a legitimate peer only if
+``max_unauthenticated`` newer connections arrive before its Hello does: connected sockets are read before
+new connections are accepted, and at most :data:`ACCEPTS_PER_ROUND` are accepted per round of the I/O
+thread. Each kind of rejection is logged once per transport at WARNING (the
+limit, its setting if it has one, and the peer), the rest at DEBUG, and a count of each when the transport
+closes: a flood makes a few lines, not one per connection.
 
 Connections end with a half-close: a client whose handler sent ``CloseRequest`` (every channel on it
 received its end of partition) shuts down its sending side once its output is written; the server sees
@@ -37,6 +46,7 @@ import contextlib
 import errno
 import itertools
 import logging
+import re
 import selectors
 import socket
 import threading
@@ -46,14 +56,36 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import ExchangeTimeoutError, ProtocolError
-from ..protocol.codec import encode
+from ..protocol.codec import FRAME_HEADER_LENGTH, MAX_SECRET_BYTES, encode
 from ..protocol.messages import Message
 
-__all__ = ["Connection", "SansIOConnection", "TcpTransport", "resolve_host"]
+__all__ = [
+    "ACCEPTS_PER_ROUND",
+    "AUTHENTICATION_TIMEOUT_S",
+    "MAX_HELLO_BYTES",
+    "MIN_UNAUTHENTICATED",
+    "Connection",
+    "SansIOConnection",
+    "TcpTransport",
+    "resolve_host",
+    "unauthenticated_cap",
+]
 
 log = logging.getLogger("spark_credit_shuffle")
 
+#: The longest a task's listener waits for a connected peer's ``Hello`` (at most, the runtime passes
+#: ``min(partition_request_timeout_ms, this)``): a legitimate peer sends it as soon as it is connected.
+AUTHENTICATION_TIMEOUT_S = 2.0
+#: The most bytes a peer may send before its ``Hello`` authenticates it: one Hello frame with the longest
+#: secret the codec accepts (frame header, secret size, secret).
+MAX_HELLO_BYTES = FRAME_HEADER_LENGTH + 2 + MAX_SECRET_BYTES
+#: The fewest connections allowed to wait for authentication at once, whatever the expected peers.
+MIN_UNAUTHENTICATED = 32
+#: The most connections the I/O thread accepts before it reads its other sockets again.
+ACCEPTS_PER_ROUND = 16
+
 _RECV_SIZE = 256 * 1024
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 _MAX_IOV = 64
 _LISTENER = object()
 _WAKEUP = object()
@@ -69,6 +101,15 @@ class SansIOConnection(Protocol):
     def has_data(self) -> bool: ...
 
     def connection_closed(self) -> None: ...
+
+
+def unauthenticated_cap(expected_peers: int) -> int:
+    """How many connections may wait to authenticate when ``expected_peers`` legitimate peers will connect.
+
+    Four times the legitimate peers, at least :data:`MIN_UNAUTHENTICATED`: every legitimate peer can be
+    waiting at once with room to spare, and a flood evicts the oldest waiting connection, not a new one.
+    """
+    return max(MIN_UNAUTHENTICATED, 4 * max(0, int(expected_peers)))
 
 
 def resolve_host(host: str) -> str:
@@ -170,6 +211,9 @@ class TcpTransport:
     threads can look again; ``on_send(connection, message)`` runs, with ``lock`` held, for every message
     pulled from a handler (metrics). ``on_closed(connection)`` runs, with ``lock`` held, when a connection
     ends (its ``error`` tells why, None for a clean close).
+    ``handshake_timeout_s`` is the authentication deadline of an accepted connection and
+    ``max_unauthenticated`` how many may wait for it at once (:func:`unauthenticated_cap`);
+    ``handshake_timeout_setting`` names where the deadline comes from in logs.
     """
 
     def __init__(
@@ -180,7 +224,8 @@ class TcpTransport:
         server_handler_factory: Callable[[Callable[[], None]], SansIOConnection] | None = None,
         handshake_timeout_s: float = 10.0,
         high_water: int = 256 * 1024,
-        max_unauthenticated: int = 32,
+        handshake_timeout_setting: str = "handshake_timeout_s",
+        max_unauthenticated: int = MIN_UNAUTHENTICATED,
         on_event: Callable[[], None] | None = None,
         on_send: Callable[[Connection, Message], None] | None = None,
         on_closed: Callable[[Connection], None] | None = None,
@@ -191,10 +236,13 @@ class TcpTransport:
             raise ValueError(f"high_water must be > 0 bytes, got {high_water}")
         if handshake_timeout_s <= 0:
             raise ValueError(f"handshake_timeout_s must be > 0, got {handshake_timeout_s}")
+        if max_unauthenticated < 1:
+            raise ValueError(f"max_unauthenticated must be >= 1, got {max_unauthenticated}")
         self.lock = lock  # re-entrant: handlers' callbacks may run while the transport holds it
         self.name = name or "transport"
         self._factory = server_handler_factory
         self._handshake_timeout = handshake_timeout_s
+        self._handshake_setting = handshake_timeout_setting
         self._high_water = high_water
         self._max_unauthenticated = max_unauthenticated
         self._on_event = on_event
@@ -231,6 +279,9 @@ class TcpTransport:
         self.error: BaseException | None = None
         self.num_rejected = 0
         self.rejections: list[str] = []
+        #: Connections closed per cause (a short name: "evicted", "handshake timeout", a protocol error).
+        self.rejected_by_cause: dict[str, int] = {}
+        self._counts_logged = False
         #: CPU seconds the I/O thread used (set when it stops).
         self.thread_cpu_s = 0.0
 
@@ -305,8 +356,9 @@ class TcpTransport:
         """Open a connection to ``address`` served by client ``handler`` (blocking, in the caller's thread).
 
         Retries refused connections with back-off until ``timeout_s`` has passed, then raises
-        :class:`ExchangeTimeoutError` naming ``peer`` and the address. The handler's ``listener`` is set to
-        :meth:`wakeup`; whatever it queued (its ``Hello`` first) is sent once the I/O thread picks it up.
+        :class:`ExchangeTimeoutError` naming ``peer`` and the address. Whatever the handler queued (its
+        ``Hello`` first) is written at once from the calling thread; what follows is sent by the I/O thread
+        (the handler's ``listener`` makes the connection ready to write).
         """
         host, port = address
         deadline = time.monotonic() + timeout_s
@@ -330,6 +382,9 @@ class TcpTransport:
         conn = Connection(sock, handler, "client", peer, next(self._ids))
         if hasattr(handler, "listener"):
             handler.listener = lambda: self._ready(conn)
+        with self.lock:  # the Hello goes out with the connect, from this thread: a producer whose port is
+            self._fill(conn)  # flooded closes the oldest connections waiting to authenticate, and this one
+            self._write(conn)  # must not wait for the I/O thread's turn to present the secret
         with self._pending_lock:
             self._pending.append(conn)
         self.wakeup()
@@ -368,10 +423,11 @@ class TcpTransport:
         try:
             while not self._stopping:
                 events = self._selector.select(self._select_timeout())
+                accept = False
                 for key, mask in events:
                     data = key.data
                     if data is _LISTENER:
-                        self._accept()
+                        accept = True  # after the other sockets were read: a Hello that arrived counts
                     elif data is _WAKEUP:
                         self._drain_wakeup()
                     elif not data.closed:
@@ -380,6 +436,8 @@ class TcpTransport:
                         if mask & selectors.EVENT_WRITE and not data.closed:
                             with self.lock:
                                 self._write(data)
+                if accept:
+                    self._accept()
                 self._adopt_pending()
                 self._pump()
                 self._expire_handshakes()
@@ -418,7 +476,7 @@ class TcpTransport:
         self._selector.register(conn.sock, selectors.EVENT_READ, conn)
 
     def _accept(self) -> None:
-        while True:
+        for _ in range(ACCEPTS_PER_ROUND):  # the rest next round, after the other sockets were read again
             try:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -432,10 +490,7 @@ class TcpTransport:
             if self._factory is None:
                 self._refuse(sock, peer, "this endpoint serves no partitions")
                 continue
-            waiting = sum(1 for c in self._connections.values() if not c.is_authenticated)
-            if waiting >= self._max_unauthenticated:
-                self._refuse(sock, peer, f"{waiting} connections are already waiting to authenticate")
-                continue
+            self._make_room()
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = Connection(sock, None, "server", f"client {peer}", next(self._ids))
@@ -443,15 +498,56 @@ class TcpTransport:
                 conn.handler = self._factory(lambda conn=conn: self._ready(conn))
             self._add(conn)
 
+    def _make_room(self) -> None:
+        """Before accepting one more: if ``max_unauthenticated`` connections wait to authenticate, read what
+        they sent (a Hello that arrived authenticates its peer), then close the oldest still waiting."""
+        waiting = [c for c in self._connections.values() if not c.is_authenticated]
+        if len(waiting) < self._max_unauthenticated:
+            return
+        for conn in waiting:
+            if not conn.closed:
+                self._read(conn)
+        waiting = [c for c in waiting if not c.closed and not c.is_authenticated]
+        if len(waiting) < self._max_unauthenticated:
+            return
+        oldest = min(waiting, key=lambda c: c.accepted_at)
+        self._record_rejection(
+            f"closing connection with {oldest.peer}: {len(waiting)} connections wait to authenticate, the limit "
+            f"max_unauthenticated={self._max_unauthenticated} (from the expected peers) is reached and it is the "
+            "oldest",
+            "evicted unauthenticated",
+        )
+        self._drop(oldest, ProtocolError("closed unauthenticated to make room"), clean=False, logged=True)
+
     def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
-        self._record_rejection(f"refused connection from {peer}: {reason}")
+        self._record_rejection(f"refused connection from {peer}: {reason}", reason)
         sock.close()
 
-    def _record_rejection(self, text: str) -> None:
+    def _record_rejection(self, text: str, cause: str) -> None:
+        """Count a closed connection; log its ``cause`` at WARNING the first time, at DEBUG after that."""
         self.num_rejected += 1
         if len(self.rejections) < 100:
             self.rejections.append(text)
-        log.warning("%s: %s", self.name, text)
+        seen = self.rejected_by_cause.get(cause, 0)
+        self.rejected_by_cause[cause] = seen + 1
+        if seen:
+            log.debug("%s: %s", self.name, text)
+        else:
+            log.warning(
+                "%s: %s (more connections closed for this cause are counted when the transport closes)",
+                self.name,
+                text,
+            )
+
+    def _log_rejection_counts(self) -> None:
+        """One WARNING with the count of every cause that closed more than one connection (once)."""
+        if self._counts_logged:
+            return
+        self._counts_logged = True
+        repeated = {cause: n for cause, n in self.rejected_by_cause.items() if n > 1}
+        if repeated:
+            counts = ", ".join(f"{n} x {cause}" for cause, n in sorted(repeated.items()))
+            log.warning("%s: connections closed before or while authenticating: %s", self.name, counts)
 
     def _read(self, conn: Connection) -> None:
         try:
@@ -469,6 +565,11 @@ class TcpTransport:
         with self.lock:
             try:
                 conn.handler.receive_data(data)
+                if conn.bytes_in > MAX_HELLO_BYTES and not conn.is_authenticated:
+                    raise ProtocolError(
+                        f"{conn.bytes_in} bytes received without a valid Hello (at most {MAX_HELLO_BYTES} "
+                        "bytes may come before it)"
+                    )
             except ProtocolError as exc:
                 self._reject(conn, exc)
                 return
@@ -477,7 +578,8 @@ class TcpTransport:
 
     def _reject(self, conn: Connection, exc: ProtocolError) -> None:
         """A peer broke the protocol (wrong secret, garbage, oversized frame): log it, close it, carry on."""
-        self._record_rejection(f"closing connection with {conn.peer}: {exc}")
+        cause = _NUMBERS.sub("N", str(exc))  # one cause per kind of error, whatever its numbers
+        self._record_rejection(f"closing connection with {conn.peer}: {exc}", cause)
         self._drop(conn, exc, clean=False, logged=True)
 
     def _drop(self, conn: Connection, exc: BaseException | None, *, clean: bool, logged: bool = False) -> None:
@@ -621,11 +723,14 @@ class TcpTransport:
             if not conn.closed and not conn.is_authenticated and now - conn.accepted_at >= self._handshake_timeout:
                 self._record_rejection(
                     f"closing connection with {conn.peer}: no valid Hello within "
-                    f"{self._handshake_timeout * 1000:.0f} ms"
+                    f"{self._handshake_timeout * 1000:.0f} ms of connecting "
+                    f"(the authentication deadline, {self._handshake_setting})",
+                    "handshake timeout",
                 )
                 self._drop(conn, ProtocolError("no Hello within the handshake timeout"), clean=False, logged=True)
 
     def _close_all(self) -> None:
+        self._log_rejection_counts()
         with self._pending_lock:
             pending, self._pending = self._pending, []
         for conn in [*self._connections.values(), *pending]:

@@ -23,6 +23,7 @@ from spark_credit_shuffle.protocol import (
     Hello,
     NewBufferSize,
     PartitionRequest,
+    RecycleBuffers,
     ResumeConsumption,
     encode,
     encode_to_bytes,
@@ -38,7 +39,8 @@ data_types = st.sampled_from([t for t in DataType if t is not DataType.NONE])
 messages = st.one_of(
     st.builds(BufferResponse, u64, u32, u32, u32, data_types, st.booleans(), st.binary(max_size=2048)),
     st.builds(ErrorResponse, st.text(max_size=200), st.one_of(st.none(), u64)),
-    st.builds(PartitionRequest, u64, u32, u32, u64),
+    st.builds(PartitionRequest, u64, u32, u32, u64, st.booleans()),
+    st.builds(RecycleBuffers, u64, st.integers(1, (1 << 32) - 1)),
     st.builds(CancelPartitionRequest, u64),
     st.just(CloseRequest()),
     st.builds(AddCredit, u64, st.integers(1, (1 << 32) - 1)),
@@ -186,3 +188,15 @@ def test_fuzz_declared_lengths_never_allocate_beyond_the_maximum(length):
         assert decoder.pending_bytes == FRAME_HEADER_LENGTH
     except ProtocolError:
         assert length > MAX_FRAME
+
+
+def test_a_partition_request_with_a_local_flag_other_than_0_or_1_is_refused():
+    frame = bytearray(encode_to_bytes(PartitionRequest(1, 2, 0, 4, True)))
+    assert FrameDecoder(MAX_FRAME).receive_data(bytes(frame)) == [PartitionRequest(1, 2, 0, 4, True)]
+    frame[-1] = 2
+    with pytest.raises(ProtocolError, match="local flag 2"):
+        FrameDecoder(MAX_FRAME).receive_data(bytes(frame))
+    zero = bytearray(encode_to_bytes(RecycleBuffers(9, 1)))
+    zero[FRAME_HEADER_LENGTH : FRAME_HEADER_LENGTH + 4] = b"\0\0\0\0"
+    with pytest.raises(ProtocolError, match="recycles 0 buffers"):
+        FrameDecoder(MAX_FRAME).receive_data(bytes(zero))

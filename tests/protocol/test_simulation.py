@@ -56,6 +56,7 @@ def scenarios(draw, credit_based: bool = True):
         "bandwidth": draw(st.sampled_from([None, 20 * MB])),
         "encode": draw(st.booleans()),
         "extra_buffers_per_host": draw(st.integers(0, 20)),
+        "local_channels": draw(st.sampled_from(["direct", "connection"])),
     }
 
 
@@ -74,6 +75,18 @@ def _check_run(scenario: dict) -> None:
 def test_random_topologies_with_credits(scenario):
     """Credits never go negative and no data buffer is in flight without a receiver buffer reserved for it
     (checked after every simulation step); everything is delivered in order and every buffer comes back."""
+    _check_run(scenario)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scenarios(), st.integers(1, 3))
+def test_local_channels_through_connections_hold_their_buffers_in_the_producers_pool(scenario, hosts):
+    """Given tasks of one executor in processes of their own (every same-host channel a local channel over
+    a connection), every buffer a local channel sent and the consumer did not recycle yet holds a segment
+    of the producer's pool (checked after every step), and everything arrives and comes back."""
+    scenario["local_channels"] = "connection"
+    scenario["producer_hosts"] = [p % hosts for p in range(scenario["num_producers"])]
+    scenario["consumer_hosts"] = [c % hosts for c in range(scenario["num_consumers"])]
     _check_run(scenario)
 
 

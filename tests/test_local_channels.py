@@ -1,0 +1,129 @@
+"""Channels between tasks of one executor are local in the pipelined exchange, as between two tasks of one
+Flink TaskManager: no credit and no exclusive buffers; the producer's pool bounds what they hold.
+
+The tasks run as threads over real sockets (``run_in_threads`` with ``executors``), and once as a Spark job
+on ``local-cluster`` (two executors of two slots, a subprocess), where Spark decides the placement.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from test_pipelined import expected_placement, inputs, make_plan, table
+
+import spark_credit_shuffle as scs
+from spark_credit_shuffle.exchange import Injection
+from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
+from spark_credit_shuffle.runtime.pipelined import run_in_threads
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _check_exact(plan, data, received) -> None:
+    for c, want in enumerate(expected_placement(plan, data)):
+        assert table(received[c]).sort_by("id").equals(want)
+
+
+def _timeline(rows, side, subtask, metric):
+    return [r for r in rows if r.time_ms is not None and (r.side, r.subtask, r.metric) == (side, subtask, metric)]
+
+
+@pytest.mark.parametrize("executors", [(0, 0, 0), (0, 1, 0), (0, 1, 2)], ids=["one", "two", "three"])
+def test_tasks_sharing_an_executor_exchange_every_row_exactly_over_local_channels(executors):
+    plan = make_plan(scs.key_by("k"), 3, 3, metrics_sample_interval_ms=5)
+    data = inputs(3, 6000)
+    received, rows = run_in_threads(plan, data, executors=list(executors))
+    _check_exact(plan, data, received)
+    for c in range(3):  # credits are sampled on remote channels only: those from another executor
+        remote = {p for p in range(3) if executors[p] != executors[c]}
+        assert {r.channel for r in _timeline(rows, CONSUMER, c, "credit")} == remote
+        assert {r.channel for r in _timeline(rows, PRODUCER, c, "credit")} == remote
+
+
+def test_a_slow_consumer_on_a_local_channel_backpressures_through_the_producers_pool():
+    # given every task on one executor and consumer 0 slow (40 us per row): no channel has credit, so only
+    # the producers' pools (4 buffers per subpartition) can hold them back
+    plan = make_plan(
+        scs.key_by("k"),
+        3,
+        3,
+        injection=Injection(consumer_delay_s=((0, 4e-5),)),
+        max_buffers_per_channel=4,
+        metrics_sample_interval_ms=2,
+    )
+    data = inputs(3, 8000)
+    received, rows = run_in_threads(plan, data, executors=[0, 0, 0])
+    _check_exact(plan, data, received)
+    assert not [r for r in rows if r.metric == "credit"]
+    back_pressured = sum(r.value for r in rows if r.metric == "accumulateBackPressuredTimeMs" and r.side == PRODUCER)
+    assert back_pressured > 0
+    # what each producer held for the slow consumer never exceeded its subpartition limit (plus the
+    # overdraft a writer may take to finish the rows it was given)
+    limit = plan.config.max_buffers_per_channel + plan.config.max_overdraft_buffers_per_gate
+    for p in range(3):
+        queued = [r.value for r in _timeline(rows, PRODUCER, p, "outputQueueLength") if r.channel == 0]
+        assert queued and max(queued) <= limit
+    # the consumers took no floating buffers: a local channel brings its own (the producer's)
+    assert all(r.value == 0 for r in rows if r.metric == "inputFloatingBuffersUsage")
+
+
+def test_local_channels_task_setting_makes_every_channel_between_tasks_remote():
+    plan = make_plan(scs.rebalance(), 2, 2, local_channels="task", metrics_sample_interval_ms=5)
+    data = inputs(2, 3000)
+    received, rows = run_in_threads(plan, data, executors=[0, 0])
+    assert sum(b.num_rows for batches in received for b in batches) == 6000
+    assert {r.channel for r in _timeline(rows, CONSUMER, 0, "credit")} == {1}
+    assert {r.channel for r in _timeline(rows, CONSUMER, 1, "credit")} == {0}
+
+
+_LOCAL_CLUSTER_JOB = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession, functions as F
+    import spark_credit_shuffle as scs
+
+    spark = (
+        SparkSession.builder.master("local-cluster[2,2,1024]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.executor.memory", "512m")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "3")
+        .getOrCreate()
+    )
+    df = spark.range(0, 20000, 1, 4).select(F.col("id"), (F.col("id") % 97).cast("int").alias("k"))
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode="pipelined", metrics_sample_interval_ms=5)
+    rows = ex.df.groupBy(F.spark_partition_id().alias("p")).agg(F.count("*").alias("n"),
+                                                                 F.sum("id").alias("s")).collect()
+    credit = {(r["subtask"], r["channel"]) for r in ex.timeline().where("metric = 'credit' and side = 'consumer'")
+              .select("subtask", "channel").distinct().collect()}
+    out = {"rows": sum(r["n"] for r in rows), "sum": sum(r["s"] for r in rows), "credit_channels": sorted(credit)}
+    spark.stop()
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.spark
+def test_on_local_cluster_only_channels_between_executors_are_remote(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(_LOCAL_CLUSTER_JOB)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=170, check=False, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["rows"] == 20000 and out["sum"] == sum(range(20000))
+    # two executors of two slots run the four tasks: each consumer reads the two producers of the other
+    # executor remotely (with credit) and its neighbour on its own executor through a local channel
+    remote = out["credit_channels"]
+    per_consumer = {c: [p for s, p in remote if s == c] for c in range(4)}
+    assert all(len(ps) == 2 for ps in per_consumer.values()), remote
