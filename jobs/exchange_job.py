@@ -2,7 +2,7 @@
 
     spark-submit --conf spark.creditShuffle.bufferTimeoutMs=10 jobs/exchange_job.py \\
         --input events.parquet --partitioner hash:user_id --parallelism 8 --mode pipelined \\
-        --output out/ --metrics metrics/
+        --output out/ --metrics metrics.csv
 
     python jobs/exchange_job.py --generate 100000 --partitioner rebalance --conf spark.creditShuffle.segmentSize=8kb
 
@@ -26,6 +26,8 @@ from typing import Any
 from spark_credit_shuffle.cli import conf_pair, positive_int
 
 FORMATS = ("parquet", "csv", "json", "orc")
+#: --metrics and --timeline write one file, in the format its extension names.
+TABLE_FORMATS = ("csv", "json", "parquet")
 PARTITIONERS = ("hash:<col>[,<col>...]", "rebalance", "rescale", "shuffle", "broadcast", "forward", "global")
 
 
@@ -62,6 +64,30 @@ def _format_of(path: str, given: str | None) -> str:
     return ext if ext in FORMATS else "parquet"
 
 
+def table_path(text: str) -> str:
+    """A file path ending in .csv, .json (JSON Lines) or .parquet; argparse's error naming them otherwise."""
+    ext = os.path.splitext(text)[1].lstrip(".").lower()
+    if ext not in TABLE_FORMATS or text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: allowed is a file name ending in " + ", ".join(f".{f}" for f in TABLE_FORMATS)
+        )
+    return text
+
+
+def write_table(frame: Any, path: str) -> None:
+    """Write a small pandas DataFrame to the single file ``path``, in the format of its extension."""
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    if ext == "csv":
+        frame.to_csv(path, index=False)
+    elif ext == "json":
+        frame.to_json(path, orient="records", lines=True)
+    else:
+        frame.to_parquet(path, index=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -74,8 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("blocking", "pipelined"), default="blocking")
     parser.add_argument("--output", help="where to write the exchanged rows (default: count them only)")
     parser.add_argument("--output-format", choices=FORMATS, help="default: from the extension, else parquet")
-    parser.add_argument("--metrics", help="where to write the summary metrics (format from the extension)")
-    parser.add_argument("--timeline", help="where to write the metrics timeline (format from the extension)")
+    parser.add_argument(
+        "--metrics", type=table_path, help="file for the summary metrics: .csv, .json (JSON Lines) or .parquet"
+    )
+    parser.add_argument(
+        "--timeline", type=table_path, help="file for the metrics timeline: .csv, .json (JSON Lines) or .parquet"
+    )
     parser.add_argument("--timeline-png", help="draw the timeline into this PNG (needs matplotlib)")
     parser.add_argument("--master", help="Spark master under plain python (default local[N])")
     parser.add_argument(
@@ -189,10 +219,7 @@ def _run(args: argparse.Namespace, spark: Any, partitioner: Any) -> int:
         if path:
             if sc is not None:
                 sc.setJobDescription(f"{plan.describe()}: write {what}")
-            fmt = _format_of(path, None)
-            writer = frame().coalesce(1).write.mode("overwrite").format(fmt)
-            writer = writer.option("header", "true") if fmt == "csv" else writer
-            writer.save(path)
+            write_table(frame().toPandas(), path)
             if sc is not None:
                 sc.setJobDescription(None)
             print(f"  {what}: {path}")

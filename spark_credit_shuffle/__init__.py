@@ -5,6 +5,7 @@ Public API only; see README.md for a tour.
 
 from __future__ import annotations
 
+from ._pyspark import MIN_PYSPARK  # first: refuses a pyspark older than MIN_PYSPARK
 from .buffers import CheckpointBarrier, EndOfPartition, LatencyMarker, RecordReader, RecordWriter
 from .config import NetworkConfig, default_max_parallelism
 from .dataframe import rdd_with_channel, with_channel
@@ -19,6 +20,7 @@ from .errors import (
     PartitionerError,
     ProtocolError,
     UnknownSettingError,
+    UnsupportedColumnTypeError,
     UnsupportedKeyTypeError,
 )
 from .exchange import Exchange, ExchangePlan, Injection, exchange, exchange_rdd, exchanged
@@ -43,6 +45,7 @@ from .simulation import Simulation, SimulationReport, simulate
 __version__ = "0.1.0"
 
 __all__ = [
+    "MIN_PYSPARK",
     "BufferDecodeError",
     "ChannelSelector",
     "CheckpointBarrier",
@@ -69,6 +72,7 @@ __all__ = [
     "Simulation",
     "SimulationReport",
     "UnknownSettingError",
+    "UnsupportedColumnTypeError",
     "UnsupportedKeyTypeError",
     "__version__",
     "broadcast",

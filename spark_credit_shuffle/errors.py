@@ -47,6 +47,11 @@ class UnsupportedKeyTypeError(PartitionerError, TypeError):
     """A key column whose type has no stable Java ``hashCode`` to reproduce."""
 
 
+class UnsupportedColumnTypeError(CreditShuffleError, TypeError):
+    """A column of a Spark type that Spark's Arrow hand-over to Python (``mapInArrow``) does not carry, so no
+    exchange can move it (year-month and calendar intervals); raised before any Spark job starts."""
+
+
 class InsufficientNetworkBuffersError(CreditShuffleError):
     """The buffer pools asked for more network buffers than the executor's network memory holds."""
 

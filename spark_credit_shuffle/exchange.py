@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from .config import NetworkConfig, check_operator_parallelism
-from .errors import ConfigError
+from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, check_dataframe, resolve_key_columns
+from .errors import ConfigError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
 from .runtime.session import num_partitions
@@ -178,6 +179,64 @@ class Exchange:
         return f"Exchange({self.plan.describe()})"
 
 
+def arrow_schema(df: DataFrame) -> pa.Schema:
+    """The Arrow schema of the batches ``mapInArrow`` hands ``df``'s rows over in, exactly: timestamps in the
+    session time zone (``spark.sql.session.timeZone``, read once here, on the driver), strings and binaries
+    large if ``spark.sql.execution.arrow.useLargeVarTypes`` says so. A column of a type that ``mapInArrow``
+    cannot carry (a year-month or calendar interval) raises :class:`UnsupportedColumnTypeError` naming it."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    spark = df.sparkSession
+    time_zone = _session_conf(spark, "spark.sql.session.timeZone")  # with a default, get() returns that one
+    large = str(_session_conf(spark, "spark.sql.execution.arrow.useLargeVarTypes")).strip().lower() == "true"
+    fields = []
+    for field in df.schema.fields:
+        try:
+            try:
+                one = to_arrow_schema(StructType([field]), timezone=time_zone, prefers_large_types=large)
+            except TypeError:  # pyspark 4.0 names timestamps' zone UTC here; Spark sends the session's
+                one = to_arrow_schema(StructType([field]), prefers_large_types=large)
+                one = pa.schema([_in_time_zone(one.field(0), time_zone)])
+        except Exception as e:
+            raise UnsupportedColumnTypeError(
+                f"column {field.name!r} has Spark type {field.dataType.simpleString()}, which cannot travel through "
+                f"an exchange: Spark's Arrow hand-over (mapInArrow) does not carry it ({type(e).__name__}). Cast it "
+                f"to a type that travels (a year-month interval to its months as int, for example) or drop it"
+            ) from None
+        fields.append(one.field(0))
+    return pa.schema(fields)
+
+
+def _in_time_zone(field: pa.Field, time_zone: str | None) -> pa.Field:
+    """``field`` with every zoned timestamp in it (at any depth) in ``time_zone``."""
+
+    def convert(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_timestamp(t):
+            return pa.timestamp(t.unit, tz=time_zone) if t.tz is not None else t
+        if pa.types.is_map(t):
+            return pa.map_(convert_field(t.key_field), convert_field(t.item_field), t.keys_sorted)
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            make = pa.list_ if pa.types.is_list(t) else pa.large_list
+            return make(convert_field(t.value_field))
+        if pa.types.is_struct(t):
+            return pa.struct([convert_field(t.field(i)) for i in range(t.num_fields)])
+        return t
+
+    def convert_field(f: pa.Field) -> pa.Field:
+        return pa.field(f.name, convert(f.type), nullable=f.nullable, metadata=f.metadata)
+
+    return convert_field(field)
+
+
+def _session_conf(spark: Any, key: str) -> str | None:
+    """The value Spark uses for SQL setting ``key`` (its default if nobody set it); None if it has none."""
+    try:
+        return spark.conf.get(key)
+    except Exception:  # a setting this Spark does not know
+        return None
+
+
 def exchange(
     df: DataFrame,
     partitioner: Partitioner,
@@ -195,8 +254,13 @@ def exchange(
     The input's partitions are the producer subtasks (``num_producers`` repartitions it first,
     round robin, when given). ``parallelism`` defaults to the number of producers. ``config``
     defaults to the session's ``spark.creditShuffle.*`` settings; keyword ``settings`` override
-    single values (``buffer_timeout_ms=10``). Raises :class:`ConfigError`,
-    :class:`PartitionerError` or :class:`InsufficientNetworkBuffersError` before any job runs.
+    single values (``buffer_timeout_ms=10``). Everything the arguments and ``df``'s schema reveal is
+    checked before any job runs: :class:`ConfigError` (a setting, or an argument of the wrong kind, such as
+    a pandas DataFrame or a dict as ``config``), :class:`PartitionerError` (a key column that is missing, out
+    of range or nested), :class:`UnsupportedKeyTypeError`, :class:`UnsupportedColumnTypeError` (a column
+    ``mapInArrow`` cannot carry) or :class:`InsufficientNetworkBuffersError`. Key columns are top-level
+    columns by name, position or plain column reference (``F.col("k")``); every type ``mapInArrow`` carries
+    goes through unchanged, timestamps in the session time zone.
 
     ``retryable`` (pipelined mode; default True): the barrier stage's output is placed on its partitions
     by an identity shuffle, so that Spark can re-run the whole stage after a task failure (output exact)
@@ -206,32 +270,53 @@ def exchange(
     (``write``, ``count``, ``collect``, ``foreachPartition``). Blocking mode's output always comes from
     a Spark shuffle and is always retryable; there the keyword changes nothing.
     """
-    if mode not in MODES:
+    df = check_dataframe(df)
+    if not isinstance(mode, str) or mode not in MODES:
         raise ConfigError("mode", mode, " or ".join(repr(m) for m in MODES))
     if retryable is not None and not isinstance(retryable, bool):
         raise ConfigError("retryable", retryable, "True, False or None (the default: True)")
-    if not isinstance(partitioner, Partitioner):
-        raise ConfigError("partitioner", partitioner, "a partitioner such as key_by('k'), rebalance() or broadcast()")
+    partitioner = _check_partitioner(partitioner)
+    if config is not None and not isinstance(config, NetworkConfig):
+        raise ConfigError(
+            "config",
+            _short(config),
+            "a NetworkConfig or None (the session's spark.creditShuffle.* settings)",
+            "single settings go as keyword arguments: exchange(..., buffer_timeout_ms=10), or "
+            "config=NetworkConfig(**settings)",
+        )
+    if injection is not None and not isinstance(injection, Injection):
+        raise ConfigError("injection", _short(injection), "an Injection or None")
+    if parallelism is not None:
+        parallelism = check_operator_parallelism(parallelism, "parallelism")
+    if num_producers is not None:
+        num_producers = check_operator_parallelism(num_producers, "num_producers")
+    partitioner = resolve_key_columns(df, partitioner)
+    names = df.columns
+    plain = _plain_names(names)
+    if plain != names:  # PySpark hands mapInArrow its input as df[name], which reads "a.b" as a nested field
+        df = df.toDF(*plain)
+        partitioner = _renamed_keys(partitioner, dict(zip(names, plain)))
+    schema = arrow_schema(df)
     spark = df.sparkSession
     if config is None:
         config = NetworkConfig.from_spark(spark, **settings)
     elif settings:
         config = config.replace(**settings)
     if num_producers is not None:
-        num_producers = check_operator_parallelism(num_producers, "num_producers")
         df = df.repartition(num_producers)
     if parallelism is not None:  # checked before the producer count, which is a Spark job on Spark Connect
-        parallelism = check_operator_parallelism(parallelism, "parallelism")
         _max_parallelism(partitioner, config, parallelism)
     producers = num_producers or num_partitions(df)
     if producers == 0:  # nothing to move: no producer subtask, consumers that receive nothing
-        return _empty_exchange(df, partitioner, parallelism, mode, config, injection, retryable)
+        empty = _empty_exchange(df, partitioner, parallelism, mode, config, injection, retryable, schema)
+        if plain != names:
+            empty.df = empty.df.toDF(*names)
+        return empty
     consumers = producers if parallelism is None else parallelism
     consumers = check_operator_parallelism(consumers, "parallelism")
     max_parallelism = _max_parallelism(partitioner, config, consumers)
     partitioner.validate(producers, consumers)
     name = f"{partitioner.name.lower()}-{mode}-{next(_ids)}"
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     plan = ExchangePlan(
         name=name,
@@ -241,7 +326,7 @@ def exchange(
         num_consumers=consumers,
         max_parallelism=max_parallelism,
         config=config,
-        schema=to_arrow_schema(df.schema),
+        schema=schema,
         injection=injection,
         retryable=retryable,
     )
@@ -254,6 +339,8 @@ def exchange(
     else:
         from .runtime.pipelined import build
     out, collected = build(plan, df)
+    if plain != names:
+        out = out.toDF(*names)
     return Exchange(plan, out, collected)
 
 
@@ -274,11 +361,10 @@ def _empty_exchange(
     config: NetworkConfig,
     injection: Injection | None,
     retryable: bool | None,
+    schema: pa.Schema,
 ) -> Exchange:
     """The exchange of an input without partitions: ``parallelism`` consumers (0 if not given) that
     receive nothing, an empty ``df`` with the input's schema, and no metric rows. No task runs."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     from .runtime.common import NoMetrics
 
     consumers = parallelism or 0
@@ -291,7 +377,7 @@ def _empty_exchange(
         num_consumers=consumers,
         max_parallelism=max_parallelism,
         config=config,
-        schema=to_arrow_schema(df.schema),
+        schema=schema,
         injection=injection,
         retryable=retryable,
     )
@@ -315,8 +401,12 @@ def exchange_rdd(
     RDD's partitions are the producer subtasks; partition *i* of the result's ``rdd`` holds what
     consumer subtask *i* received, as Rows.
     """
+    from pyspark import RDD
     from pyspark.sql import SparkSession
 
+    if not isinstance(rdd, RDD):
+        raise ConfigError("rdd", _short(rdd), "a pyspark RDD (for a DataFrame use exchange)")
+    _check_partitioner(partitioner)
     spark = SparkSession.builder.getOrCreate()
     df = spark.createDataFrame(rdd, schema)
     return exchange(df, partitioner, parallelism, mode, **kwargs)

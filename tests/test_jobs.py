@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
@@ -104,13 +105,17 @@ def test_protocol_benchmark_moves_every_buffer_and_reports_both_topologies(capsy
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("mode", ["blocking", "pipelined"])
-def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys, mode):
+@pytest.mark.parametrize(("mode", "metrics_file", "timeline_file"), [
+    ("blocking", "metrics.csv", "timeline.json"),
+    ("pipelined", "metrics.parquet", "timeline.csv"),
+])  # fmt: skip
+def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys, mode, metrics_file, timeline_file):
     job = load_job("exchange_job")
     source = spark.range(0, 2000, 1, 2).select(
         F.col("id"),
         (F.col("id") % 13).cast("int").alias("k"),
         F.concat(F.lit("v"), F.col("id").cast("string")).alias("s"),
+        F.timestamp_seconds(F.col("id") * 3600).alias("at"),  # a timestamp column, in the session time zone
     )
     source.write.parquet(str(tmp_path / "in.parquet"))
     argv = [
@@ -118,8 +123,8 @@ def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys
         "--partitioner", "hash:k",
         "--parallelism", "3",
         "--output", str(tmp_path / "out.parquet"),
-        "--metrics", str(tmp_path / "metrics.csv"),
-        "--timeline", str(tmp_path / "timeline.json"),
+        "--metrics", str(tmp_path / "written" / metrics_file),
+        "--timeline", str(tmp_path / timeline_file),
         "--timeline-png", str(tmp_path / "timeline.png"),
         "--conf", "spark.creditShuffle.metricsSampleIntervalMs=5",
         "--mode", mode,
@@ -130,11 +135,15 @@ def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys
     assert headline["timeline_samples"] >= 2 + 3  # at least the last sample of every side
     out = spark.read.parquet(str(tmp_path / "out.parquet"))
     assert_df_equality(out, source, ignore_row_order=True, ignore_nullable=True)
-    metrics = spark.read.option("header", "true").csv(str(tmp_path / "metrics.csv"))
-    assert metrics.where(F.col("metric") == "numRecordsIn").agg(F.sum(F.col("value").cast("double"))).first()[0] == 2000
-    timeline = spark.read.json(str(tmp_path / "timeline.json"))
-    assert "time_ms" in timeline.columns and timeline.where(F.col("stat") != "sample").count() == 0
-    sides = {(r["side"], r["subtask"]) for r in timeline.select("side", "subtask").distinct().collect()}
+    read = {"csv": pd.read_csv, "json": lambda p: pd.read_json(p, lines=True), "parquet": pd.read_parquet}
+    metrics_path, timeline_path = tmp_path / "written" / metrics_file, tmp_path / timeline_file
+    assert metrics_path.is_file() and timeline_path.is_file()  # one file each, as named
+    metrics = read[metrics_path.suffix[1:]](metrics_path)
+    assert list(metrics.columns) == ["exchange", "mode", "side", "subtask", "channel", "metric", "stat", "value"]
+    assert metrics[metrics.metric == "numRecordsIn"].value.sum() == 2000
+    timeline = read[timeline_path.suffix[1:]](timeline_path)
+    assert "time_ms" in timeline.columns and (timeline.stat == "sample").all()
+    sides = set(zip(timeline.side, timeline.subtask))
     assert sides == {("producer", 0), ("producer", 1), ("consumer", 0), ("consumer", 1), ("consumer", 2)}
     assert (tmp_path / "timeline.png").read_bytes().startswith(PNG)
     # the job leaves the session as it found it
@@ -148,6 +157,10 @@ def test_exchange_job_refuses_bad_input_before_any_job(spark, capsys):
     with pytest.raises(SystemExit) as info:
         job.main(["--generate", "10", "--partitioner", "zigzag"])
     assert info.value.code == 2 and "partitioner" in capsys.readouterr().err
+    for bad in (["--metrics", "metrics/"], ["--timeline", "timeline.xlsx"]):
+        with pytest.raises(SystemExit) as info:
+            job.main(["--generate", "10", *bad])
+        assert info.value.code == 2 and "a file name ending in .csv, .json, .parquet" in capsys.readouterr().err
     assert job.main(["--generate", "10", "--partitioner", "hash:user_id", "--parallelism", "300",
                      "--conf", "spark.creditShuffle.networkMemory=1mb"]) == 2  # fmt: skip
     assert "Insufficient number of network buffers" in capsys.readouterr().err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -176,13 +177,94 @@ def _check_seed(seed: object) -> int | None:
     return int(seed)
 
 
+def identifier_parts(identifier: str) -> list[str]:
+    r"""The name parts of a Spark SQL identifier: ``a.b`` -> ``["a", "b"]``, ``\`a.b\``` -> ``["a.b"]``
+    (a doubled backtick inside backticks is one backtick)."""
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
+    i = 0
+    while i < len(identifier):
+        char = identifier[i]
+        if quoted:
+            if char == "`" and identifier[i + 1 : i + 2] == "`":
+                current.append("`")
+                i += 1
+            elif char == "`":
+                quoted = False
+            else:
+                current.append(char)
+        elif char == "`":
+            quoted = True
+        elif char == ".":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+        i += 1
+    parts.append("".join(current))
+    return parts
+
+
+def _is_spark_column(value: object) -> bool:
+    cls = type(value)
+    return cls.__name__ == "Column" and cls.__module__.startswith("pyspark.")
+
+
+def column_reference_name(column: Any) -> str:
+    """The name a PySpark ``Column`` refers to, if it is a plain column reference (``F.col("k")``,
+    ``df["k"]``, ``df.k``; classic or Spark Connect); a :class:`PartitionerError` for any other expression.
+
+    A reference to a nested field (``F.col("a.b")``) keeps its parts joined by dots; whether it names a
+    top-level column is decided against the DataFrame's schema before launch.
+    """
+    parts: list[str] | None = None
+    jc = getattr(column, "_jc", None)
+    if jc is not None:  # classic: the column's JVM node
+        try:
+            node = jc.node()
+            kind = node.getClass().getSimpleName()
+            if kind == "UnresolvedAttribute":
+                name_parts = node.nameParts()
+                parts = [str(name_parts.apply(i)) for i in range(name_parts.length())]
+            elif (
+                kind == "ExpressionColumnNode" and node.expression().getClass().getSimpleName() == "AttributeReference"
+            ):
+                parts = [str(node.expression().name())]
+            elif kind == "SqlExpression":
+                text = str(node.expression()).strip()
+                if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|`(?:[^`]|``)+`", text):
+                    parts = identifier_parts(text)
+        except Exception:  # another Column implementation: its text, if that is a plain name ("Column<'k'>")
+            text = re.fullmatch(r"Column<'([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)'>", str(column))
+            parts = identifier_parts(text.group(1)) if text else None
+    else:
+        expr = getattr(column, "_expr", None)  # Spark Connect: the column's expression
+        if type(expr).__name__ == "ColumnReference":
+            identifier = getattr(expr, "_unparsed_identifier", None)
+            if isinstance(identifier, str):
+                parts = identifier_parts(identifier)
+    if parts is None:
+        raise PartitionerError(
+            f"{column} is not a plain column reference: a key is a column of the DataFrame; add the expression "
+            "as a column first (df.withColumn('key', <expression>)) and key by its name"
+        )
+    return ".".join(parts) if len(parts) > 1 else parts[0]
+
+
 def _check_columns(columns: Sequence[Any], what: str) -> tuple[Column, ...]:
     if not columns:
         raise ConfigError("columns", columns, f"at least one key column name (or position) for {what}")
+    checked: list[Column] = []
     for column in columns:
+        if _is_spark_column(column):
+            column = column_reference_name(column)
         if isinstance(column, bool) or not isinstance(column, (str, int)):
-            raise ConfigError("columns", column, f"column names (str) or positions (int) for {what}")
-    return tuple(columns)
+            raise ConfigError(
+                "columns", column, f"column names (str), positions (int) or column references (F.col) for {what}"
+            )
+        checked.append(column)
+    return tuple(checked)
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,10 @@ class CustomSelector(ChannelSelector):
             if self.as_numpy:
                 arrays = [a.to_numpy(zero_copy_only=False) for a in arrays]
             keys = arrays[0] if len(arrays) == 1 else tuple(arrays)
-            result = self.fn(keys, n) if self.takes_num_partitions else self.fn(keys)
+            try:
+                result = self.fn(keys, n) if self.takes_num_partitions else self.fn(keys)
+            except Exception as exc:
+                raise self._raised(exc) from exc
             if isinstance(result, (pa.Array, pa.ChunkedArray)):
                 if result.null_count:
                     raise PartitionerError(f"custom partitioner {self._describe_fn()} returned null channels")
@@ -250,7 +253,16 @@ class CustomSelector(ChannelSelector):
                 raise PartitionerError(
                     f"custom partitioner {self._describe_fn()} must return an int channel per key: {exc}"
                 ) from exc
+            except Exception as exc:
+                raise self._raised(exc) from exc
         return self._checked(channels, rows)
+
+    def _raised(self, exc: Exception) -> PartitionerError:
+        """The user's function raised: a PartitionerError that says so (the same input raises again, so a
+        runtime need not retry it)."""
+        if isinstance(exc, PartitionerError):
+            return exc
+        return PartitionerError(f"custom partitioner {self._describe_fn()} raised {type(exc).__name__}: {exc}")
 
     def _checked(self, channels: np.ndarray, rows: int) -> np.ndarray:
         name = self._describe_fn()

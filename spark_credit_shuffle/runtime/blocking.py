@@ -3,8 +3,9 @@
 Producer stage: each input partition is a producer subtask; ``mapInArrow`` runs its rows through
 the RecordWriter into a blocking result partition, whose finished buffers are written, as they
 complete, to Spark's shuffle: one row per network buffer (consumer channel, producer, sequence
-number, data type, payload), placed by ``repartitionById`` so that shuffle partition *i* holds
-exactly the buffers for consumer subtask *i*.
+number, data type, payload), placed by ``repartitionById`` (on pyspark 4.0 its equivalent: see
+:func:`~.common.place_by`) so that shuffle partition *i* holds exactly the buffers for consumer
+subtask *i*.
 
 Consumer stage: each shuffle partition is a consumer subtask. It replays the stored buffers of
 each producer through the credit-based protocol core, in process: a subpartition per producer
@@ -26,10 +27,11 @@ import numpy as np
 import pyarrow as pa
 
 from ..buffers.writer import RecordWriter
+from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.partition import BlockingResultPartition, StoredBuffer
 from ..protocol.pools import NetworkBufferPool, PartitionType, result_partition_pool_size
-from .common import CollectedMetrics, MetricsReport, finish_plan, metrics_report
+from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
 from .consumer import consume_partition
 
 if TYPE_CHECKING:
@@ -166,12 +168,16 @@ def build(
 
     ``report``: how consumer tasks report metrics (default: :func:`~.common.metrics_report`'s choice).
     """
-    report = report if report is not None else metrics_report(df.sparkSession)
+    report = (report if report is not None else metrics_report(df.sparkSession)).beside(df.columns)
 
     def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        yield from produce_partition(batches, TaskContext.get().partitionId(), plan)
+        producer = TaskContext.get().partitionId()
+        try:
+            yield from produce_partition(batches, producer, plan)
+        except PartitionerError as exc:
+            raise in_subtask(exc, PRODUCER, producer) from None
 
     def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -182,6 +188,6 @@ def build(
     produce.__name__ = f"credit_shuffle_produce_{label}"
     consume.__name__ = f"credit_shuffle_consume_{label}"
     stored = df.mapInArrow(produce, STORAGE_DDL)
-    placed = stored.repartitionById(plan.num_consumers, "channel")
+    placed = place_by(stored, plan.num_consumers, "channel")
     consumed = placed.mapInArrow(consume, report.output_type(df))
     return finish_plan(plan, consumed, report)

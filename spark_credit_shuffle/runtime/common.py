@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
-from ..errors import CreditShuffleError
+from ..errors import BufferDecodeError, CreditShuffleError, PartitionerError
 from ..metrics import METRIC_ROW_TYPE, MetricRow, rows_to_arrow
 
 if TYPE_CHECKING:
@@ -37,9 +38,14 @@ __all__ = [
     "NoMetrics",
     "combine",
     "finish_plan",
+    "in_subtask",
+    "is_deterministic",
     "metrics_batch",
     "metrics_report",
     "output_struct_type",
+    "place_by",
+    "spark_hash_partition_keys",
+    "unused_name",
     "with_metrics_column",
 ]
 
@@ -48,12 +54,106 @@ METRICS_COLUMN = "__credit_shuffle_metrics"
 _METRICS_TYPE = pa.list_(METRIC_ROW_TYPE)
 
 
-def output_struct_type(df: DataFrame):
-    """Spark type of a consumer stage's output: the input's columns plus the metrics column."""
+def is_deterministic(exc: BaseException) -> bool:
+    """True for a failure that the same input raises again on every attempt: a null key, a key that cannot be
+    hashed, a custom partitioner's function that raised or returned bad channels (:class:`PartitionerError`),
+    a network buffer of the exchange's own data that does not decode (:class:`BufferDecodeError`). Retrying
+    such a task or stage only repeats the failure; a runtime fails the exchange at once instead."""
+    return isinstance(exc, (PartitionerError, BufferDecodeError))
+
+
+def in_subtask(exc: BaseException, side: str, subtask: int) -> BaseException:
+    """A :class:`PartitionerError` with the subtask that met it in its message (the same class, so a user
+    catches what the partitioner raises); any other exception as it is."""
+    if not isinstance(exc, PartitionerError) or str(exc).startswith(f"{side} subtask "):
+        return exc
+    try:
+        located = type(exc)(f"{side} subtask {subtask}: {exc}")
+    except TypeError:  # a subclass with another constructor
+        return exc
+    return located.with_traceback(exc.__traceback__)
+
+
+_U32 = np.uint32
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << _U32(r)) | (x >> _U32(32 - r))
+
+
+def spark_int_hashes(values: np.ndarray, seed: int = 42) -> np.ndarray:
+    """Spark's ``hash()`` of int values (``Murmur3_x86_32.hashInt``, the seed of ``Murmur3Hash``), as int32."""
+    with np.errstate(over="ignore"):
+        k1 = np.asarray(values, dtype=np.int32).view(_U32) * _U32(0xCC9E2D51)
+        k1 = _rotl(k1, 15) * _U32(0x1B873593)
+        h1 = _U32(seed) ^ k1
+        h1 = _rotl(h1, 13) * _U32(5) + _U32(0xE6546B64)
+        h1 ^= _U32(4)
+        h1 ^= h1 >> _U32(16)
+        h1 *= _U32(0x85EBCA6B)
+        h1 ^= h1 >> _U32(13)
+        h1 *= _U32(0xC2B2AE35)
+        h1 ^= h1 >> _U32(16)
+    return h1.view(np.int32)
+
+
+def spark_hash_partition_keys(num_partitions: int) -> np.ndarray:
+    """For every partition ``p`` of ``num_partitions``, an int that Spark's hash partitioning
+    (``repartition(n, col)``: ``pmod(hash(col), n)``) places on ``p``: the smallest such int >= 0."""
+    keys = np.full(num_partitions, -1, dtype=np.int64)
+    start, chunk = 0, max(1024, 16 * num_partitions)
+    while (keys < 0).any():
+        candidates = np.arange(start, start + chunk, dtype=np.int64)
+        partitions = np.mod(spark_int_hashes(candidates).astype(np.int64), num_partitions)
+        first = np.full(num_partitions, -1, dtype=np.int64)
+        order = np.argsort(partitions, kind="stable")  # within a partition, candidates stay ascending
+        sorted_partitions = partitions[order]
+        starts = np.flatnonzero(np.r_[True, sorted_partitions[1:] != sorted_partitions[:-1]])
+        first[sorted_partitions[starts]] = candidates[order[starts]]
+        keys = np.where(keys < 0, first, keys)
+        start += chunk
+    return keys
+
+
+def has_repartition_by_id(df: DataFrame) -> bool:
+    """True if ``df``'s DataFrame class has ``repartitionById`` (pyspark 4.1 and later)."""
+    return hasattr(type(df), "repartitionById")
+
+
+def place_by(df: DataFrame, num_partitions: int, column: str, *, by_id: bool | None = None) -> DataFrame:
+    """``df`` on ``num_partitions`` partitions, each row on the partition its int ``column`` names (in
+    ``[0, num_partitions)``): Spark's ``repartitionById`` (pyspark 4.1+) where it exists (``by_id=None``),
+    else a hash repartition on a value per partition that Spark's hash places there (a lookup in a small
+    array of ints computed here), which places every row exactly the same way on any Spark 4."""
+    if by_id is None:
+        by_id = has_repartition_by_id(df)
+    if by_id:
+        return df.repartitionById(num_partitions, column)
+    from pyspark.sql import functions as F
+
+    lookup = F.array(*[F.lit(int(k)) for k in spark_hash_partition_keys(num_partitions)])
+    key = unused_name(f"{column}_placement", df.columns)
+    placed = df.withColumn(key, F.element_at(lookup, F.col(column) + 1).cast("int"))
+    return placed.repartition(num_partitions, key).drop(key)
+
+
+def unused_name(base: str, columns: Iterable[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ... : the first that is not one of ``columns`` (an internal
+    column never takes the place of a user's column of the same name)."""
+    taken = set(columns)
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    return name
+
+
+def output_struct_type(df: DataFrame, column: str = METRICS_COLUMN):
+    """Spark type of a consumer stage's output: the input's columns plus the metrics column ``column``."""
     from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StringType, StructField, StructType
 
-    if METRICS_COLUMN in df.columns:
-        raise ValueError(f"the input already has a column named {METRICS_COLUMN}")
+    if column in df.columns:
+        raise ValueError(f"the input already has a column named {column}")
     row = StructType(
         [
             StructField("side", StringType()),
@@ -66,11 +166,11 @@ def output_struct_type(df: DataFrame):
         ]
     )
     metrics_type = ArrayType(row)
-    return StructType([*df.schema.fields, StructField(METRICS_COLUMN, metrics_type, True)])
+    return StructType([*df.schema.fields, StructField(column, metrics_type, True)])
 
 
-def output_schema(schema: pa.Schema) -> pa.Schema:
-    return schema.append(pa.field(METRICS_COLUMN, _METRICS_TYPE))
+def output_schema(schema: pa.Schema, column: str = METRICS_COLUMN) -> pa.Schema:
+    return schema.append(pa.field(column, _METRICS_TYPE))
 
 
 def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
@@ -78,11 +178,11 @@ def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
-def with_metrics_column(batch: pa.RecordBatch) -> pa.RecordBatch:
+def with_metrics_column(batch: pa.RecordBatch, column: str = METRICS_COLUMN) -> pa.RecordBatch:
     """A data batch with a null metrics cell on every row."""
     return pa.RecordBatch.from_arrays(
         [*batch.columns, pa.nulls(batch.num_rows, _METRICS_TYPE)],
-        schema=output_schema(batch.schema),
+        schema=output_schema(batch.schema, column),
     )
 
 
@@ -111,24 +211,33 @@ def _zero(t: pa.DataType) -> object:
     return 0  # integers, dates, times, timestamps, durations
 
 
-def metrics_batch(schema: pa.Schema, rows: Iterable[MetricRow]) -> pa.RecordBatch:
+def metrics_batch(schema: pa.Schema, rows: Iterable[MetricRow], column: str = METRICS_COLUMN) -> pa.RecordBatch:
     """One row whose data columns are null (or zero where the column may not be null) and whose
     metrics cell holds ``rows``; the row is filtered out before the user sees the data."""
     arrays = [pa.nulls(1, f.type) if f.nullable else pa.array([_zero(f.type)], f.type) for f in schema]
     arrays.append(rows_to_arrow([list(rows)]))
-    return pa.RecordBatch.from_arrays(arrays, schema=output_schema(schema))
+    return pa.RecordBatch.from_arrays(arrays, schema=output_schema(schema, column))
 
 
 class MetricsReport:
     """How a consumer task hands its metric rows to the driver (pickled into the tasks).
 
-    ``accumulator`` is a PySpark accumulator of :class:`_ReportsParam`; None sends them in band.
+    ``accumulator`` is a PySpark accumulator of :class:`_ReportsParam`; None sends them in band, in the
+    hidden column ``column`` (see :meth:`beside`).
     """
 
-    __slots__ = ("accumulator",)
+    __slots__ = ("accumulator", "column")
 
-    def __init__(self, accumulator: Any = None) -> None:
+    def __init__(self, accumulator: Any = None, column: str = METRICS_COLUMN) -> None:
         self.accumulator = accumulator
+        self.column = column
+
+    def beside(self, columns: Iterable[str]) -> MetricsReport:
+        """This report, with a hidden metrics column named unlike any of ``columns`` (the input's) if in band."""
+        if self.accumulator is not None:
+            return self
+        column = unused_name(METRICS_COLUMN, columns)
+        return self if column == self.column else MetricsReport(None, column)
 
     @property
     def in_band(self) -> bool:
@@ -137,17 +246,17 @@ class MetricsReport:
 
     def output_type(self, df: DataFrame):
         """Spark type of the consumer stage's output: ``df``'s, plus the metrics column if in band."""
-        return output_struct_type(df) if self.accumulator is None else df.schema
+        return output_struct_type(df, self.column) if self.accumulator is None else df.schema
 
     def data(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """A data batch as the consumer stage yields it."""
-        return with_metrics_column(batch) if self.accumulator is None else batch
+        return with_metrics_column(batch, self.column) if self.accumulator is None else batch
 
     def last(self, schema: pa.Schema, rows: Iterable[MetricRow]) -> list[pa.RecordBatch]:
         """What a consumer task yields after its data: the metrics row if in band, else nothing (the rows
         go into the accumulator, tagged with the task's stage, partition and attempt)."""
         if self.accumulator is None:
-            return [metrics_batch(schema, rows)]
+            return [metrics_batch(schema, rows, self.column)]
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -237,6 +346,7 @@ def finish_plan(plan: ExchangePlan, consumed: DataFrame, report: MetricsReport) 
     from pyspark.sql import functions as F
 
     observation = Observation(plan.name)
-    observed = consumed.observe(observation, F.collect_list(METRICS_COLUMN).alias("metrics"))
-    out = observed.where(F.col(METRICS_COLUMN).isNull()).drop(METRICS_COLUMN)
+    hidden = F.col(f"`{report.column}`")
+    observed = consumed.observe(observation, F.collect_list(hidden).alias("metrics"))
+    out = observed.where(hidden.isNull()).drop(hidden)
     return out, CollectedMetrics(report, observation)

@@ -115,7 +115,18 @@ from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
 from ..transport.tcp import AUTHENTICATION_TIMEOUT_S, Connection, TcpTransport, resolve_host, unauthenticated_cap
-from .common import IN_BAND, CollectedMetrics, MetricsReport, combine, finish_plan, metrics_report
+from .common import (
+    IN_BAND,
+    CollectedMetrics,
+    MetricsReport,
+    combine,
+    finish_plan,
+    in_subtask,
+    is_deterministic,
+    metrics_report,
+    place_by,
+    unused_name,
+)
 from .consumer import GateGauges
 from .session import is_connect, spark_context
 
@@ -137,7 +148,8 @@ log = logging.getLogger("spark_credit_shuffle")
 #: Messages from a consumer that say it read and recycled this producer's buffers: progress for the end wait.
 _PROGRESS = (AddCredit, RecycleBuffers)
 
-#: Hidden column used by the identity placements around the barrier stage.
+#: Hidden column used by the identity placements around the barrier stage (or, if the input has a column of
+#: that name, the first of ``_TAG_1``, ``_TAG_2``, ... that it has not).
 _TAG = "__credit_shuffle_subtask"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MAX_LATENCY_SAMPLES = 100_000
@@ -269,13 +281,14 @@ def build(
     if retryable is None:
         retryable = True
     options = options or TaskOptions(address_exchange=plan.config.address_exchange)
-    report = report if report is not None else metrics_report(df.sparkSession)
+    report = (report if report is not None else metrics_report(df.sparkSession)).beside(df.columns)
     producers, consumers = plan.num_producers, plan.num_consumers
     width = max(producers, consumers)
     secret = _secrets.token_bytes(32)
+    tag = unused_name(_TAG, [*df.columns, report.column])
     source = df
     if producers < consumers:  # place producer p's rows on task p of `width` tasks
-        source = df.withColumn(_TAG, F.spark_partition_id()).repartitionById(width, _TAG).drop(_TAG)
+        source = place_by(df.withColumn(tag, F.spark_partition_id()), width, tag).drop(tag)
 
     rendezvous = _address_service(df.sparkSession, plan, secret, width) if options.address_exchange == "auto" else None
 
@@ -285,7 +298,7 @@ def build(
     run.__name__ = f"credit_shuffle_{plan.name.replace('-', '_')}"
     consumed = source.mapInArrow(run, report.output_type(df), barrier=True)
     if producers > consumers or retryable:
-        consumed = consumed.withColumn(_TAG, F.spark_partition_id()).repartitionById(consumers, _TAG).drop(_TAG)
+        consumed = place_by(consumed.withColumn(tag, F.spark_partition_id()), consumers, tag).drop(tag)
     return finish_plan(plan, consumed, report)
 
 
@@ -304,9 +317,23 @@ def _address_service(spark: Any, plan: ExchangePlan, secret: bytes, width: int) 
         log.info("%s: addresses through Spark's allGather (%s: %s)", plan.name, type(exc).__name__, exc)
         return None
     key = f"{plan.name}/{hashlib.sha256(secret).hexdigest()[:16]}"
-    service.register(key, secret, width)
+    service.register(key, secret, width, on_failure=_stage_canceller(spark, plan.name))
     host, port = service.address
     return host, port, key
+
+
+def _stage_canceller(spark: Any, name: str) -> Callable[[int, str], None]:
+    """Cancels a barrier stage of exchange ``name`` whose task met a failure every attempt repeats (see
+    :mod:`~spark_credit_shuffle.runtime.rendezvous`), so that Spark does not run it again: the job fails
+    with ``reason`` (the typed error's class and text) after one attempt."""
+
+    def cancel(stage: int, reason: str) -> None:
+        try:
+            spark_context(spark)._jsc.sc().cancelStage(stage, reason)  # type: ignore[union-attr]
+        except Exception as exc:  # the stage fails anyway; later attempts fail at the address exchange
+            log.info("%s: could not cancel stage %d: %s", name, stage, exc)
+
+    return cancel
 
 
 def run_barrier_task(
@@ -349,7 +376,20 @@ def run_barrier_task(
         all_gather = all_gather_via(
             address, key, secret, group, index, ctx.taskAttemptId(), wait_s, fallback=ctx.allGather
         )
-    yield from task.run(batches, all_gather)
+    try:
+        yield from task.run(batches, all_gather)
+    except Exception as exc:
+        if not is_deterministic(exc):
+            raise
+        located = in_subtask(exc, PRODUCER, index)
+        if rendezvous is not None:  # every later attempt fails the same way: fail the exchange once, now
+            from .rendezvous import report_failure
+
+            service_host, service_port, key = rendezvous
+            report_failure(
+                (service_host, service_port), key, secret, ctx.stageId(), index, ctx.taskAttemptId(), located
+            )
+        raise located from None
 
 
 # -- in-process runs (tests, demos) -------------------------------------------------------------------

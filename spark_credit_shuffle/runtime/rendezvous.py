@@ -30,6 +30,14 @@ got them (or ``timeout_s`` after it started, if it never completes), and an exch
 its tasks fall back to Spark's ``allGather`` (all of them: every request of that run gets the same answer).
 :meth:`AddressRendezvous.unregister` forgets an exchange at once. Each kind of rejection is logged at
 WARNING once per minute (the limit and the peer), with a count of the others.
+
+**Failures that a retry repeats.** A task that meets a deterministic failure (a null key, a custom
+partitioner's function that raised: see :func:`~.common.is_deterministic`) reports it here
+(:func:`report_failure`) before it fails. From then on every address request of that exchange, of the
+attempt now waiting and of any later stage attempt, is answered with that failure, which the task raises at
+once, and the exchange's ``on_failure`` callback (given at :meth:`AddressRendezvous.register`; the
+pipelined runtime cancels the stage with it) runs once per stage: the exchange fails once, with the typed
+error, instead of after every barrier stage attempt Spark allows.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import errors
 from ..errors import CreditShuffleError, ExchangeTimeoutError
 from ..transport.tcp import ACCEPTS_PER_ROUND, resolve_host, unauthenticated_cap
 
@@ -55,6 +64,7 @@ __all__ = [
     "AddressRendezvous",
     "all_gather_via",
     "driver_rendezvous",
+    "report_failure",
 ]
 
 log = logging.getLogger("spark_credit_shuffle")
@@ -88,14 +98,18 @@ def driver_rendezvous(host: str) -> AddressRendezvous:
 
 
 class _Exchange:
-    """A registered exchange: its secret, its tasks per stage attempt, and when it was last asked for."""
+    """A registered exchange: its secret, its tasks per stage attempt, and when it was last asked for; the
+    failure a task reported (``{"failed": error class, "message": text}``), if any, and what to call then."""
 
-    __slots__ = ("last_used", "secret", "width")
+    __slots__ = ("failed_stages", "failure", "last_used", "on_failure", "secret", "width")
 
-    def __init__(self, secret: bytes, width: int) -> None:
+    def __init__(self, secret: bytes, width: int, on_failure: Callable[[int, str], None] | None = None) -> None:
         self.secret = secret
         self.width = width
         self.last_used = time.monotonic()
+        self.failure: dict[str, str] | None = None
+        self.on_failure = on_failure
+        self.failed_stages: set[int] = set()
 
 
 class _Group:
@@ -217,11 +231,21 @@ class AddressRendezvous:
             tasks = sum(e.width for e in self._exchanges.values())
         return unauthenticated_cap(tasks)
 
-    def register(self, name: str, secret: bytes, width: int) -> None:
-        """Accept the tasks of exchange ``name`` (``width`` per stage attempt) presenting ``secret``."""
+    def register(
+        self, name: str, secret: bytes, width: int, on_failure: Callable[[int, str], None] | None = None
+    ) -> None:
+        """Accept the tasks of exchange ``name`` (``width`` per stage attempt) presenting ``secret``;
+        ``on_failure(stage_id, reason)`` runs (on a thread of its own) the first time a task of a stage
+        reports a deterministic failure."""
         with self._lock:
-            self._exchanges[name] = _Exchange(bytes(secret), int(width))
+            self._exchanges[name] = _Exchange(bytes(secret), int(width), on_failure)
         self._wakeup()
+
+    def failure(self, name: str) -> dict[str, str] | None:
+        """The deterministic failure a task of exchange ``name`` reported, if any."""
+        with self._lock:
+            known = self._exchanges.get(name)
+            return None if known is None else known.failure
 
     def unregister(self, name: str) -> None:
         """Forget exchange ``name``: its secret now, its open groups (closing their connections) at once."""
@@ -356,6 +380,10 @@ class AddressRendezvous:
             task, message = int(request["task"]), str(request["message"])
             attempt = int(request["attempt"])
             secret = bytes.fromhex(str(request["secret"]))
+            failure = request.get("failure")
+            if failure is not None:
+                failure = {"failed": str(failure["type"]), "message": str(failure["message"])[: MAX_LINE // 2]}
+            stage = int(request.get("stage", -1))
         except (ValueError, KeyError, TypeError) as exc:
             self._reject(peer, f"bad request ({type(exc).__name__}: {exc})", "bad request")
             return
@@ -372,6 +400,9 @@ class AddressRendezvous:
             return
         if not 0 <= task < known.width:
             self._reject(peer, f"task {task} outside [0, {known.width})", "task outside the exchange")
+            return
+        if failure is not None or known.failure is not None:
+            self._fail_exchange(peer, name, known, failure, stage)
             return
         group = self._groups.get((name, group_id))
         if group is None:
@@ -394,6 +425,30 @@ class AddressRendezvous:
             answer = (json.dumps([group.messages[i] for i in range(group.width)]) + "\n").encode()
             for waiting in group.waiting.values():
                 self._answer(waiting, answer)
+
+    def _fail_exchange(
+        self, peer: _Peer, name: str, known: _Exchange, failure: dict[str, str] | None, stage: int
+    ) -> None:
+        """Record a reported failure (``failure`` given), answer ``peer`` and every task of the exchange
+        waiting for its group with it, and run the exchange's ``on_failure`` once per stage."""
+        callback = None
+        with self._lock:
+            if failure is not None:
+                if known.failure is None:
+                    known.failure = failure
+                if stage not in known.failed_stages:
+                    known.failed_stages.add(stage)
+                    callback = known.on_failure
+            recorded = known.failure
+        assert recorded is not None
+        answer = (json.dumps(recorded) + "\n").encode()
+        for key in [k for k in self._groups if k[0] == name]:
+            for waiting in self._groups.pop(key).waiting.values():
+                self._answer(waiting, answer)
+        self._answer(peer, answer)
+        if callback is not None:
+            reason = f"{recorded['failed']}: {recorded['message']}"
+            threading.Thread(target=callback, args=(stage, reason), name="credit-shuffle-failure", daemon=True).start()
 
     def _answer(self, peer: _Peer, line: bytes) -> None:
         """Write ``line`` to ``peer`` (shared, never copied per peer) and close it once written."""
@@ -567,8 +622,44 @@ def all_gather_via(
                 "task %d of %s: %s forgot the exchange; addresses through Spark's allGather", task, exchange, where
             )
             return fallback(message)
+        if isinstance(answer, dict) and "failed" in answer:  # another task met a failure that retries repeat
+            raise _reported_error(str(answer["failed"]), str(answer.get("message", "")))
         if not isinstance(answer, list) or not all(isinstance(m, str) for m in answer):
             raise CreditShuffleError(f"task {task} of {exchange}: malformed answer from {where}")
         return answer
 
     return all_gather
+
+
+def _reported_error(kind: str, message: str) -> CreditShuffleError:
+    """The error a task reported, as its own class if that is one of this package's partitioner errors."""
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, errors.PartitionerError):
+        return cls(message)
+    return CreditShuffleError(f"{kind}: {message}")
+
+
+def report_failure(
+    address: tuple[str, int], exchange: str, secret: bytes, stage: int, task: int, attempt: int, exc: BaseException
+) -> bool:
+    """Tell the rendezvous at ``address`` that task ``task`` of stage ``stage`` met ``exc``, a failure every
+    retry repeats (best effort, a few seconds at most: the task fails with ``exc`` either way). True if the
+    service took it (it answers with the failure it holds)."""
+    request = {
+        "exchange": exchange,
+        "group": f"stage {stage}",
+        "task": task,
+        "attempt": attempt,
+        "message": "",
+        "secret": secret.hex(),
+        "stage": stage,
+        "failure": {"type": type(exc).__name__, "message": str(exc)[: MAX_REQUEST // 2]},
+    }
+    try:
+        with socket.create_connection(address, timeout=5.0) as sock:
+            sock.sendall((json.dumps(request) + "\n").encode())
+            answer = json.loads(_read_line(sock))
+    except (OSError, ValueError) as e:
+        log.warning("task %d of %s: could not report its failure to the driver: %s", task, exchange, e)
+        return False
+    return isinstance(answer, dict) and "failed" in answer

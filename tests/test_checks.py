@@ -1,0 +1,163 @@
+"""Everything the arguments and the schema reveal is refused on the driver, with zero Spark jobs started."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+from spark_helpers import job_group, no_spark_jobs
+
+import spark_credit_shuffle as scs
+from spark_credit_shuffle.errors import ConfigError, PartitionerError
+from spark_credit_shuffle.runtime import blocking, pipelined
+from spark_credit_shuffle.runtime.common import IN_BAND
+
+pytestmark = pytest.mark.spark
+
+MODES = ["blocking", "pipelined"]
+
+
+@pytest.fixture(scope="module")
+def df(spark):
+    return spark.createDataFrame(
+        [(i, i % 5, (i, f"s{i}"), f"d{i}") for i in range(40)],
+        "id long, k int, a struct<b: int, c: string>, `a.b` string",
+    ).repartition(2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_arguments_raise_typed_errors_before_any_job(spark, df, mode):
+    key = scs.key_by("k")
+    with no_spark_jobs(spark):
+        with pytest.raises(ConfigError, match=r"invalid value None for setting 'df'.*DataFrame"):
+            scs.exchange(None, key, 2, mode)
+        with pytest.raises(ConfigError, match=r"setting 'df'.*spark.createDataFrame"):
+            scs.exchange(pd.DataFrame({"k": [1, 2]}), key, 2, mode)
+        with pytest.raises(ConfigError, match=r"setting 'df'.*exchange_rdd"):
+            scs.exchange(df.rdd, key, 2, mode)
+        with pytest.raises(ConfigError, match=r"setting 'config'.*NetworkConfig.*keyword arguments"):
+            scs.exchange(df, key, 2, mode, config={"buffer_timeout_ms": 10})
+        with pytest.raises(ConfigError, match=r"setting 'partitioner'"):
+            scs.exchange(df, "k", 2, mode)
+        with pytest.raises(ConfigError, match=r"setting 'parallelism'"):
+            scs.exchange(df, key, "4", mode)
+        with pytest.raises(ConfigError, match=r"setting 'num_producers'"):
+            scs.exchange(df, key, 2, mode, num_producers=0)
+        with pytest.raises(ConfigError, match=r"setting 'mode'"):
+            scs.exchange(df, key, 2, ["blocking"])
+        with pytest.raises(ConfigError, match=r"setting 'injection'"):
+            scs.exchange(df, key, 2, mode, injection={"fail_once": ("producer", 0)})
+        with pytest.raises(ConfigError, match=r"setting 'rdd'"):
+            scs.exchange_rdd(df, key, 2, mode)
+        with pytest.raises(ConfigError, match=r"setting 'df'"):
+            scs.with_channel(None, key, 2)
+        with pytest.raises(ConfigError, match=r"setting 'rdd'"):
+            scs.rdd_with_channel(df, key, 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_key_columns_are_refused_before_any_job(spark, df, mode):
+    with no_spark_jobs(spark):
+        with pytest.raises(PartitionerError, match=r"key column 'nope' is not in the DataFrame; its columns are: id"):
+            scs.exchange(df, scs.key_by("nope"), 2, mode)
+        with pytest.raises(PartitionerError, match=r"key position 4 is out of range: the DataFrame has 4 columns"):
+            scs.exchange(df, scs.key_by(4), 2, mode)
+        with pytest.raises(PartitionerError, match=r"key position -5 is out of range"):
+            scs.exchange(df, scs.custom(lambda k, n: k.to_numpy() % n, -5), 2, mode)
+        with pytest.raises(PartitionerError, match=r"'a.c' is a nested field of column 'a'.*withColumn\('c'"):
+            scs.exchange(df, scs.key_by("a.c"), 2, mode)
+        with pytest.raises(PartitionerError, match=r"'a.c' is a nested field"):
+            scs.exchange(df, scs.key_by(F.col("a.c")), 2, mode)
+        with pytest.raises(PartitionerError, match=r"not a plain column reference.*withColumn"):
+            scs.key_by(F.col("k") + 1)
+        with pytest.raises(PartitionerError, match=r"not a plain column reference"):
+            scs.key_by(F.col("k").alias("x"))
+        with pytest.raises(PartitionerError, match=r"not a plain column reference"):
+            scs.key_by(F.lit(1))
+        with pytest.raises(PartitionerError, match=r"'a' has Spark type struct"):
+            scs.with_channel(df, scs.key_by("a"), 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_keys_as_column_references_positions_and_backticked_names(spark, df, mode):
+    by_name = scs.with_channel(df, scs.key_by("k"), 3, column="subtask")
+    for key in (scs.key_by(F.col("k")), scs.key_by(df["k"]), scs.key_by(df.k), scs.key_by(1), scs.key_by("`k`")):
+        ex = scs.exchange(df, key, 3, mode)
+        assert ex.plan.partitioner.columns in (("k",), (1,))
+        assert_df_equality(ex.df.withColumn("subtask", F.spark_partition_id()), by_name, ignore_row_order=True)
+    dotted = scs.exchange(df, scs.key_by(F.col("`a.b`")), 3, mode)  # a top-level column named a.b
+    expected = scs.with_channel(df, scs.key_by("`a.b`"), 3, column="subtask")
+    assert_df_equality(dotted.df.withColumn("subtask", F.spark_partition_id()), expected, ignore_row_order=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_users_columns_named_like_internal_columns_travel_unchanged(spark, mode):
+    """Columns named like the hidden ones (the placement tag, the in-band metrics column, with_channel's)."""
+    df = spark.range(0, 60, 1, 2).select(
+        F.col("id"),
+        (F.col("id") % 7).alias("__credit_shuffle_subtask"),
+        F.concat(F.lit("m"), F.col("id").cast("string")).alias("__credit_shuffle_metrics"),
+        (-F.col("id")).alias("__credit_shuffle_subtask_1"),
+        (F.col("id") % 2 == 0).alias("channel"),
+    )
+    for key in ("__credit_shuffle_subtask", "__credit_shuffle_metrics"):
+        ex = scs.exchange(df, scs.key_by(key), parallelism=3, mode=mode)  # 2 -> 3: the input is placed too
+        assert_df_equality(ex.df, df, ignore_row_order=True)
+        expected = scs.with_channel(df, scs.key_by(key), 3, column="subtask")
+        assert_df_equality(ex.df.withColumn("subtask", F.spark_partition_id()), expected, ignore_row_order=True)
+        assert sum(r.value for r in ex.metric_rows() if r.metric == "numRecordsIn") == 60
+    build = blocking.build if mode == "blocking" else pipelined.build
+    out, collected = build(scs.exchange(df, scs.rebalance(seed=1), parallelism=3, mode=mode).plan, df, report=IN_BAND)
+    assert_df_equality(out, df, ignore_row_order=True)
+    assert sum(r.value for r in collected.rows() if r.metric == "numRecordsIn") == 60
+
+
+# -- failures every retry repeats ------------------------------------------------------------------------
+
+
+def with_a_null_key(spark):
+    return spark.range(0, 600, 1, 3).select(
+        "id", F.when(F.col("id") == 450, None).otherwise(F.col("id") % 7).alias("k")
+    )
+
+
+def test_null_key_fails_a_pipelined_exchange_once_with_the_typed_error(spark):
+    ex = scs.exchange(with_a_null_key(spark), scs.key_by("k"), parallelism=3, mode="pipelined")
+    with job_group(spark) as attempts, pytest.raises(Exception) as info:
+        ex.df.count()
+    message = str(info.value)
+    assert "NullKeyError: producer subtask 2: key column 'k' has 1 null value(s)" in message
+    assert attempts and max(attempts) == 0, f"the barrier stage ran again: attempts {attempts}"
+
+
+def test_custom_partitioner_raising_fails_a_pipelined_exchange_once(spark):
+    def explode(keys, n):
+        raise ZeroDivisionError("no channel for you")
+
+    df = spark.range(0, 300, 1, 2)
+    ex = scs.exchange(df, scs.custom(explode, "id"), parallelism=2, mode="pipelined")
+    with job_group(spark) as attempts, pytest.raises(Exception) as info:
+        ex.df.collect()
+    assert "PartitionerError: producer subtask" in str(info.value)
+    assert "custom partitioner " in str(info.value) and "raised ZeroDivisionError: no channel for you" in str(
+        info.value
+    )
+    assert attempts and max(attempts) == 0, f"the barrier stage ran again: attempts {attempts}"
+
+
+def test_null_key_in_blocking_mode_names_column_and_subtask(spark):
+    ex = scs.exchange(with_a_null_key(spark), scs.key_by("k"), parallelism=3, mode="blocking")
+    with pytest.raises(Exception, match=r"NullKeyError: producer subtask 2: key column 'k' has 1 null value"):
+        ex.df.count()
+
+
+def test_spark_connect_column_references_are_keys_too():
+    """Spark Connect's Column class (built without a server: it is only an expression here)."""
+    pytest.importorskip("grpc", reason="Spark Connect's client needs pyspark[connect]")
+    from pyspark.sql.connect import functions as CF
+
+    assert scs.key_by(CF.col("k")).columns == ("k",)
+    assert scs.key_by(CF.col("`a.b`"), CF.col("a.b")).columns == ("a.b", "a.b")
+    with pytest.raises(PartitionerError, match=r"not a plain column reference"):
+        scs.key_by(CF.col("k") + 1)

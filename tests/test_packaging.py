@@ -1,0 +1,100 @@
+"""What an installed package promises: the pyspark it needs, checked at import, and its command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from spark_credit_shuffle._pyspark import MIN_PYSPARK, check_pyspark
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, **env},
+    )
+
+
+def test_the_minimum_pyspark_is_the_one_the_extras_and_the_readme_name():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    minimum = ".".join(map(str, MIN_PYSPARK))
+    assert f"pyspark>={minimum},<5" in project["optional-dependencies"]["spark"]
+    dev = project["optional-dependencies"]["dev"]
+    assert any(r.startswith("pyspark") and r.endswith(f">={minimum},<5") for r in dev)
+    assert f"pyspark {minimum} or later" in (ROOT / "README.md").read_text()
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
+
+
+def test_the_version_check():
+    for fine in (None, "4.0.0", "4.0.1", "4.0.0.dev2", "4.3.0", "5.0.0"):
+        check_pyspark(fine)
+    for old in ("3.5.1", "3.3.0", "2.4.8"):
+        with pytest.raises(ImportError, match=rf"needs pyspark >= 4\.0, but pyspark {old} is installed"):
+            check_pyspark(old)
+
+
+def test_importing_with_an_older_pyspark_installed_fails_with_a_clear_message(tmp_path):
+    info = tmp_path / "pyspark-3.5.1.dist-info"  # what pip leaves behind for pyspark 3.5.1
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pyspark\nVersion: 3.5.1\n")
+    result = run_python("import spark_credit_shuffle", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    assert result.returncode != 0
+    assert "ImportError: spark_credit_shuffle needs pyspark >= 4.0, but pyspark 3.5.1 is installed" in result.stderr
+
+
+def test_the_pure_python_parts_import_without_pyspark():
+    result = run_python(
+        """
+        import importlib.metadata as metadata
+        import sys
+
+        real_version = metadata.version
+
+        def version(name):  # as if pyspark were not installed
+            if name == "pyspark":
+                raise metadata.PackageNotFoundError(name)
+            return real_version(name)
+
+        metadata.version = version
+        sys.modules["pyspark"] = None
+        import pyarrow as pa
+        import spark_credit_shuffle as scs
+
+        print(scs.key_group_channels(pa.array(["hello", "flink"]), 4, 128).tolist())
+        spec = scs.ExchangeSpec(producers=4, consumers=4, partitioner="hash", mode="pipelined")
+        print(scs.plan_network(spec, scs.Executors(count=2, slots=4, network_memory="64mb")).fits)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[1, 3]", "True"]
+
+
+def test_the_installed_console_script_runs_the_planner():
+    script = Path(sys.executable).parent / "spark-credit-shuffle"
+    assert script.exists(), "reinstall the package (make .venv/.installed) to get its console script"
+    result = subprocess.run(
+        [str(script), "plan", "--producers", "4", "--consumers", "4", "--partitioner", "hash", "--mode", "pipelined",
+         "--executors", "2", "--slots", "4", "--network-memory", "64mb"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    headline = json.loads(result.stdout.strip().splitlines()[-1])
+    import spark_credit_shuffle as scs
+
+    spec = scs.ExchangeSpec(producers=4, consumers=4, partitioner="hash", mode="pipelined")
+    plan = scs.plan_network(spec, scs.Executors(count=2, slots=4, network_memory="64mb"))
+    assert headline["fits"] is True and headline["required_buffers_per_executor"] == plan.required_per_executor
