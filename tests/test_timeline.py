@@ -180,9 +180,8 @@ def test_the_timeout_sweep_picture_has_throughput_and_latency_per_timeout(tmp_pa
 
 
 @pytest.mark.spark
-# on Spark Connect, blocking mode only: there a pipelined task waits a second in Spark's allGather, and a producer
-# that wrote its few rows before its timer thread first ran has only its end sample
-@pytest.mark.parametrize("session,mode", [("classic", "blocking"), ("classic", "pipelined"), ("connect", "blocking")])
+@pytest.mark.parametrize("session", ["classic", "connect"])
+@pytest.mark.parametrize("mode", ["blocking", "pipelined"])
 def test_exchange_timeline_is_a_dataframe_next_to_the_stable_metrics(request, tmp_path, session, mode):
     spark = request.getfixturevalue("spark" if session == "classic" else "connect_spark")
     df = spark.range(0, 3000, 1, 2).select(F.col("id"), (F.col("id") % 11).cast("int").alias("k"))

@@ -780,6 +780,8 @@ class PipelinedTask:
             if injection is not None and self.is_consumer:
                 injection.maybe_fail(CONSUMER, self.index)
             if self.gate is not None:
+                with self.lock:  # the consumer's first timeline sample
+                    self.consumer_timeline.record(self._consumer_gauges)
                 yield from self._consume()
                 with self.lock:  # the consumer's last timeline sample
                     self.consumer_timeline.record(self._consumer_gauges)
@@ -903,6 +905,8 @@ class PipelinedTask:
             injection = self.plan.injection
             if injection is not None:
                 injection.maybe_fail(PRODUCER, self.index)
+            with self.lock:  # the producer's first timeline sample, whether or not its timer runs before the end
+                self.producer_timeline.record(self._producer_gauges)
             iterator = iter(batches)
             while not self._stop.is_set():
                 waited = time.monotonic()
