@@ -52,14 +52,16 @@ class CheckpointTrigger:
         return self.interval_ms > 0
 
     def seconds_until_next(self) -> float:
-        """Wall-clock seconds until the next multiple of the interval."""
+        """Wall-clock seconds until the instant of the next checkpoint not yet injected."""
         now_ms = time.time_ns() / 1e6
-        return ((now_ms // self.interval_ms + 1) * self.interval_ms - now_ms) / 1000.0
+        next_id = max(self.last_id + 1, int(now_ms // self.interval_ms) + 1)
+        return (next_id * self.interval_ms - now_ms) / 1000.0
 
     def next_barrier(self) -> CheckpointBarrier:
-        """The barrier of the checkpoint due now, stamped now; a timeline row records it."""
+        """The barrier of the checkpoint due now (the instant nearest to now: a timer may wake a little
+        early or late), stamped now; a timeline row records it."""
         now_ms = time.time_ns() // 1_000_000
-        self.last_id = max(self.last_id + 1, now_ms // self.interval_ms)
+        self.last_id = max(self.last_id + 1, round(now_ms / self.interval_ms))
         self.num_barriers += 1
         if len(self.rows) < _MAX_BARRIER_ROWS:
             self.rows.append(

@@ -654,7 +654,6 @@ class PipelinedTask:
         self._queue_sum: list[int] = []
         self._queue_samples = 0
         self.checkpoint_trigger = CheckpointTrigger(index, config.checkpoint_interval_ms, config.checkpoint_options)
-        self._barrier_due = False
         if self.is_producer:
             self._setup_producer()
         # consumer half
@@ -934,9 +933,6 @@ class PipelinedTask:
                     self._await_buffer()
                     with sending(), self.writer_lock:
                         done = writer.resume()
-                if self._barrier_due:  # the timer found the writer half-way through this batch
-                    with sending(), self.writer_lock:
-                        self._inject_barrier()
                 with self.lock:
                     self._sample_output()
             with sending(), self.writer_lock:
@@ -1167,22 +1163,19 @@ class PipelinedTask:
                         writer.emit_latency_marker(LatencyMarker(time.time_ns(), self.index), sp)
                         next_marker = max(next_marker + marker_every, now)  # type: ignore[operator]
                     if now >= next_checkpoint:
-                        self._barrier_due = True
-                        if not writer.has_pending_write:  # else the producer thread injects it after the batch
-                            self._inject_barrier()
+                        self._inject_barrier()
                         next_checkpoint = now + trigger.seconds_until_next()
         except BaseException as exc:
             self._fail(exc)
 
     def _inject_barrier(self) -> None:
         """The due checkpoint barrier into every subpartition (aligned: behind the queued data; unaligned: a
-        priority event ahead of it), between two batches (a resumable writer half-way through one waits for
-        its end, as Flink injects barriers between records). Call with ``writer_lock`` held."""
+        priority event ahead of it), between two records: a producer back-pressured half-way through an
+        input batch injects it where its writer stopped. Call with ``writer_lock`` held."""
         writer = self.writer
         assert writer is not None
-        if not self._barrier_due or self._writer_finished or writer.has_pending_write:
+        if self._writer_finished:
             return
-        self._barrier_due = False
         with self.lock:
             writer.broadcast_event(self.checkpoint_trigger.next_barrier())
 
