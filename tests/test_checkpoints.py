@@ -93,9 +93,19 @@ def test_blocking_mode_aligns_one_barrier_at_the_end_of_each_producer(mode):
 
 @pytest.mark.parametrize("mode", ["blocking", "pipelined"])
 def test_rows_out_are_rows_in_with_checkpoints_on_spark(spark, mode):
-    df = spark.range(0, 3000, 1, 3).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
+    df = spark.range(0, 20_000, 1, 3).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
+    # consumer 0 reads its ~7000 rows in about 0.2 s and back-pressures the producers (4 KiB buffers), so
+    # they are still writing at several checkpoint instants
+    slow = Injection(consumer_delay_s=((0, 3e-5),))
     ex = scs.exchange(
-        df, scs.key_by("k"), parallelism=3, mode=mode, checkpoint_interval_ms=5, unaligned_checkpoints=True
+        df,
+        scs.key_by("k"),
+        parallelism=3,
+        mode=mode,
+        injection=slow,
+        checkpoint_interval_ms=5,
+        unaligned_checkpoints=True,
+        segment_size=4096,
     )
     assert_df_equality(ex.df, df, ignore_row_order=True)
     checkpoints = ex.checkpoints().collect()
