@@ -1270,9 +1270,11 @@ class PipelinedTask:
             return
         gate = self.gate
         assert gate is not None
+        now = time.monotonic()
         with self.transport.sending(), self.lock:  # type: ignore[union-attr]
             for channel in channels:
                 gate.resume_consumption(channel)
+                self._last_delivery[channel] = now  # its silence while blocked was the alignment's
 
     def _linger_seconds(self) -> float:
         """How long decoded rows may wait for more before they go to Spark (see TaskOptions.output_linger_ms)."""
@@ -1315,10 +1317,11 @@ class PipelinedTask:
                         return _LINGER_OVER
                     if waited_since is None:
                         waited_since = now
-                    silent = [
+                    blocked = self.checkpoints.handler.blocked_channels if self.checkpoints is not None else ()
+                    silent = [  # a channel blocked by an aligned barrier is silent on purpose
                         (now - last, ch)
                         for ch, last in enumerate(self._last_delivery)
-                        if not gate.channels[ch].is_released and now - last >= timeout  # type: ignore[union-attr]
+                        if not gate.channels[ch].is_released and now - last >= timeout and ch not in blocked  # type: ignore[union-attr]
                     ]
                     if silent:
                         raise ExchangeTimeoutError(self._describe_silence(max(silent)[1], max(silent)[0]))
