@@ -11,7 +11,9 @@ action, ``write.format("noop")``, repeated ``--repeat`` times; the table shows t
 - ``exchange pipelined``: ``exchange(..., mode="pipelined")`` as it comes (its output placed by an
   identity shuffle, so that Spark can retry the barrier stage);
 - ``pipelined, streaming``: the same barrier stage writing straight into the sink (``retryable=False``);
-- ``pipelined, streaming, deep``: the same with more buffers in flight per channel (``DEEP_BUFFERS``).
+- ``pipelined, streaming, deep``: the same with more buffers in flight per channel (``DEEP_BUFFERS``);
+- ``pipelined, checkpoints``: the streaming form with aligned checkpoint barriers every
+  ``CHECKPOINT_MS`` (100 ms); its throughput against the streaming form's must stay within 5%.
 
 Pipelined mode also gets a buffer-timeout sweep (0, 1, 10, 100 ms and -1) of the streaming form with a
 latency marker every ``--marker-ms`` from every producer, printing throughput and the per-record latency
@@ -44,6 +46,9 @@ SWEEP = (0, 1, 10, 100, -1)
 #: a channel's throughput is its buffers in flight over the credit round trip, which between Python
 #: processes on a busy machine is milliseconds, not Flink's microseconds.
 DEEP_BUFFERS = {"buffers_per_channel": 16, "floating_buffers_per_gate": 128, "max_buffers_per_channel": 128}
+#: Checkpoint barriers every this many ms in the checkpointed case, and the throughput they may cost.
+CHECKPOINT_MS = 100
+CHECKPOINT_COST = 0.05
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -172,8 +177,13 @@ def main(argv: list[str] | None = None) -> int:
             ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined", **DEEP_BUFFERS)
             noop(pipelined.build(ex.plan, df, retryable=False)[0])
 
+        def checkpointed() -> None:  # aligned checkpoint barriers every 100 ms (Flink's default alignment)
+            ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined", checkpoint_interval_ms=CHECKPOINT_MS)
+            noop(pipelined.build(ex.plan, df, retryable=False)[0])
+
         cases.append(("exchange pipelined", lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="pipelined").df)))
         cases.append(("pipelined, streaming", streaming))
+        cases.append(("pipelined, checkpoints", checkpointed))
         cases.append(("pipelined, streaming, deep", deep))
 
     print(
@@ -213,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         headline["pipelined_throughput_ratio"] = round(streaming_ratio, 3)
         headline["pipelined_retryable_throughput_ratio"] = round(default_ratio, 3)
         headline["pipelined_deep_buffers_throughput_ratio"] = round(deep_ratio, 3)
+        checkpoint_cost = results["pipelined, streaming"][0] / results["pipelined, checkpoints"][0]
+        headline["pipelined_checkpoints_throughput_share"] = round(checkpoint_cost, 3)
+        print(
+            f"pipelined with aligned checkpoint barriers every {CHECKPOINT_MS} ms: {checkpoint_cost:.1%} of the "
+            f"throughput without (target >= {1 - CHECKPOINT_COST:.0%})"
+        )
         print(
             f"\npipelined throughput: {streaming_ratio:.2f}x repartition + mapInArrow streaming into the sink, "
             f"{default_ratio:.2f}x with its retryable output, {deep_ratio:.2f}x streaming with {DEEP_BUFFERS} "

@@ -14,9 +14,12 @@ import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, UnknownSettingError
+
+if TYPE_CHECKING:
+    from .buffers.format import CheckpointOptions
 
 __all__ = [
     "CONF_PREFIX",
@@ -245,6 +248,22 @@ class NetworkConfig:
         "how long a consumer waits for its producers to connect, answer or send",
     )  # fmt: skip
 
+    checkpoint_interval_ms: int = _setting(
+        0, "execution.checkpointing.interval", parse_duration_ms,
+        "how often each pipelined producer injects a checkpoint barrier into every subpartition (blocking "
+        "mode: one barrier at the end of each producer); 0 turns checkpoint barriers off",
+    )  # fmt: skip
+    unaligned_checkpoints: bool = _setting(
+        False, "execution.checkpointing.unaligned.enabled", _parse_bool,
+        "barriers are unaligned: priority events that overtake the queued buffers, which consumers capture as "
+        "channel state, instead of aligned barriers that block each channel until every channel delivered one",
+    )  # fmt: skip
+    aligned_checkpoint_timeout_ms: int = _setting(
+        0, "execution.checkpointing.aligned-checkpoint-timeout", parse_duration_ms,
+        "with unaligned checkpoints: barriers start aligned and switch to unaligned once alignment took longer "
+        "than this; 0 means unaligned from the start",
+    )  # fmt: skip
+
     metrics_sample_interval_ms: int = _setting(
         100, "metrics.reporter.<name>.interval", parse_duration_ms,
         "how often each task samples its pool usage, backlog, credits and backpressure for the metrics "
@@ -323,6 +342,9 @@ class NetworkConfig:
             raise ConfigError(
                 "metrics_sample_interval_ms", self.metrics_sample_interval_ms, "0 (no timeline) or a duration > 0 ms"
             )
+        for name in ("checkpoint_interval_ms", "aligned_checkpoint_timeout_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, getattr(self, name), "0 (off) or a duration > 0 ms")
         for name in ("buffers_request_timeout_ms", "partition_request_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, getattr(self, name), "a duration > 0 ms")
@@ -392,6 +414,17 @@ class NetworkConfig:
         return dataclasses.replace(self, **changes)
 
     # -- derived values -----------------------------------------------------------------------------
+
+    @property
+    def checkpoint_options(self) -> CheckpointOptions:
+        """The options of the barriers producers inject: aligned, unaligned, or aligned with a timeout."""
+        from .buffers.format import AlignmentType, CheckpointOptions
+
+        if not self.unaligned_checkpoints:
+            return CheckpointOptions(AlignmentType.ALIGNED)
+        if self.aligned_checkpoint_timeout_ms > 0:
+            return CheckpointOptions(AlignmentType.ALIGNED, self.aligned_checkpoint_timeout_ms)
+        return CheckpointOptions(AlignmentType.UNALIGNED)
 
     @property
     def total_network_buffers(self) -> int:

@@ -24,6 +24,7 @@ from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, 
 from .errors import ConfigError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
+from .runtime.checkpoints import CHECKPOINT_STAT
 from .runtime.session import num_partitions
 
 if TYPE_CHECKING:
@@ -38,6 +39,13 @@ log = logging.getLogger("spark_credit_shuffle")
 
 MODES = ("blocking", "pipelined")
 _ids = itertools.count(1)
+
+
+#: The columns of :meth:`Exchange.checkpoints`.
+CHECKPOINTS_DDL = (
+    "subtask int, checkpoint_id long, alignment string, timed_out boolean, alignment_time_ms double, "
+    "start_delay_ms double, persisted_bytes long, end_ms double"
+)
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,38 @@ class Exchange:
             for r in self.metric_rows()
         ]
         return spark.createDataFrame(data, METRICS_DDL)
+
+    def checkpoint_rows(self) -> list[dict[str, Any]]:
+        """The checkpoints each consumer subtask completed (``checkpoint_interval_ms`` > 0), one dict per
+        checkpoint and subtask with the columns of :meth:`checkpoints`, by subtask and checkpoint id."""
+        per: dict[tuple[int, int], dict[str, Any]] = {}
+        for r in self.metric_rows():
+            if r.stat == CHECKPOINT_STAT and r.channel is not None:
+                per.setdefault((r.subtask, r.channel), {"subtask": r.subtask})[r.metric] = r.value
+        out = []
+        for values in per.values():
+            out.append(
+                {
+                    "subtask": values["subtask"],
+                    "checkpoint_id": int(values["checkpointId"]),
+                    "alignment": "unaligned" if values["unalignedCheckpoint"] else "aligned",
+                    "timed_out": bool(values["alignedCheckpointTimedOut"]),
+                    "alignment_time_ms": values["checkpointAlignmentTime"] / 1e6,
+                    "start_delay_ms": values["checkpointStartDelayNanos"] / 1e6,
+                    "persisted_bytes": int(values["bytesPersistedDuringAlignment"]),
+                    "end_ms": values["checkpointEndMs"],
+                }
+            )
+        return sorted(out, key=lambda d: (d["subtask"], d["checkpoint_id"]))
+
+    def checkpoints(self) -> DataFrame:
+        """Completed checkpoints per consumer subtask: ``subtask``, ``checkpoint_id``, ``alignment`` (aligned
+        or unaligned; an aligned-with-timeout checkpoint that timed out is unaligned), ``timed_out``,
+        ``alignment_time_ms`` (Flink's ``checkpointAlignmentTime``: first to last barrier on the subtask),
+        ``start_delay_ms`` (``checkpointStartDelayNanos``: trigger to first barrier), ``persisted_bytes``
+        (channel state captured, unaligned) and ``end_ms`` (wall clock). Available after an action."""
+        spark = self.df.sparkSession
+        return spark.createDataFrame([tuple(d.values()) for d in self.checkpoint_rows()], CHECKPOINTS_DDL)
 
     @contextlib.contextmanager
     def labelled(self) -> Iterator[Exchange]:

@@ -42,6 +42,13 @@ samples both of its sides on time, whether data moves or the task waits.
   mode the local channel (a task's own subpartition) has no credit and no announced backlog: only its
   ``inputQueueLength``.
 
+With checkpoint barriers on (``checkpoint_interval_ms``), consumers add one set of rows per completed
+checkpoint with ``stat = "checkpoint"`` and the checkpoint's ordinal on the subtask as ``channel``
+(``checkpointId``, ``checkpointAlignmentTime``, ``checkpointStartDelayNanos``,
+``bytesPersistedDuringAlignment``, ...; see :mod:`spark_credit_shuffle.runtime.checkpoints`), and the
+timeline gets ``checkpointBarrier`` rows (value: the checkpoint id) when a producer injects a barrier and
+when one reaches a consumer.
+
 A task keeps at most :data:`MAX_TIMELINE_POINTS` sample times; past that it drops every other one and
 doubles its interval, so long runs stay cheap.
 Inside an exchange a metric row is ``struct<side, subtask, channel, metric, stat, value, time_ms>``,

@@ -28,8 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .buffers.buffer import Buffer, ByteBufferBuilder
+from .buffers.format import CheckpointBarrier, decode_event, encode_event
 from .config import NetworkConfig
 from .errors import ConfigError, SimulationStalledError
+from .protocol.checkpointing import CompletedCheckpoint, SingleCheckpointBarrierHandler
 from .protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from .protocol.pools import NetworkBufferPool, input_gate_buffers_spec, result_partition_pool_size
 from .protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
@@ -134,6 +136,26 @@ class _Producer:
         timeout = self.sim.config.buffer_timeout_ms
         if timeout > 0:
             clock.schedule(timeout / 1000.0, self._flush)
+        interval = self.sim.config.checkpoint_interval_ms
+        if interval > 0:
+            clock.schedule(interval / 1000.0, self._checkpoint)
+
+    def _checkpoint(self, now: float) -> None:
+        """Every producer injects barrier n at n intervals of virtual time (Flink's coordinator triggers
+        the sources together): open buffers finish, then the barrier goes into every subpartition."""
+        if self.finished:
+            return
+        interval = self.sim.config.checkpoint_interval_ms
+        checkpoint_id = round(now * 1000 / interval)
+        for k, builder in enumerate(self.builders):
+            if builder is not None:
+                builder.finish()
+                self.partition.builder_finished(k)
+                self.builders[k] = None
+        barrier = CheckpointBarrier(checkpoint_id, int(now * 1000), self.sim.config.checkpoint_options)
+        for k in range(self.n):
+            self.partition.add_event(k, encode_event(barrier))
+        self.sim.clock.schedule(now + interval / 1000.0, self._checkpoint)
 
     def _flush(self, now: float) -> None:
         if self.finished:
@@ -261,6 +283,7 @@ class _Consumer:
         self.finished = False
         self.finish_time: float | None = None
         self.scheduled = False
+        self.checkpoints = SingleCheckpointBarrierHandler(len(producers))
         gate.listener = self._on_data
 
     @property
@@ -282,15 +305,23 @@ class _Consumer:
             channel = boe.channel_index
             if buffer.data_type.is_buffer:
                 size = buffer.size
+                self.checkpoints.process_buffer(channel, boe.sequence_number, size)
                 self.digests[channel].update(buffer.data)  # type: ignore[arg-type]
                 self.bytes_per_channel[channel] += size
                 self.buffers_per_channel[channel] += 1
                 self.busy = True
                 self.sim.clock.schedule(now + size / self.rate, lambda t, b=buffer: self._done(t, b))
                 return
+            event = decode_event(buffer.data_type, buffer.data)
             buffer.recycle()
+            now_ns = int(now * 1e9)
+            if isinstance(event, CheckpointBarrier):
+                for resumed in self.checkpoints.process_barrier(channel, event, now_ns, boe.sequence_number):
+                    self.gate.resume_consumption(resumed)
             if self.gate.channels[channel].received_end_of_partition:  # type: ignore[union-attr]
                 self.channel_finish_time[channel] = now
+                for resumed in self.checkpoints.process_end_of_partition(channel, now_ns):
+                    self.gate.resume_consumption(resumed)
             if self.gate.is_finished:
                 self._finish(now)
 
@@ -341,6 +372,8 @@ class ConsumerStats:
     buffers_consumed: int
     finish_time: float | None
     throughput: float  # bytes per virtual second over the measured window
+    #: Checkpoints this subtask aligned (``checkpoint_interval_ms`` > 0), times in virtual nanoseconds.
+    checkpoints: tuple[CompletedCheckpoint, ...] = ()
 
 
 @dataclass
@@ -737,6 +770,7 @@ class Simulation:
                     sum(consumer.buffers_per_channel),
                     consumer.finish_time,
                     consumed / window if window else 0.0,
+                    tuple(consumer.checkpoints.completed),
                 )
             )
             for index, (p, sp, local) in enumerate(self._channel_origin[consumer.index]):

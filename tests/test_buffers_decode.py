@@ -17,8 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_credit_shuffle.buffers import (
+    AlignmentType,
     Buffer,
+    CancelCheckpointMarker,
     CheckpointBarrier,
+    CheckpointOptions,
     DataType,
     EndOfPartition,
     LatencyMarker,
@@ -75,6 +78,10 @@ def feed_all(reader: RecordReader, buffers: list[Buffer], start: int = 0) -> lis
     [
         CheckpointBarrier(42, 1_700_000_000_123),
         CheckpointBarrier(-1, 0),
+        CheckpointBarrier(3, 5, CheckpointOptions(AlignmentType.UNALIGNED)),
+        CheckpointBarrier(4, 6, CheckpointOptions(AlignmentType.ALIGNED, 250)),
+        CheckpointBarrier(5, 7, CheckpointOptions(AlignmentType.AT_LEAST_ONCE)),
+        CancelCheckpointMarker(9),
         LatencyMarker(1_700_000_000_123_456_789, 3),
         EndOfPartition(),
         SchemaEvent(SCHEMA),
@@ -83,7 +90,17 @@ def feed_all(reader: RecordReader, buffers: list[Buffer], start: int = 0) -> lis
 )
 def test_events_round_trip(event):
     buffer = encode_event(event)
-    expected_type = DataType.END_OF_PARTITION if isinstance(event, EndOfPartition) else DataType.EVENT_BUFFER
+    if isinstance(event, EndOfPartition):
+        expected_type = DataType.END_OF_PARTITION
+    elif isinstance(event, CheckpointBarrier):  # the barrier's data type follows its alignment, as in Flink
+        expected_type = {
+            (AlignmentType.ALIGNED, -1): DataType.ALIGNED_CHECKPOINT_BARRIER,
+            (AlignmentType.ALIGNED, 250): DataType.TIMEOUTABLE_ALIGNED_CHECKPOINT_BARRIER,
+            (AlignmentType.UNALIGNED, -1): DataType.PRIORITIZED_EVENT_BUFFER,
+            (AlignmentType.AT_LEAST_ONCE, -1): DataType.EVENT_BUFFER,
+        }[(event.options.alignment, event.options.aligned_checkpoint_timeout_ms)]
+    else:
+        expected_type = DataType.EVENT_BUFFER
     assert buffer.data_type is expected_type
     assert decode_event(buffer.data_type, buffer.data) == event
 
@@ -93,10 +110,16 @@ def test_events_round_trip(event):
     [
         (DataType.END_OF_PARTITION, b"x", "expected none"),
         (DataType.EVENT_BUFFER, b"SC", "shorter than"),
+        (DataType.EVENT_BUFFER, encode_event(CheckpointBarrier(1, 2)).data, "expected ALIGNED_CHECKPOINT_BARRIER"),
+        (
+            DataType.ALIGNED_CHECKPOINT_BARRIER,
+            bytes(encode_event(CheckpointBarrier(1, 2)).data)[:-9] + b"\x07" + b"\xff" * 8,
+            "unknown alignment type 7",
+        ),
         (DataType.EVENT_BUFFER, struct.pack("<HBB", 0x1234, 1, 3) + bytes(16), "bad magic"),
         (DataType.EVENT_BUFFER, struct.pack("<HBB", 0x4353, 9, 3) + bytes(16), "version 9"),
         (DataType.EVENT_BUFFER, struct.pack("<HBB", 0x4353, 1, 77), "unknown event kind 77"),
-        (DataType.EVENT_BUFFER, struct.pack("<HBB", 0x4353, 1, 3) + bytes(15), "16"),
+        (DataType.EVENT_BUFFER, struct.pack("<HBB", 0x4353, 1, 3) + bytes(15), "25"),
         (DataType.EVENT_BUFFER, struct.pack("<HBB", 0x4353, 1, 4) + bytes(13), "12"),
         (DataType.EVENT_BUFFER, struct.pack("<HBB", 0x4353, 1, 1) + b"not a schema", "schema event"),
     ],

@@ -442,6 +442,9 @@ def test_writer_and_readers_over_the_protocol_partition():
     writer.broadcast_event(CheckpointBarrier(1, 5))
     writer.finish()
     for sp in range(3):
+        poll(sp)  # up to the aligned barrier, which blocks the subpartition until it is resumed
+        assert got[sp][-1] == CheckpointBarrier(1, 5) and partition.subpartitions[sp].is_blocked
+        partition.subpartitions[sp].resume_consumption()
         poll(sp)
         assert got[sp][-2:] == [CheckpointBarrier(1, 5), EndOfPartition()]
         expected = []

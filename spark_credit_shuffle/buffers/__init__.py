@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from .buffer import Buffer, BufferConsumer, ByteBufferBuilder, DataType, SegmentLease
 from .format import (
+    AlignmentType,
+    CancelCheckpointMarker,
     CheckpointBarrier,
+    CheckpointOptions,
     EndOfPartition,
     Event,
     IpcSizeModel,
@@ -18,11 +21,14 @@ from .reader import RecordReader
 from .writer import BufferBuilder, RecordWriter
 
 __all__ = [
+    "AlignmentType",
     "Buffer",
     "BufferBuilder",
     "BufferConsumer",
     "ByteBufferBuilder",
+    "CancelCheckpointMarker",
     "CheckpointBarrier",
+    "CheckpointOptions",
     "DataType",
     "EndOfPartition",
     "Event",

@@ -32,6 +32,10 @@ one subpartition behind its rows; it finishes no buffer and moves when its buffe
 ``Buffer(DataType.END_OF_PARTITION, b"")``; the others are ``DataType.EVENT_BUFFER`` buffers whose
 payload is a 4-byte event header (magic, version, kind) and the event's fields. :class:`KeepAlive` is
 a ``PRIORITIZED_EVENT_BUFFER``: it overtakes the queued data, needs no credit and finishes no buffer.
+A :class:`CheckpointBarrier` takes the data type of its alignment, as in Flink's ``EventSerializer``:
+``ALIGNED_CHECKPOINT_BARRIER`` (blocks its subpartition once sent), ``TIMEOUTABLE_ALIGNED_CHECKPOINT_BARRIER``
+(aligned with a timeout), ``PRIORITIZED_EVENT_BUFFER`` (unaligned: it overtakes the queued data) or
+``EVENT_BUFFER`` (at least once: neither blocks nor overtakes).
 
 The channel, the sequence number and the data type travel outside the payload (the protocol's
 ``BufferResponse`` or the blocking runtime's columns).
@@ -43,6 +47,7 @@ rows takes as one chunk, so that buffers can be cut at segment boundaries before
 from __future__ import annotations
 
 import dataclasses
+import enum
 import struct
 from typing import ClassVar
 
@@ -56,7 +61,10 @@ __all__ = [
     "CHUNK_HEADER",
     "FORMAT_VERSION",
     "MAGIC",
+    "AlignmentType",
+    "CancelCheckpointMarker",
     "CheckpointBarrier",
+    "CheckpointOptions",
     "EndOfPartition",
     "Event",
     "IpcSizeModel",
@@ -79,7 +87,9 @@ _CHUNK_HEADER_PACK = CHUNK_HEADER.pack
 
 #: ``<HBB``: magic, version, event kind.
 _EVENT_HEADER = struct.Struct("<HBB")
-_BARRIER = struct.Struct("<qq")
+#: ``<qqBq``: checkpoint id, timestamp (ms), alignment type, aligned checkpoint timeout (ms, -1: none).
+_BARRIER = struct.Struct("<qqBq")
+_CANCEL = struct.Struct("<q")
 _LATENCY = struct.Struct("<qi")
 #: Chunk flag of a latency marker record.
 MARKER_FLAG = 1
@@ -119,13 +129,66 @@ class EndOfPartition(Event):
     KIND: ClassVar[int] = 2
 
 
+class AlignmentType(enum.IntEnum):
+    """Flink's ``CheckpointOptions.AlignmentType``: how consumers align a checkpoint's barriers."""
+
+    AT_LEAST_ONCE = 0
+    ALIGNED = 1
+    UNALIGNED = 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckpointOptions:
+    """Flink's ``CheckpointOptions`` as far as the network sees them: the alignment, and for an aligned
+    barrier the ``aligned_checkpoint_timeout_ms`` after which alignment switches to unaligned (-1: never;
+    Flink's ``execution.checkpointing.aligned-checkpoint-timeout``)."""
+
+    alignment: AlignmentType = AlignmentType.ALIGNED
+    aligned_checkpoint_timeout_ms: int = -1
+
+    @property
+    def is_timeoutable(self) -> bool:
+        """An aligned barrier that may time out to unaligned (Flink's ``isTimeoutable``)."""
+        return self.alignment is AlignmentType.ALIGNED and self.aligned_checkpoint_timeout_ms >= 0
+
+    @property
+    def is_unaligned(self) -> bool:
+        return self.alignment is AlignmentType.UNALIGNED
+
+    def to_unaligned(self) -> CheckpointOptions:
+        """The options of an aligned barrier whose alignment timed out (Flink's ``toUnaligned``)."""
+        return CheckpointOptions(AlignmentType.UNALIGNED, -1)
+
+    @property
+    def data_type(self) -> DataType:
+        """The buffer data type a barrier with these options travels as (Flink's ``EventSerializer``)."""
+        if self.alignment is AlignmentType.UNALIGNED:
+            return DataType.PRIORITIZED_EVENT_BUFFER
+        if self.alignment is AlignmentType.AT_LEAST_ONCE:
+            return DataType.EVENT_BUFFER
+        if self.is_timeoutable:
+            return DataType.TIMEOUTABLE_ALIGNED_CHECKPOINT_BARRIER
+        return DataType.ALIGNED_CHECKPOINT_BARRIER
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class CheckpointBarrier(Event):
-    """Flink's ``CheckpointBarrier``: checkpoint ``id`` and its trigger ``timestamp`` (ms since the epoch)."""
+    """Flink's ``CheckpointBarrier``: checkpoint ``id``, its trigger ``timestamp`` (ms since the epoch) and
+    its :class:`CheckpointOptions` (aligned by default, as Flink's default checkpoints are)."""
 
     id: int
     timestamp: int
+    options: CheckpointOptions = CheckpointOptions()
     KIND: ClassVar[int] = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelCheckpointMarker(Event):
+    """Flink's ``CancelCheckpointMarker``: checkpoint ``checkpoint_id`` was aborted upstream; a consumer
+    aligning it stops and unblocks its channels."""
+
+    checkpoint_id: int
+    KIND: ClassVar[int] = 6
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,15 +230,19 @@ def encode_event(event: Event) -> Buffer:
     if isinstance(event, SchemaEvent):
         body = event.schema.serialize().to_pybytes()
     elif isinstance(event, CheckpointBarrier):
-        body = _BARRIER.pack(event.id, event.timestamp)
+        options = event.options
+        body = _BARRIER.pack(event.id, event.timestamp, options.alignment, options.aligned_checkpoint_timeout_ms)
+        return Buffer(options.data_type, head + body)
+    elif isinstance(event, CancelCheckpointMarker):
+        body = _CANCEL.pack(event.checkpoint_id)
     elif isinstance(event, LatencyMarker):
         body = _LATENCY.pack(event.timestamp, event.subtask_index)
     elif isinstance(event, KeepAlive):
         return Buffer(DataType.PRIORITIZED_EVENT_BUFFER, head)
     else:
         raise TypeError(
-            f"cannot encode {event!r}: events are SchemaEvent, EndOfPartition, CheckpointBarrier, LatencyMarker "
-            "or KeepAlive"
+            f"cannot encode {event!r}: events are SchemaEvent, EndOfPartition, CheckpointBarrier, "
+            "CancelCheckpointMarker, LatencyMarker or KeepAlive"
         )
     return Buffer(DataType.EVENT_BUFFER, head + body)
 
@@ -213,7 +280,19 @@ def decode_event_payload(data_type: DataType, payload: object) -> Event:
             raise MalformedPayload(f"schema event does not decode: {exc}") from None
     if kind == CheckpointBarrier.KIND:
         _check_size("checkpoint barrier", body, _BARRIER.size)
-        return CheckpointBarrier(*_BARRIER.unpack(body))
+        checkpoint_id, timestamp, alignment, timeout = _BARRIER.unpack(body)
+        if alignment not in _ALIGNMENTS:
+            raise MalformedPayload(f"checkpoint barrier with unknown alignment type {alignment} (known: 0, 1, 2)")
+        options = CheckpointOptions(_ALIGNMENTS[alignment], timeout if alignment == AlignmentType.ALIGNED else -1)
+        if timeout < -1 or options.data_type is not data_type:
+            raise MalformedPayload(
+                f"checkpoint barrier {checkpoint_id} with alignment {options.alignment.name} and timeout {timeout} "
+                f"arrived as {data_type.name}, expected {options.data_type.name}"
+            )
+        return CheckpointBarrier(checkpoint_id, timestamp, options)
+    if kind == CancelCheckpointMarker.KIND:
+        _check_size("cancel checkpoint marker", body, _CANCEL.size)
+        return CancelCheckpointMarker(*_CANCEL.unpack(body))
     if kind == LatencyMarker.KIND:
         _check_size("latency marker", body, _LATENCY.size)
         return LatencyMarker(*_LATENCY.unpack(body))
@@ -221,8 +300,12 @@ def decode_event_payload(data_type: DataType, payload: object) -> Event:
         _check_size("keep-alive", body, 0)
         return KeepAlive()
     raise MalformedPayload(
-        f"unknown event kind {kind} (known: 1 schema, 3 checkpoint barrier, 4 latency marker, 5 keep-alive)"
+        f"unknown event kind {kind} (known: 1 schema, 3 checkpoint barrier, 4 latency marker, 5 keep-alive, "
+        "6 cancel checkpoint marker)"
     )
+
+
+_ALIGNMENTS = {int(a): a for a in AlignmentType}
 
 
 def check_magic(magic: int, version: int) -> None:

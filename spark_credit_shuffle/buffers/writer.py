@@ -546,7 +546,12 @@ class RecordWriter:
         return True
 
     def broadcast_event(self, event: Event) -> None:
-        """Finish every open buffer, then append ``event`` to every subpartition behind its data."""
+        """Finish every open buffer, then append ``event`` to every subpartition behind its data.
+
+        A :class:`CheckpointBarrier` may also go in while a resumable writer waits in a batch (Flink injects
+        barriers between records): the rows of the batch written so far are before it on their channels,
+        the rest after (the batch is grouped by channel, so this cut is per channel, not a prefix of the
+        batch)."""
         self._check_event(event)
         self._finish_all()
         for sp in range(self.num_subpartitions):
@@ -643,7 +648,9 @@ class RecordWriter:
     def _check_event(self, event: Event) -> None:
         if self._finished:
             raise RuntimeError("the RecordWriter is finished; no more events can be written")
-        if self._pending is not None:
+        if self._pending is not None and not isinstance(event, CheckpointBarrier):
+            # a barrier goes between two records: a resumable writer stopped only where a new buffer of rows
+            # would start, so the rows written so far are before it on their channels and the rest after
             raise RuntimeError("the RecordWriter has a batch it could not finish writing: call resume() first")
         if not isinstance(event, (CheckpointBarrier, LatencyMarker)):
             hint = " (call finish())" if isinstance(event, EndOfPartition) else ""

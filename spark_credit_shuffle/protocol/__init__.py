@@ -8,6 +8,14 @@ through the credit protocol) and the pipelined exchange over TCP.
 
 from __future__ import annotations
 
+from .checkpointing import (
+    AbortedCheckpoint,
+    BarrierHandlerState,
+    ChannelStatePersister,
+    CheckpointStatus,
+    CompletedCheckpoint,
+    SingleCheckpointBarrierHandler,
+)
 from .codec import NEED_DATA, FrameDecoder, default_max_frame_length, encode, encode_to_bytes, encoded_size
 from .debloat import BufferDebloater, BufferSizeEMA, ThroughputCalculator
 from .messages import (
@@ -64,9 +72,11 @@ from .sender import (
 
 __all__ = [
     "NEED_DATA",
+    "AbortedCheckpoint",
     "AckAllUserRecordsProcessed",
     "AddCredit",
     "BacklogAnnouncement",
+    "BarrierHandlerState",
     "BlockingResultPartition",
     "BoundedBlockingSubpartitionReader",
     "BufferAndBacklog",
@@ -76,7 +86,10 @@ __all__ = [
     "BufferResponse",
     "BufferSizeEMA",
     "CancelPartitionRequest",
+    "ChannelStatePersister",
+    "CheckpointStatus",
     "CloseRequest",
+    "CompletedCheckpoint",
     "ConnectionSubpartitionView",
     "CreditBasedPartitionRequestClientHandler",
     "CreditBasedSequenceNumberingViewReader",
@@ -103,6 +116,7 @@ __all__ = [
     "ResultPartitionWriter",
     "ResumeConsumption",
     "SequenceNumberingViewReader",
+    "SingleCheckpointBarrierHandler",
     "SingleInputGate",
     "StoredBuffer",
     "ThroughputCalculator",

@@ -545,8 +545,12 @@ class LocalInputChannel:
         return buffer, nxt.next_data_type is not _NONE, nxt.sequence_number
 
     def resume_consumption(self) -> None:
-        if self.view is not None:
-            self.view.resume_consumption()
+        """Unblock the subpartition after an aligned barrier; if data waits behind it, the gate hears of
+        this channel again (Flink's ``LocalInputChannel.resumeConsumption``)."""
+        view = self.view
+        if view is not None:
+            view.resume_consumption()
+            self.gate.notify_channel_non_empty(self)  # a poll that finds nothing just drops the channel
 
     def acknowledge_all_records_processed(self) -> None:
         if self.view is not None:

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
+from ..buffers.format import CheckpointBarrier
 from ..buffers.writer import RecordWriter
 from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
@@ -143,6 +145,8 @@ def produce_partition(
             yield _storage_batch(out)
             out.clear()
             out_bytes = 0
+    if config.checkpoint_interval_ms > 0:  # blocking mode: one barrier at the end of each producer
+        writer.broadcast_event(CheckpointBarrier(1, time.time_ns() // 1_000_000, config.checkpoint_options))
     writer.finish()
     metrics.sample("outPoolUsage", partition.out_pool_usage)
     timeline.record(gauges)

@@ -25,6 +25,7 @@ from ..metrics import CONSUMER, GaugeStats, MetricRow, RateMeter, TaskMetrics, T
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import RemoteInputChannel, SingleInputGate
 from ..transport.memory import StoredBuffersExchange
+from .checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport, combine
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ def consume_partition(
     records_in = RateMeter()
 
     sample_gauges = GateGauges(gate, metrics)
+    checkpoints = ConsumerCheckpoints(consumer, producers) if config.checkpoint_interval_ms > 0 else None
 
     def gauges() -> Iterator[tuple[str, int | None, float]]:
         for name, value in zip(GateGauges.NAMES, sample_gauges.values()):
@@ -97,12 +99,18 @@ def consume_partition(
                 sample_gauges()
                 if due():
                     timeline.record(gauges)
-                for out in readers[item.channel_index].feed(item.buffer, item.sequence_number):
+                channel = item.channel_index
+                if checkpoints is not None and item.buffer.is_buffer:
+                    checkpoints.handler.process_buffer(channel, item.sequence_number, len(item.buffer.data))
+                for out in readers[channel].feed(item.buffer, item.sequence_number):
                     if type(out) is record_batch and out.num_rows:
                         if delay:
                             time.sleep(delay * out.num_rows)
                         pending.append(out)
                         pending_bytes += out.get_total_buffer_size()  # nbytes costs ~15 µs a call
+                    elif checkpoints is not None and isinstance(out, CHECKPOINT_EVENTS):
+                        for resumed in checkpoints.on_event(channel, out, item.sequence_number):
+                            gate.resume_consumption(resumed)
                 if pending_bytes >= _OUTPUT_BATCH_BYTES:
                     yield report.data(combine(pending))
                     pending.clear()
@@ -145,7 +153,10 @@ def consume_partition(
         metrics.count("numBytesIn", reader.num_bytes_in, p)
         metrics.count("numBuffersIn", reader.num_buffers_in, p)
     metrics.set("accumulateBusyTimeMs", (time.perf_counter() - started) * 1000.0)
-    yield from report.last(plan.schema, [*producer_metrics, *metrics.rows(), *timeline.timeline_rows()])
+    checkpoint_rows = checkpoints.metric_rows() if checkpoints is not None else []
+    yield from report.last(
+        plan.schema, [*producer_metrics, *metrics.rows(), *checkpoint_rows, *timeline.timeline_rows()]
+    )
 
 
 def stored_buffers(batch: pa.RecordBatch) -> Iterator[tuple[int, int, pa.Buffer]]:

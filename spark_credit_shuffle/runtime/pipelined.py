@@ -102,7 +102,11 @@ import numpy as np
 import pyarrow as pa
 
 from ..buffers.buffer import Buffer
-from ..buffers.format import KeepAlive, LatencyMarker, encode_event
+from ..buffers.format import (
+    KeepAlive,
+    LatencyMarker,
+    encode_event,
+)
 from ..buffers.reader import RecordReader
 from ..buffers.writer import RecordWriter
 from ..config import ADDRESS_EXCHANGES
@@ -115,6 +119,7 @@ from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
 from ..transport.tcp import AUTHENTICATION_TIMEOUT_S, Connection, TcpTransport, resolve_host, unauthenticated_cap
+from .checkpoints import CHECKPOINT_EVENTS, CheckpointTrigger, ConsumerCheckpoints
 from .common import (
     IN_BAND,
     CollectedMetrics,
@@ -648,6 +653,7 @@ class PipelinedTask:
         self._queue_max: list[int] = []
         self._queue_sum: list[int] = []
         self._queue_samples = 0
+        self.checkpoint_trigger = CheckpointTrigger(index, config.checkpoint_interval_ms, config.checkpoint_options)
         if self.is_producer:
             self._setup_producer()
         # consumer half
@@ -659,6 +665,7 @@ class PipelinedTask:
         self._client_connections: dict[int, Connection] = {}
         self._remote_channels: list[RemoteInputChannel] = []
         self._gate_gauges: GateGauges | None = None  # once the channels are set up
+        self.checkpoints: ConsumerCheckpoints | None = None  # with checkpoint barriers on
         if self.is_consumer:
             self._setup_consumer()
 
@@ -695,6 +702,8 @@ class PipelinedTask:
         remote = sum(1 for p in producers if not self.is_local(p))
         self.gate = SingleInputGate(self.network, len(producers), self.config, num_remote_channels=remote)
         self.gate.listener = self._notify
+        if self.config.checkpoint_interval_ms > 0:
+            self.checkpoints = ConsumerCheckpoints(index, producers)
         self.readers = [RecordReader(plan.schema, channel=p, validate=p != index) for p in producers]
 
     def is_local(self, task: int) -> bool:
@@ -1110,7 +1119,10 @@ class PipelinedTask:
         heartbeat_every = max(0.01, config.partition_request_timeout_ms / 4000.0)
         marker_every = options.latency_interval_ms / 1000.0 if options.latency_interval_ms > 0 else None
         sample_every = options.sample_memory_ms / 1000.0 if options.sample_memory_ms > 0 else None
+        trigger = self.checkpoint_trigger
+        checkpoint_every = trigger.interval if trigger.enabled else None
         now = time.monotonic()
+        next_checkpoint = now + trigger.seconds_until_next() if checkpoint_every else float("inf")
         next_flush = now + flush_every if flush_every else float("inf")
         next_heartbeat = now + heartbeat_every
         next_marker = now + marker_every if marker_every else float("inf")
@@ -1121,7 +1133,11 @@ class PipelinedTask:
             while True:
                 producing = self.is_producer and not self._writer_finished
                 due = min(
-                    (next_sample, next_timeline, *((next_flush, next_heartbeat, next_marker) if producing else ()))
+                    (
+                        next_sample,
+                        next_timeline,
+                        *((next_flush, next_heartbeat, next_marker, next_checkpoint) if producing else ()),
+                    )
                 )
                 if due == float("inf"):
                     due = now + 1.0
@@ -1150,8 +1166,22 @@ class PipelinedTask:
                         sp = rng.randrange(writer.num_subpartitions)
                         writer.emit_latency_marker(LatencyMarker(time.time_ns(), self.index), sp)
                         next_marker = max(next_marker + marker_every, now)  # type: ignore[operator]
+                    if now >= next_checkpoint:
+                        self._inject_barrier()
+                        next_checkpoint = now + trigger.seconds_until_next()
         except BaseException as exc:
             self._fail(exc)
+
+    def _inject_barrier(self) -> None:
+        """The due checkpoint barrier into every subpartition (aligned: behind the queued data; unaligned: a
+        priority event ahead of it), between two records: a producer back-pressured half-way through an
+        input batch injects it where its writer stopped. Call with ``writer_lock`` held."""
+        writer = self.writer
+        assert writer is not None
+        if self._writer_finished:
+            return
+        with self.lock:
+            writer.broadcast_event(self.checkpoint_trigger.next_barrier())
 
     def _send_liveness_markers(self) -> None:
         """A :class:`KeepAlive` priority event on every subpartition: tells each consumer this producer is
@@ -1188,6 +1218,7 @@ class PipelinedTask:
         data = self.report.data
         linger = self._linger_seconds()
         linger_until: float | None = None
+        checkpoints = self.checkpoints
         while True:
             polled = self._next_buffer(linger_until)
             if polled is _LINGER_OVER:  # nothing more came while the pending rows waited: hand them on
@@ -1206,6 +1237,10 @@ class PipelinedTask:
                     recycle()
 
             channel = polled.channel_index
+            if checkpoints is not None and buffer.is_buffer:
+                checkpoints.handler.process_buffer(channel, polled.sequence_number, len(buffer.data))
+                if checkpoints.handler.is_checkpoint_pending:
+                    self._resume(checkpoints.check_timeout())
             items = readers[channel].feed(Buffer(buffer.data_type, buffer.data, locked_recycle), polled.sequence_number)
             for item in items:
                 if isinstance(item, pa.RecordBatch):
@@ -1213,6 +1248,8 @@ class PipelinedTask:
                         time.sleep(delay * item.num_rows)
                     pending.append(item)
                     pending_rows += item.num_rows
+                elif checkpoints is not None and isinstance(item, CHECKPOINT_EVENTS):
+                    self._resume(checkpoints.on_event(channel, item, polled.sequence_number))
                 elif (
                     isinstance(item, LatencyMarker)
                     and item.timestamp >= started_ns  # markers sent before this consumer asked measure the set-up
@@ -1230,6 +1267,18 @@ class PipelinedTask:
                 linger_until = time.monotonic() + linger
         if pending:
             yield data(combine(pending))
+
+    def _resume(self, channels: tuple[int, ...]) -> None:
+        """ResumeConsumption on ``channels`` (their subpartitions blocked themselves after an aligned barrier)."""
+        if not channels:
+            return
+        gate = self.gate
+        assert gate is not None
+        now = time.monotonic()
+        with self.transport.sending(), self.lock:  # type: ignore[union-attr]
+            for channel in channels:
+                gate.resume_consumption(channel)
+                self._last_delivery[channel] = now  # its silence while blocked was the alignment's
 
     def _linger_seconds(self) -> float:
         """How long decoded rows may wait for more before they go to Spark (see TaskOptions.output_linger_ms)."""
@@ -1272,10 +1321,11 @@ class PipelinedTask:
                         return _LINGER_OVER
                     if waited_since is None:
                         waited_since = now
-                    silent = [
+                    blocked = self.checkpoints.handler.blocked_channels if self.checkpoints is not None else ()
+                    silent = [  # a channel blocked by an aligned barrier is silent on purpose
                         (now - last, ch)
                         for ch, last in enumerate(self._last_delivery)
-                        if not gate.channels[ch].is_released and now - last >= timeout  # type: ignore[union-attr]
+                        if not gate.channels[ch].is_released and now - last >= timeout and ch not in blocked  # type: ignore[union-attr]
                     ]
                     if silent:
                         raise ExchangeTimeoutError(self._describe_silence(max(silent)[1], max(silent)[0]))
@@ -1398,6 +1448,9 @@ class PipelinedTask:
                     )
                 )
             rows.extend(self.producer_clock.rows(PRODUCER, self.index))
+            if self.checkpoint_trigger.enabled:
+                rows.extend(self.checkpoint_trigger.metric_rows())
+                rows.extend(self.checkpoint_trigger.rows)
         if self.is_consumer:
             metrics = self.consumer_metrics
             for channel, reader in enumerate(self.readers):
@@ -1417,6 +1470,8 @@ class PipelinedTask:
                 ):
                     rows.append(MetricRow(CONSUMER, self.index, None, "latencyMs", stat, float(value)))
             rows.extend(self.consumer_clock.rows(CONSUMER, self.index))
+            if self.checkpoints is not None:
+                rows.extend(self.checkpoints.metric_rows())
         self._task_metrics.count("taskCpuTimeMs", (time.process_time() - self._cpu_start) * 1000.0)
         self._task_metrics.count("consumerThreadCpuTimeMs", (time.thread_time() - self._main_cpu_start) * 1000.0)
         if self.is_producer:

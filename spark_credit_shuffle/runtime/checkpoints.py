@@ -1,0 +1,154 @@
+"""Checkpoint barriers in the runtimes: when producers inject them, and what consumers record.
+
+The rule of alignment lives in the sans-IO ``SingleCheckpointBarrierHandler``
+(:mod:`spark_credit_shuffle.protocol.checkpointing`); this module is the glue around it.
+:class:`CheckpointTrigger` is the producer's schedule (``execution.checkpointing.interval``), read by the
+task's timer next to the flush and keep-alive schedules. :class:`ConsumerCheckpoints` feeds a consumer
+subtask's events and buffers to the handler with wall-clock times, and turns what it decided into metric
+rows (one set per completed checkpoint, ``stat = "checkpoint"``, ``channel`` its ordinal on the subtask
+and ``checkpointId`` its id) and timeline rows (``checkpointBarrier`` when a barrier arrives, the
+checkpoint id as the value and the producer as the channel).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..buffers.format import CancelCheckpointMarker, CheckpointBarrier, CheckpointOptions, EndOfPartition, Event
+from ..metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow
+from ..protocol.checkpointing import SingleCheckpointBarrierHandler
+
+__all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_STAT", "CheckpointTrigger", "ConsumerCheckpoints"]
+
+#: The events a consumer's checkpoint barrier handler takes.
+CHECKPOINT_EVENTS = (CheckpointBarrier, CancelCheckpointMarker, EndOfPartition)
+
+#: ``stat`` of the per-checkpoint metric rows (their ``channel`` is the checkpoint's ordinal on its subtask).
+CHECKPOINT_STAT = "checkpoint"
+#: At most this many barrier rows per task in the timeline (a long run keeps its first ones).
+_MAX_BARRIER_ROWS = 20_000
+
+
+class CheckpointTrigger:
+    """A producer's checkpoint schedule (``interval_ms = 0`` never fires).
+
+    Flink's checkpoint coordinator triggers every source at once; here each producer's timer fires at the
+    same wall-clock instants, the multiples of ``interval_ms`` since the epoch, and names the checkpoint
+    after the instant (id = epoch ms // interval), so that all producers' barrier *n* start together and a
+    producer that starts later joins at a later id (the consumers abort the checkpoints it missed).
+    """
+
+    def __init__(self, subtask: int, interval_ms: int, options: CheckpointOptions) -> None:
+        self.subtask = subtask
+        self.interval_ms = interval_ms
+        self.interval = interval_ms / 1000.0
+        self.options = options
+        self.last_id = 0
+        self.num_barriers = 0
+        self.rows: list[MetricRow] = []
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval_ms > 0
+
+    def seconds_until_next(self) -> float:
+        """Wall-clock seconds until the instant of the next checkpoint not yet injected."""
+        now_ms = time.time_ns() / 1e6
+        next_id = max(self.last_id + 1, int(now_ms // self.interval_ms) + 1)
+        return (next_id * self.interval_ms - now_ms) / 1000.0
+
+    def next_barrier(self) -> CheckpointBarrier:
+        """The barrier of the checkpoint due now (the instant nearest to now: a timer may wake a little
+        early or late), stamped now; a timeline row records it."""
+        now_ms = time.time_ns() // 1_000_000
+        self.last_id = max(self.last_id + 1, round(now_ms / self.interval_ms))
+        self.num_barriers += 1
+        if len(self.rows) < _MAX_BARRIER_ROWS:
+            self.rows.append(
+                MetricRow(PRODUCER, self.subtask, None, "checkpointBarrier", SAMPLE, float(self.last_id), float(now_ms))
+            )
+        return CheckpointBarrier(self.last_id, now_ms, self.options)
+
+    def metric_rows(self) -> list[MetricRow]:
+        return [MetricRow(PRODUCER, self.subtask, None, "numCheckpointBarriersOut", "total", float(self.num_barriers))]
+
+
+class ConsumerCheckpoints:
+    """A consumer subtask's barrier handler with its records; ``producers[c]`` is channel ``c``'s producer."""
+
+    def __init__(self, subtask: int, producers: list[int]) -> None:
+        self.subtask = subtask
+        self.producers = producers
+        self.handler = SingleCheckpointBarrierHandler(max(1, len(producers)))
+        self.barrier_rows: list[MetricRow] = []
+
+    def on_event(self, channel: int, event: Event, sequence_number: int) -> tuple[int, ...]:
+        """Hand a barrier, cancel marker or end of partition to the handler; the channels to resume."""
+        now_ns = time.time_ns()
+        handler = self.handler
+        if isinstance(event, CheckpointBarrier):
+            if len(self.barrier_rows) < _MAX_BARRIER_ROWS:
+                self.barrier_rows.append(
+                    MetricRow(
+                        CONSUMER,
+                        self.subtask,
+                        self.producers[channel],
+                        "checkpointBarrier",
+                        SAMPLE,
+                        float(event.id),
+                        now_ns / 1e6,
+                    )
+                )
+            return handler.process_barrier(channel, event, now_ns, sequence_number)
+        if isinstance(event, CancelCheckpointMarker):
+            return handler.process_cancellation_barrier(channel, event, now_ns)
+        if isinstance(event, EndOfPartition):
+            return handler.process_end_of_partition(channel, now_ns)
+        return ()
+
+    def check_timeout(self) -> tuple[int, ...]:
+        """Channels to resume if an aligned-with-timeout checkpoint just switched to unaligned."""
+        return self.handler.check_alignment_timeout(time.time_ns()) if self.handler.is_checkpoint_pending else ()
+
+    def metric_rows(self) -> list[MetricRow]:
+        """Per completed checkpoint (``stat = "checkpoint"``, channel = its ordinal, ``checkpointId``): Flink's
+        ``checkpointAlignmentTime`` and ``checkpointStartDelayNanos`` (ns), ``bytesPersistedDuringAlignment``
+        (channel state, unaligned), ``unalignedCheckpoint`` and ``alignedCheckpointTimedOut`` (0/1), and
+        ``checkpointEndMs`` (wall clock); then their max and mean, the counts of completed and aborted
+        checkpoints, and the barrier arrivals as timeline rows."""
+        handler = self.handler
+        rows: list[MetricRow] = []
+        subtask = self.subtask
+        for ordinal, c in enumerate(handler.completed, 1):
+            persisted = handler.channel_state_bytes.get(c.checkpoint_id, 0)
+            for metric, value in (
+                ("checkpointId", c.checkpoint_id),
+                ("checkpointAlignmentTime", c.alignment_time_ns),
+                ("checkpointStartDelayNanos", c.start_delay_ns),
+                ("bytesPersistedDuringAlignment", persisted),
+                ("unalignedCheckpoint", int(c.alignment.name == "UNALIGNED")),
+                ("alignedCheckpointTimedOut", int(c.timed_out)),
+                ("checkpointEndMs", c.end_ns / 1e6),
+            ):
+                rows.append(MetricRow(CONSUMER, subtask, ordinal, metric, CHECKPOINT_STAT, float(value)))
+        if handler.completed:
+            for metric, values in (
+                ("checkpointAlignmentTime", [c.alignment_time_ns for c in handler.completed]),
+                ("checkpointStartDelayNanos", [c.start_delay_ns for c in handler.completed]),
+            ):
+                rows.append(MetricRow(CONSUMER, subtask, None, metric, "max", float(max(values))))
+                rows.append(MetricRow(CONSUMER, subtask, None, metric, "mean", sum(values) / len(values)))
+            rows.append(
+                MetricRow(
+                    CONSUMER,
+                    subtask,
+                    None,
+                    "bytesPersistedDuringAlignment",
+                    "total",
+                    float(sum(handler.channel_state_bytes.values())),
+                )
+            )
+        rows.append(MetricRow(CONSUMER, subtask, None, "numberOfCompletedCheckpoints", "total", len(handler.completed)))
+        rows.append(MetricRow(CONSUMER, subtask, None, "numberOfFailedCheckpoints", "total", len(handler.aborted)))
+        rows.extend(self.barrier_rows)
+        return rows

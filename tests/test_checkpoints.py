@@ -1,0 +1,115 @@
+"""Checkpoint barriers through the exchange: producers inject them, consumers align (or capture channel
+state), rows out stay exactly rows in, and the checkpoints show in the metrics, the timeline and
+``Exchange.checkpoints()``."""
+
+from __future__ import annotations
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+from test_blocking_runtime import SCHEMA as BLOCKING_SCHEMA
+from test_blocking_runtime import producer_batches
+from test_blocking_runtime import run as run_blocking
+from test_pipelined import expected_placement, inputs, make_plan, metric, table
+
+import spark_credit_shuffle as scs
+from spark_credit_shuffle.errors import ConfigError
+from spark_credit_shuffle.exchange import ExchangePlan, Injection
+from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
+from spark_credit_shuffle.runtime.pipelined import run_in_threads
+
+MODES = {
+    "aligned": {},
+    "unaligned": {"unaligned_checkpoints": True},
+    "aligned-with-timeout": {"unaligned_checkpoints": True, "aligned_checkpoint_timeout_ms": 2},
+}
+
+
+def test_settings_have_flinks_names_and_are_checked():
+    config = scs.NetworkConfig()
+    assert config.checkpoint_interval_ms == 0  # off by default, as in Flink
+    assert (
+        scs.NetworkConfig.settings()["checkpoint_interval_ms"].metadata["flink"] == "execution.checkpointing.interval"
+    )
+    assert (
+        scs.NetworkConfig.from_conf({"spark.creditShuffle.checkpointIntervalMs": "100ms"}).checkpoint_interval_ms == 100
+    )
+    options = scs.NetworkConfig(unaligned_checkpoints=True, aligned_checkpoint_timeout_ms=30).checkpoint_options
+    assert options.is_timeoutable and options.aligned_checkpoint_timeout_ms == 30
+    assert scs.NetworkConfig(unaligned_checkpoints=True).checkpoint_options.is_unaligned
+    with pytest.raises(ConfigError, match="checkpoint_interval_ms"):
+        scs.NetworkConfig(checkpoint_interval_ms=-5)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_pipelined_rows_are_conserved_and_checkpoints_complete_behind_a_slow_consumer(mode):
+    # consumer 0 sleeps per row, so the run lasts several checkpoint intervals and barriers queue behind data
+    plan = make_plan(
+        scs.key_by("k"),
+        3,
+        3,
+        injection=Injection(consumer_delay_s=((0, 3e-5),)),
+        checkpoint_interval_ms=10,
+        max_buffers_per_channel=4,
+        floating_buffers_per_gate=2,
+        **MODES[mode],
+    )
+    data = inputs(3, 6000)
+    received, rows = run_in_threads(plan, data)
+    for c, want in enumerate(expected_placement(plan, data)):
+        assert table(received[c]).sort_by("id").equals(want)
+    barriers_out = sum(r.value for r in metric(rows, PRODUCER, "numCheckpointBarriersOut"))
+    assert barriers_out > 0
+    completed = {r.subtask: r.value for r in metric(rows, CONSUMER, "numberOfCompletedCheckpoints")}
+    assert set(completed) == {0, 1, 2} and sum(completed.values()) > 0
+    per_checkpoint = metric(rows, CONSUMER, stat="checkpoint")
+    unaligned = [r.value for r in per_checkpoint if r.metric == "unalignedCheckpoint"]
+    persisted = sum(r.value for r in metric(rows, CONSUMER, "bytesPersistedDuringAlignment", "total"))
+    if mode == "aligned":
+        assert unaligned and not any(unaligned) and persisted == 0  # aligned: nothing captured
+    elif mode == "unaligned":
+        assert unaligned and all(unaligned) and persisted > 0  # overtaken buffers were captured
+    assert all(r.value >= 0 for r in per_checkpoint if r.metric == "checkpointAlignmentTime")
+    timeline = [r for r in rows if r.metric == "checkpointBarrier"]
+    assert {r.side for r in timeline} == {PRODUCER, CONSUMER} and all(r.time_ms for r in timeline)
+
+
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+def test_blocking_mode_aligns_one_barrier_at_the_end_of_each_producer(mode):
+    config = scs.NetworkConfig(segment_size=4096, checkpoint_interval_ms=100, **MODES[mode])
+    plan = ExchangePlan("test", "blocking", scs.rebalance(seed=2), 3, 2, 128, config, BLOCKING_SCHEMA)
+    batches = {p: producer_batches(p, 1500, 0) for p in range(3)}
+    outputs = run_blocking(plan, batches)
+    ids = sorted(i for data, _ in outputs.values() for i in data.column("id").to_pylist())
+    assert ids == sorted(i for p in range(3) for b in batches[p] for i in b.column("id").to_pylist())
+    for consumer, (_, rows) in outputs.items():
+        checkpoint_ids = [
+            r["value"]
+            for r in rows
+            if r["metric"] == "checkpointId" and r["side"] == CONSUMER and r["subtask"] == consumer
+        ]
+        assert checkpoint_ids == [1.0]
+
+
+@pytest.mark.parametrize("mode", ["blocking", "pipelined"])
+def test_rows_out_are_rows_in_with_checkpoints_on_spark(spark, mode):
+    df = spark.range(0, 20_000, 1, 3).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
+    # consumer 0 reads its ~7000 rows in about 0.2 s and back-pressures the producers (4 KiB buffers), so
+    # they are still writing at several checkpoint instants
+    slow = Injection(consumer_delay_s=((0, 3e-5),))
+    ex = scs.exchange(
+        df,
+        scs.key_by("k"),
+        parallelism=3,
+        mode=mode,
+        injection=slow,
+        checkpoint_interval_ms=5,
+        unaligned_checkpoints=True,
+        segment_size=4096,
+    )
+    assert_df_equality(ex.df, df, ignore_row_order=True)
+    checkpoints = ex.checkpoints().collect()
+    assert checkpoints and {r.subtask for r in checkpoints} <= {0, 1, 2}
+    assert all(r.alignment == "unaligned" and r.alignment_time_ms >= 0 for r in checkpoints)
+    if mode == "blocking":
+        assert sorted(r.subtask for r in checkpoints) == [0, 1, 2]  # one checkpoint per consumer subtask
