@@ -141,37 +141,34 @@ def _parse_bool(value: bool | str, setting: str) -> bool:
     raise ConfigError(setting, value, "true or false")
 
 
+def _choice(allowed: tuple[str, ...], meaning: str) -> Callable[[Any, str], str]:
+    """A parser for a setting that takes one of ``allowed`` (any case); ``meaning`` says what each does."""
+
+    def parse(value: Any, setting: str) -> str:
+        text = str(value).strip().lower()
+        if text not in allowed:
+            raise ConfigError(setting, value, meaning)
+        return text
+
+    return parse
+
+
 #: How the tasks of a pipelined exchange learn each other's listening addresses.
 ADDRESS_EXCHANGES = ("auto", "allgather")
-
-
-def _parse_address_exchange(value: str, setting: str) -> str:
-    text = str(value).strip().lower()
-    if text not in ADDRESS_EXCHANGES:
-        raise ConfigError(
-            setting,
-            value,
-            "'auto' (the driver's address service on a classic session, Spark's allGather on Spark Connect) "
-            "or 'allgather' (always allGather, about a second per exchange)",
-        )
-    return text
-
+_parse_address_exchange = _choice(
+    ADDRESS_EXCHANGES,
+    "'auto' (the driver's address service on a classic session, Spark's allGather on Spark Connect) "
+    "or 'allgather' (always allGather, about a second per exchange)",
+)
 
 #: Which channels of a pipelined exchange are local (no credit, no exclusive buffers).
 LOCAL_CHANNELS = ("executor", "task")
-
-
-def _parse_local_channels(value: str, setting: str) -> str:
-    text = str(value).strip().lower()
-    if text not in LOCAL_CHANNELS:
-        raise ConfigError(
-            setting,
-            value,
-            "'executor' (every channel between two tasks of one executor is local, as between two tasks of one "
-            "Flink TaskManager) or 'task' (only a task's own channel is local; every other one is remote, with "
-            "credits and exclusive buffers)",
-        )
-    return text
+_parse_local_channels = _choice(
+    LOCAL_CHANNELS,
+    "'executor' (every channel between two tasks of one executor is local, as between two tasks of one "
+    "Flink TaskManager) or 'task' (only a task's own channel is local; every other one is remote, with "
+    "credits and exclusive buffers)",
+)
 
 
 def _is_power_of_two(n: int) -> bool:

@@ -208,3 +208,10 @@ def test_address_exchange_setting():
     assert NetworkConfig.from_conf({"spark.creditShuffle.addressExchange": "AllGather"}).address_exchange == "allgather"
     with pytest.raises(ConfigError, match=r"address_exchange.*'auto'.*'allgather'"):
         NetworkConfig(address_exchange="gossip")
+
+
+def test_local_channels_setting():
+    assert NetworkConfig().local_channels == "executor"
+    assert NetworkConfig.from_conf({"spark.creditShuffle.localChannels": "Task"}).local_channels == "task"
+    with pytest.raises(ConfigError, match=r"local_channels.*'executor'.*'task'"):
+        NetworkConfig(local_channels="host")
