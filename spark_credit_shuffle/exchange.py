@@ -347,19 +347,15 @@ def exchange(
     if parallelism is not None:  # checked before the producer count, which is a Spark job on Spark Connect
         _max_parallelism(partitioner, config, parallelism)
     producers = num_producers or num_partitions(df)
-    if producers == 0:  # nothing to move: no producer subtask, consumers that receive nothing
-        empty = _empty_exchange(df, partitioner, parallelism, mode, config, injection, retryable, schema)
-        if plain != names:
-            empty.df = empty.df.toDF(*names)
-        return empty
-    consumers = producers if parallelism is None else parallelism
-    consumers = check_operator_parallelism(consumers, "parallelism")
-    max_parallelism = _max_parallelism(partitioner, config, consumers)
-    partitioner.validate(producers, consumers)
-    name = f"{partitioner.name.lower()}-{mode}-{next(_ids)}"
-
+    if producers:
+        consumers = check_operator_parallelism(producers if parallelism is None else parallelism, "parallelism")
+        max_parallelism = _max_parallelism(partitioner, config, consumers)
+        partitioner.validate(producers, consumers)
+    else:  # nothing to move: no producer subtask, `parallelism` consumers (0 if not given) that receive nothing
+        consumers = parallelism or 0
+        max_parallelism = _max_parallelism(partitioner, config, max(consumers, 1))
     plan = ExchangePlan(
-        name=name,
+        name=f"{partitioner.name.lower()}-{mode}-{next(_ids)}",
         mode=mode,
         partitioner=partitioner,
         num_producers=producers,
@@ -370,15 +366,22 @@ def exchange(
         injection=injection,
         retryable=retryable,
     )
-    from .planner import check_fits
+    if producers:
+        from .planner import check_fits
 
-    check_fits(plan, spark)
-    log.info("%s; %s", plan.describe(), config)
-    if mode == "blocking":
-        from .runtime.blocking import build
-    else:
-        from .runtime.pipelined import build
-    out, collected = build(plan, df)
+        check_fits(plan, spark)
+        log.info("%s; %s", plan.describe(), config)
+        if mode == "blocking":
+            from .runtime.blocking import build
+        else:
+            from .runtime.pipelined import build
+        out, collected = build(plan, df)
+    else:  # an empty df with the input's schema, no metric rows; no task runs
+        from .runtime.common import NoMetrics
+
+        log.info("%s: the input has no partitions, nothing to move", plan.describe())
+        out = df.repartition(consumers) if consumers else df  # consumer subtask i is partition i, as always
+        collected = NoMetrics()
     if plain != names:
         out = out.toDF(*names)
     return Exchange(plan, out, collected)
@@ -391,39 +394,6 @@ def _max_parallelism(partitioner: Partitioner, config: NetworkConfig, consumers:
     if own is not None:  # key_by(..., max_parallelism=P) wins over the config's
         max_parallelism = own(consumers, config.max_parallelism)
     return max_parallelism
-
-
-def _empty_exchange(
-    df: DataFrame,
-    partitioner: Partitioner,
-    parallelism: int | None,
-    mode: str,
-    config: NetworkConfig,
-    injection: Injection | None,
-    retryable: bool | None,
-    schema: pa.Schema,
-) -> Exchange:
-    """The exchange of an input without partitions: ``parallelism`` consumers (0 if not given) that
-    receive nothing, an empty ``df`` with the input's schema, and no metric rows. No task runs."""
-    from .runtime.common import NoMetrics
-
-    consumers = parallelism or 0
-    max_parallelism = _max_parallelism(partitioner, config, max(consumers, 1))
-    plan = ExchangePlan(
-        name=f"{partitioner.name.lower()}-{mode}-{next(_ids)}",
-        mode=mode,
-        partitioner=partitioner,
-        num_producers=0,
-        num_consumers=consumers,
-        max_parallelism=max_parallelism,
-        config=config,
-        schema=schema,
-        injection=injection,
-        retryable=retryable,
-    )
-    log.info("%s: the input has no partitions, nothing to move", plan.describe())
-    out = df.repartition(consumers) if consumers else df  # consumer subtask i is partition i, as always
-    return Exchange(plan, out, NoMetrics())
 
 
 def exchange_rdd(
