@@ -9,9 +9,9 @@ import logging
 import os
 import socket
 import threading
-import time
 
 import pytest
+from test_tcp import closed_by_peer, wait_until
 
 from spark_credit_shuffle.errors import CreditShuffleError
 from spark_credit_shuffle.runtime.rendezvous import MAX_REQUEST, AddressRendezvous, all_gather_via
@@ -20,27 +20,6 @@ from spark_credit_shuffle.transport.tcp import unauthenticated_cap
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = os.urandom(32)
-
-
-def wait_until(predicate, timeout=10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
-def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
-    sock.settimeout(timeout)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
 
 
 def gather_all(service: AddressRendezvous, width: int, key: str = "ex/1", **kwargs) -> dict[int, list[str]]:
