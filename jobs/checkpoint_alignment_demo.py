@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -104,28 +103,15 @@ def main(argv: list[str] | None = None) -> int:
 
     spark_results: dict[str, list[dict[int, list[float]]]] = {"aligned": [], "unaligned": []}
     if not args.skip_spark:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         import pyarrow as pa
-        from pyspark.sql import SparkSession
         from pyspark.sql import functions as F
 
         import spark_credit_shuffle as scs
+        from spark_credit_shuffle.cli import job_session
 
-        existing = SparkSession.getActiveSession()
-        if existing is not None:
-            spark = existing
-        else:
-            builder = SparkSession.builder.appName("spark_credit_shuffle checkpoint alignment demo")
-            if not os.environ.get("PYSPARK_GATEWAY_PORT"):
-                builder = (
-                    builder.master(args.master or "local[4]")
-                    .config("spark.ui.showConsoleProgress", "false")
-                    .config("spark.sql.adaptive.enabled", "false")
-                )
-            for key, value in args.conf:
-                builder = builder.config(key, value)
-            spark = builder.getOrCreate()
+        spark, created = job_session(
+            "spark_credit_shuffle checkpoint alignment demo", args.master or "local[4]", args.conf
+        )
         n = args.parallelism
         # keyed, with a hot key: every row of producer 0 goes to consumer 0, so that channel carries far more
         # than consumer 0's other channels (its queue is deep when a barrier is injected, theirs shallow)
@@ -165,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         finally:
-            if existing is None:
+            if created:
                 spark.stop()
 
     def values_of(mode: str, subtask: int | None) -> list[float]:

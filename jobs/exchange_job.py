@@ -113,47 +113,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from spark_credit_shuffle.cli import job_session
     from spark_credit_shuffle.config import CONF_PREFIX
     from spark_credit_shuffle.errors import CreditShuffleError
-    from spark_credit_shuffle.runtime.session import spark_context
 
     try:
         partitioner = parse_partitioner(args.partitioner)
     except CreditShuffleError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
 
-    from pyspark.sql import SparkSession
-
-    existing = SparkSession.getActiveSession()  # a notebook's or a test's session: use it, leave it running
-    if existing is not None:
-        spark = existing
+    width = max(args.producers or 2, args.parallelism or 2)
+    spark, created = job_session("spark_credit_shuffle exchange job", args.master or f"local[{width}]", args.conf)
+    previous = {}
+    if not created:  # a notebook's or a test's session: set the exchange's settings, give them back after
         ours = [(k, v) for k, v in args.conf if k.startswith(CONF_PREFIX)]
         previous = {key: spark.conf.get(key, None) for key, _ in ours}
         for key, value in ours:
             spark.conf.set(key, value)
-    else:
-        builder = SparkSession.builder.appName("spark_credit_shuffle exchange job")
-        if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # plain python: nobody chose a master
-            width = max(args.producers or 2, args.parallelism or 2)
-            builder = (
-                builder.master(args.master or f"local[{width}]")
-                .config("spark.ui.showConsoleProgress", "false")
-                .config("spark.sql.adaptive.enabled", "false")
-                .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-            )
-        for key, value in args.conf:
-            builder = builder.config(key, value)
-        spark = builder.getOrCreate()
-        sc = spark_context(spark)
-        if sc is not None:  # Spark Connect: the log level is the server's
-            sc.setLogLevel("WARN")
-        previous = {}
     try:
         return _run(args, spark, partitioner)
     finally:
-        if existing is None:
+        if created:
             spark.stop()
         for key, value in previous.items():  # give the session back as it was
             if value is None:

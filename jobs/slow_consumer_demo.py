@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -88,32 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--delay-ms: allowed is a delay > 0 ms")
     conf: list[tuple[str, str]] = args.conf
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     import spark_credit_shuffle as scs
-    from spark_credit_shuffle.runtime.session import spark_context
+    from spark_credit_shuffle.cli import job_session
 
-    existing = SparkSession.getActiveSession()
-    if existing is not None:
-        spark = existing
-    else:
-        builder = SparkSession.builder.appName("spark_credit_shuffle slow-consumer demo")
-        if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # plain python: nobody chose a master
-            builder = (
-                builder.master(args.master or "local[4]")
-                .config("spark.ui.showConsoleProgress", "false")
-                .config("spark.sql.adaptive.enabled", "false")
-                .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-            )
-        for key, value in conf:
-            builder = builder.config(key, value)
-        spark = builder.getOrCreate()
-        sc = spark_context(spark)
-        if sc is not None:  # Spark Connect: the log level is the server's
-            sc.setLogLevel("WARN")
+    spark, created = job_session("spark_credit_shuffle slow-consumer demo", args.master or "local[4]", conf)
     # small input batches: a producer takes its next batch only when its pool has room (backpressure acts
     # between batches), and the adaptive choice reads the queues between chunks of a batch
     keys = [k for k, _ in conf if k.startswith(scs.config.CONF_PREFIX)] + [
@@ -169,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, value)
-        if existing is None:
+        if created:
             spark.stop()
 
     print()

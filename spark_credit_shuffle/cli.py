@@ -7,10 +7,14 @@ with the option's name and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
 
 from .config import CONF_PREFIX
 
-__all__ = ["conf_pair", "positive_int"]
+__all__ = ["conf_pair", "job_session", "positive_int"]
 
 
 def positive_int(text: str) -> int:
@@ -33,3 +37,36 @@ def conf_pair(text: str) -> tuple[str, str]:
             f"buffers_per_channel=4"
         )
     return key.strip(), value.strip()
+
+
+def job_session(app_name: str, master: str, conf: Iterable[tuple[str, str]]) -> tuple[Any, bool]:
+    """A job's SparkSession and whether the job created it (and so stops it at its end).
+
+    The active session (a notebook's, a test's, ``spark-submit``'s) is used as it is. Otherwise one is built
+    with ``conf``; under plain ``python``, where nobody chose a master, on ``master`` with a quiet, fast-starting
+    local driver.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from .runtime.session import spark_context
+
+    existing = SparkSession.getActiveSession()
+    if existing is not None:
+        return existing, False
+    builder = SparkSession.builder.appName(app_name)
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # plain python: nobody chose a master
+        builder = (
+            builder.master(master)
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.adaptive.enabled", "false")
+            .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        )
+    for key, value in conf:
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    sc = spark_context(spark)
+    if sc is not None:  # Spark Connect: the log level is the server's
+        sc.setLogLevel("WARN")
+    return spark, True

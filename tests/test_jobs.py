@@ -199,5 +199,8 @@ def test_jobs_have_main_and_run_as_scripts():
         text = (JOBS / f"{name}.py").read_text()
         assert "def main(argv: list[str] | None = None) -> int:" in text
         assert 'if __name__ == "__main__":\n    sys.exit(main())' in text
-    assert "PYSPARK_GATEWAY_PORT" in (JOBS / "exchange_job.py").read_text()
+    # the jobs build their session with job_session, which sets a master only under plain python
+    for name in ("exchange_job", "slow_consumer_demo", "checkpoint_alignment_demo"):
+        assert "job_session(" in (JOBS / f"{name}.py").read_text()
+    assert "PYSPARK_GATEWAY_PORT" in (JOBS.parent / "spark_credit_shuffle" / "cli.py").read_text()
     assert os.access(JOBS / "plan.py", os.R_OK)
