@@ -438,7 +438,7 @@ def run_in_threads(
                 if on_batch is not None and batch.column(batch.num_columns - 1).null_count == batch.num_rows:
                     on_batch(i, batch.drop_columns([batch.schema.names[-1]]))
         except BaseException as exc:
-            errors[i] = (time.monotonic(), exc)
+            errors[i] = (task.failed_at if task.failed_at is not None else time.monotonic(), exc)
             gather.abort()
 
     threads = [threading.Thread(target=task_main, args=(i,), name=f"task-{i}", daemon=True) for i in range(width)]
@@ -620,6 +620,7 @@ class PipelinedTask:
         self.writer_lock = threading.Lock()
         self.max_frame_length = default_max_frame_length(config.segment_size)
         self._failure: BaseException | None = None
+        self.failed_at: float | None = None  # monotonic time this task first failed (its peers fail after it)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.transport: TcpTransport | None = None
@@ -734,6 +735,7 @@ class PipelinedTask:
         with self.cond:
             if self._failure is None:
                 self._failure = exc
+                self.failed_at = time.monotonic() if self.failed_at is None else self.failed_at
             self.cond.notify_all()
 
     def _raise_if_failed(self) -> None:
@@ -798,6 +800,10 @@ class PipelinedTask:
             self.consumer_clock.stop()
             self._await_end()
             yield from self.report.last(self.plan.schema, self._metric_rows())
+        except BaseException:
+            if self.failed_at is None:  # before closing: peers see the close and fail after this task
+                self.failed_at = time.monotonic()
+            raise
         finally:
             self._close()
 
