@@ -218,16 +218,22 @@ class TimelineSampler:
         self.rows: list[list[MetricRow]] = []  # one list per sample time
         self._next = 0.0
 
-    def due(self) -> bool:
-        """True if a sample is due now (always False when sampling is off)."""
-        return self.interval > 0 and time.monotonic() >= self._next
+    def due(self, now: float | None = None) -> bool:
+        """True if a sample is due at ``now`` (default: the clock's now; always False when sampling is off)."""
+        return self.interval > 0 and (time.monotonic() if now is None else now) >= self._next
 
-    def record(self, gauges: Callable[[], Iterable[tuple[str, int | None, float]]]) -> None:
-        """Take one sample now (whether due or not), unless sampling is off."""
+    def record(
+        self,
+        gauges: Callable[[], Iterable[tuple[str, int | None, float]]],
+        now: float | None = None,
+        stamp_ms: float | None = None,
+    ) -> None:
+        """Take one sample now (whether due or not), unless sampling is off; ``now`` (monotonic seconds) and
+        ``stamp_ms`` (the sample's wall-clock time) default to the clocks' readings."""
         if self.interval <= 0:
             return
-        now = time.monotonic()
-        stamp = time.time() * 1000.0
+        now = time.monotonic() if now is None else now
+        stamp = time.time() * 1000.0 if stamp_ms is None else stamp_ms
         side, subtask = self.side, self.subtask
         self.rows.append(
             [
@@ -263,9 +269,9 @@ class RateMeter:
         self._count = 0.0
         self._time: float | None = None
 
-    def rate(self, count: float) -> float:
-        """Events per second since the previous call (0.0 on the first)."""
-        now = time.monotonic()
+    def rate(self, count: float, now: float | None = None) -> float:
+        """Events per second since the previous call (0.0 on the first); ``now`` defaults to the clock's."""
+        now = time.monotonic() if now is None else now
         previous, self._time = self._time, now
         delta, self._count = count - self._count, float(count)
         if previous is None or now <= previous:

@@ -21,17 +21,17 @@ import pyarrow as pa
 from ..buffers import DataType
 from ..buffers.reader import RecordReader
 from ..errors import ProtocolError
-from ..metrics import CONSUMER, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ..metrics import CONSUMER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.pools import NetworkBufferPool
-from ..protocol.receiver import RemoteInputChannel, SingleInputGate
 from ..transport.memory import StoredBuffersExchange
 from .checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport, combine
+from .engine import GateGauges
 
 if TYPE_CHECKING:
     from ..exchange import ExchangePlan
 
-__all__ = ["consume_partition"]
+__all__ = ["GateGauges", "consume_partition"]
 
 #: Output batches are combined up to about this many bytes before they go back to Spark.
 _OUTPUT_BATCH_BYTES = 4 << 20
@@ -184,50 +184,3 @@ def stored_buffers(batch: pa.RecordBatch) -> Iterator[tuple[int, int, pa.Buffer]
         data = pa.foreign_buffer(data.address, data.size, base=data)  # a read-only view of the same memory
     starts = offsets.tolist()
     return zip(producers, data_types, [data.slice(a, b - a) for a, b in itertools.pairwise(starts)])
-
-
-class GateGauges:
-    """Samples the gate's inPoolUsage, inputExclusiveBuffersUsage and inputFloatingBuffersUsage in one
-    pass over its remote channels (the values of the gate's properties of those names, computed
-    once per buffer instead of three passes each)."""
-
-    __slots__ = ("_exclusive", "_exclusive_total", "_floating", "_in_pool", "_managers", "_pool")
-
-    #: The gauges' names, in the order :meth:`values` returns them.
-    NAMES = ("inPoolUsage", "inputExclusiveBuffersUsage", "inputFloatingBuffersUsage")
-
-    def __init__(self, gate: SingleInputGate, metrics: TaskMetrics) -> None:
-        remote = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
-        self._managers = [(c.buffer_manager, c.initial_credit) for c in remote]
-        self._exclusive_total = sum(c.initial_credit for c in remote)
-        self._pool = gate.buffer_pool
-        self._in_pool, self._exclusive, self._floating = (
-            metrics.gauges.setdefault(name, GaugeStats()) for name in self.NAMES
-        )
-
-    def values(self) -> tuple[float, float, float]:
-        """(inPoolUsage, inputExclusiveBuffersUsage, inputFloatingBuffersUsage) now."""
-        exclusive_used = unused_floating = 0
-        for manager, initial in self._managers:
-            unused = manager.num_exclusive
-            if initial > unused:
-                exclusive_used += initial - unused
-            unused_floating += manager.num_floating
-        pool = self._pool
-        floating_used = pool.num_used - unused_floating
-        if floating_used < 0:
-            floating_used = 0
-        size = pool.current_pool_size
-        exclusive_total = self._exclusive_total
-        denominator = size + exclusive_total
-        return (
-            (floating_used + exclusive_used) / denominator if denominator else 0.0,
-            exclusive_used / exclusive_total if exclusive_total else 0.0,
-            floating_used / size if size else 0.0,
-        )
-
-    def __call__(self) -> None:
-        in_pool, exclusive, floating = self.values()
-        self._in_pool.sample(in_pool)
-        self._exclusive.sample(exclusive)
-        self._floating.sample(floating)

@@ -1,0 +1,275 @@
+"""The consumer half of a subtask: its input gate and RecordReaders, the silence rule, the output linger,
+latency markers, checkpoint events, its gauges and metric rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from ...buffers.buffer import Buffer
+from ...buffers.format import LatencyMarker
+from ...buffers.reader import RecordReader
+from ...errors import ExchangeTimeoutError
+from ...metrics import CONSUMER, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ...protocol import RemoteInputChannel, SingleInputGate
+from ..checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
+from ..common import combine
+from .rules import LINGER_OVER, Fail, Gauges, LingerOver, Settings, TimeAccount, Wait
+
+if TYPE_CHECKING:
+    from ...protocol import BufferOrEvent
+
+__all__ = ["ConsumerEngine", "GateGauges", "OutputBatcher"]
+
+#: Latency samples a consumer keeps.
+MAX_LATENCY_SAMPLES = 100_000
+
+
+class OutputBatcher:
+    """Decoded rows on their way to Spark: joined up to ``target_rows`` when they are ready at once, held at
+    most ``linger`` seconds for more when fewer are ready (each output batch costs Spark a fixed amount, as
+    a network buffer costs Flink)."""
+
+    __slots__ = ("linger", "linger_until", "pending", "pending_rows", "target_rows")
+
+    def __init__(self, target_rows: int, linger: float) -> None:
+        self.target_rows = target_rows
+        self.linger = linger
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_rows = 0
+        self.linger_until: float | None = None
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.pending.append(batch)
+        self.pending_rows += batch.num_rows
+
+    def ready(self, more_available: bool, now: float) -> pa.RecordBatch | None:
+        """The batch to hand on now, if any: enough rows, or nothing more ready and no linger."""
+        if not self.pending:
+            return None
+        if self.pending_rows >= self.target_rows or (not more_available and self.linger <= 0):
+            return self.take()
+        if not more_available and self.linger_until is None:
+            self.linger_until = now + self.linger
+        return None
+
+    def take(self) -> pa.RecordBatch:
+        """Every pending row as one batch (the linger ends)."""
+        batch = combine(self.pending)
+        self.pending, self.pending_rows, self.linger_until = [], 0, None
+        return batch
+
+
+class ConsumerEngine:
+    """Consumer subtask ``subtask``: its gate, ``readers[c]`` decoding channel ``c`` (the producer
+    ``producers[c]``), the silence rule, the output linger, latency markers and checkpoint events."""
+
+    def __init__(
+        self,
+        subtask: int,
+        gate: SingleInputGate,
+        readers: list[RecordReader],
+        producers: list[int],
+        settings: Settings,
+        now: float,
+        *,
+        checkpoints: ConsumerCheckpoints | None = None,
+    ) -> None:
+        self.subtask = subtask
+        self.gate = gate
+        self.readers = readers
+        self.producers = producers
+        self.settings = settings
+        self.checkpoints = checkpoints
+        self.metrics = TaskMetrics(CONSUMER, subtask)
+        self.time = TimeAccount(now)
+        self.timeline = TimelineSampler(CONSUMER, subtask, settings.timeline_interval_ms)
+        self.output = OutputBatcher(settings.output_batch_rows, settings.output_linger)
+        self.last_delivery: list[float] = [now] * len(producers)
+        self.latencies_ms: list[float] = []
+        self.started_ns = 0
+        self.gate_gauges: GateGauges | None = None
+        self._records_in = RateMeter()
+        #: The address of producer ``p`` and what its connection saw by ``now``, for the silence message.
+        self.where: Callable[[int], str] = lambda producer: "?"
+        self.detail: Callable[[int, float], str] = lambda producer, now: ""
+
+    def start(self, now: float, wall_ns: int) -> None:
+        """The channels were requested: the consumer's life, and every channel's silence, start now."""
+        self.gate_gauges = GateGauges(self.gate, self.metrics)
+        self.last_delivery = [now] * len(self.producers)
+        self.time = TimeAccount(now)
+        self.started_ns = wall_ns
+
+    # -- the next buffer --
+
+    def next(self, now: float, linger_until: float | None = None) -> BufferOrEvent | Wait | Fail | LingerOver | None:
+        """The gate's next buffer or event; None once every channel ended; :data:`LINGER_OVER` once
+        ``linger_until`` passed; else :class:`Wait` (until the earliest silence deadline or the linger) or
+        :class:`Fail` with the :class:`ExchangeTimeoutError` of the channel silent longest."""
+        gate = self.gate
+        polled = gate.poll_next()
+        if polled is not None:
+            self.last_delivery[polled.channel_index] = now
+            if polled.buffer.is_buffer and self.gate_gauges is not None:
+                self.gate_gauges()
+            return polled
+        if gate.is_finished:
+            return None
+        if linger_until is not None and now >= linger_until:
+            return LINGER_OVER
+        timeout = self.settings.silence_timeout
+        blocked = self.checkpoints.handler.blocked_channels if self.checkpoints is not None else ()
+        channels = gate.channels
+        live = [(ch, last) for ch, last in enumerate(self.last_delivery) if not channels[ch].is_released]  # type: ignore[union-attr]
+        silent = [(now - last, ch) for ch, last in live if now - last >= timeout and ch not in blocked]
+        if silent:  # a channel blocked by an aligned barrier is silent on purpose
+            seconds, channel = max(silent)
+            producer = self.producers[channel]
+            return Fail(
+                ExchangeTimeoutError(
+                    self.describe_silence(channel, seconds, self.where(producer), self.detail(producer, now))
+                )
+            )
+        oldest = min((last for _, last in live), default=now)
+        until = oldest + timeout
+        if linger_until is not None:
+            until = min(until, linger_until)
+        return Wait(until)
+
+    def describe_silence(self, channel: int, seconds: float, where: str, detail: str = "") -> str:
+        """The message of a silence timeout on ``channel`` (``where``: the producer's address)."""
+        producer = self.producers[channel]
+        where = "the local channel" if producer == self.subtask else where or "?"
+        return (
+            f"consumer subtask {self.subtask} waited {seconds * 1000:.0f} ms for data from producer subtask "
+            f"{producer} ({where}): nothing arrived on that channel within partition_request_timeout_ms="
+            f"{self.settings.partition_request_timeout_ms}{detail}"
+        )
+
+    def resumed(self, channels: tuple[int, ...], now: float) -> None:
+        """``channels`` resumed consumption after an aligned barrier: their silence while blocked was the
+        alignment's."""
+        for channel in channels:
+            self.last_delivery[channel] = now
+
+    # -- what a buffer holds --
+
+    def take(
+        self, polled: BufferOrEvent, wall_ns: int, recycle: Callable[[], None] | None = None
+    ) -> tuple[list[pa.RecordBatch], tuple[int, ...]]:
+        """Decode ``polled`` (``recycle`` returns its buffer, default the gate's own): (its data batches, the
+        channels to resume after a checkpoint event). Latency markers are measured against ``wall_ns``."""
+        buffer = polled.buffer
+        channel = polled.channel_index
+        checkpoints = self.checkpoints
+        resume: tuple[int, ...] = ()
+        if checkpoints is not None and buffer.is_buffer:
+            checkpoints.handler.process_buffer(channel, polled.sequence_number, buffer.size)
+            if checkpoints.handler.is_checkpoint_pending:
+                resume = checkpoints.check_timeout()
+        if recycle is not None:
+            buffer = Buffer(buffer.data_type, buffer.data, recycle)
+        batches: list[pa.RecordBatch] = []
+        for item in self.readers[channel].feed(buffer, polled.sequence_number):
+            if isinstance(item, pa.RecordBatch):
+                batches.append(item)
+            elif checkpoints is not None and isinstance(item, CHECKPOINT_EVENTS):
+                resume += checkpoints.on_event(channel, item, polled.sequence_number)
+            elif (
+                isinstance(item, LatencyMarker)
+                and item.timestamp >= self.started_ns  # markers sent before this consumer asked measure the set-up
+                and len(self.latencies_ms) < MAX_LATENCY_SAMPLES
+            ):
+                self.latencies_ms.append((wall_ns - item.timestamp) / 1e6)
+        return batches, resume
+
+    # -- gauges and metrics --
+
+    def gauges(self, now: float) -> Gauges:
+        """The consumer's timeline gauges at ``now``."""
+        assert self.gate_gauges is not None
+        for name, value in zip(GateGauges.NAMES, self.gate_gauges.values()):
+            yield name, None, value
+        yield "numRecordsInPerSecond", None, self._records_in.rate(sum(r.num_records_in for r in self.readers), now)
+        for channel, producer in zip(self.gate.channels, self.producers):
+            if isinstance(channel, RemoteInputChannel):
+                unannounced = channel.unannounced_credit
+                yield "credit", producer, float(max(0, channel.num_available_buffers - unannounced))
+                yield "unannouncedCredit", producer, float(unannounced)
+                yield "backlog", producer, float(max(0, channel.sender_backlog))
+            if channel is not None:
+                yield "inputQueueLength", producer, float(channel.queue_length())
+
+    def metric_rows(self, now: float) -> list[MetricRow]:
+        """Counters per channel, gauge statistics, latency, time metrics, checkpoints."""
+        metrics = self.metrics
+        for reader, producer in zip(self.readers, self.producers):
+            metrics.count("numRecordsIn", reader.num_records_in, producer)
+            metrics.count("numBytesIn", reader.num_bytes_in, producer)
+            metrics.count("numBuffersIn", reader.num_buffers_in, producer)
+        metrics.count("numLatencyMarkersIn", len(self.latencies_ms))
+        rows = list(metrics.rows())
+        if self.latencies_ms:
+            values = np.asarray(self.latencies_ms)
+            for stat, value in (
+                ("p50", np.percentile(values, 50)),
+                ("p99", np.percentile(values, 99)),
+                ("max", values.max()),
+                ("mean", values.mean()),
+            ):
+                rows.append(MetricRow(CONSUMER, self.subtask, None, "latencyMs", stat, float(value)))
+        rows.extend(self.time.rows(CONSUMER, self.subtask, now))
+        if self.checkpoints is not None:
+            rows.extend(self.checkpoints.metric_rows())
+        return rows
+
+
+class GateGauges:
+    """Samples the gate's inPoolUsage, inputExclusiveBuffersUsage and inputFloatingBuffersUsage in one
+    pass over its remote channels (the values of the gate's properties of those names, computed
+    once per buffer instead of three passes each)."""
+
+    __slots__ = ("_exclusive", "_exclusive_total", "_floating", "_in_pool", "_managers", "_pool")
+
+    #: The gauges' names, in the order :meth:`values` returns them.
+    NAMES = ("inPoolUsage", "inputExclusiveBuffersUsage", "inputFloatingBuffersUsage")
+
+    def __init__(self, gate: SingleInputGate, metrics: TaskMetrics) -> None:
+        remote = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
+        self._managers = [(c.buffer_manager, c.initial_credit) for c in remote]
+        self._exclusive_total = sum(c.initial_credit for c in remote)
+        self._pool = gate.buffer_pool
+        self._in_pool, self._exclusive, self._floating = (
+            metrics.gauges.setdefault(name, GaugeStats()) for name in self.NAMES
+        )
+
+    def values(self) -> tuple[float, float, float]:
+        """(inPoolUsage, inputExclusiveBuffersUsage, inputFloatingBuffersUsage) now."""
+        exclusive_used = unused_floating = 0
+        for manager, initial in self._managers:
+            unused = manager.num_exclusive
+            if initial > unused:
+                exclusive_used += initial - unused
+            unused_floating += manager.num_floating
+        pool = self._pool
+        floating_used = pool.num_used - unused_floating
+        if floating_used < 0:
+            floating_used = 0
+        size = pool.current_pool_size
+        exclusive_total = self._exclusive_total
+        denominator = size + exclusive_total
+        return (
+            (floating_used + exclusive_used) / denominator if denominator else 0.0,
+            exclusive_used / exclusive_total if exclusive_total else 0.0,
+            floating_used / size if size else 0.0,
+        )
+
+    def __call__(self) -> None:
+        in_pool, exclusive, floating = self.values()
+        self._in_pool.sample(in_pool)
+        self._exclusive.sample(exclusive)
+        self._floating.sample(floating)

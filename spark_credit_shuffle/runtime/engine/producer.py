@@ -1,0 +1,198 @@
+"""The producer half of a subtask: its RecordWriter and result partition, the flush / keep-alive / latency
+marker schedule, the backpressure wait, its gauges and metric rows."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from ...buffers.format import KeepAlive, LatencyMarker, encode_event
+from ...buffers.writer import RecordWriter
+from ...errors import ExchangeTimeoutError
+from ...metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from .rules import Fail, Gauges, Settings, TimeAccount, Wait
+
+__all__ = ["ProducerEngine"]
+
+
+class ProducerEngine:
+    """Producer subtask ``subtask``: its RecordWriter over ``partition`` (a result partition, or a writer
+    interface around one), ``consumers[sp]`` the consumer subtask subpartition ``sp`` feeds.
+
+    ``partition_writer`` is what the writer writes to (default: ``partition``; the pipelined runtime
+    passes one that takes its lock). ``resumable``: the writer stops at the first buffer its pool cannot
+    give (:meth:`write` returns False) instead of taking it anyway.
+    """
+
+    def __init__(
+        self,
+        subtask: int,
+        partition: Any,
+        selector: Any,
+        consumers: list[int],
+        settings: Settings,
+        segment_size: int,
+        schema: pa.Schema | None,
+        now: float,
+        *,
+        partition_writer: Any = None,
+        resumable: bool = False,
+    ) -> None:
+        self.subtask = subtask
+        self.partition = partition
+        self.consumers = consumers
+        self.settings = settings
+        self.writer = RecordWriter(
+            partition_writer if partition_writer is not None else partition,
+            selector,
+            segment_size,
+            flush_always=settings.flush_always,
+            schema=schema,
+            resumable=resumable,
+        )
+        self._emit = self.writer.broadcast_emit if selector.is_broadcast else self.writer.emit
+        self.metrics = TaskMetrics(PRODUCER, subtask)
+        self.time = TimeAccount(now)
+        self.timeline = TimelineSampler(PRODUCER, subtask, settings.timeline_interval_ms)
+        self.is_finished = False  # the writer finished: nothing more is written
+        self.waiting_since: float | None = None  # set while back-pressured
+        n = len(consumers)
+        self._queue_max = [0] * n
+        self._queue_sum = [0] * n
+        self._queue_samples = 0
+        self._records_out = RateMeter()
+        self._back_pressure = RateMeter()
+        self._rng = random.Random(subtask)
+        interval = settings.flush_interval
+        self.next_flush = now + interval if interval else float("inf")
+        self.next_heartbeat = now + settings.heartbeat_interval
+        marker = settings.latency_interval
+        self.next_marker = now + marker if marker else float("inf")
+
+    # -- input --
+
+    def write(self, batch: pa.RecordBatch) -> bool:
+        """Write ``batch``; False if the writer stopped at a buffer its pool cannot give (then wait until
+        :meth:`is_available` and call :meth:`resume`)."""
+        return bool(self._emit(batch))
+
+    def resume(self) -> bool:
+        """Write on where :meth:`write` stopped; True once the batch is written whole."""
+        return bool(self.writer.resume())
+
+    def finish(self) -> None:
+        """The end of the input: the open buffers and the end of partition go out."""
+        self.writer.finish()
+        self.is_finished = True
+
+    def is_available(self) -> bool:
+        return bool(self.partition.is_available())
+
+    # -- backpressure --
+
+    def begin_wait(self, now: float) -> None:
+        self.waiting_since = now
+
+    def check_wait(self, now: float, last_progress: float, describe: Callable[[float], str]) -> Wait | Fail:
+        """The backpressure wait begun at :meth:`begin_wait`: how long more, or the timeout
+        (``buffers_request_timeout_ms`` without progress, ``last_progress`` being the last time a segment came
+        back, a data buffer went out or a consumer granted credit; ``describe(waited)`` says who holds the
+        buffers)."""
+        started = self.waiting_since if self.waiting_since is not None else now
+        since = now - max(last_progress, started)
+        timeout = self.settings.buffer_wait_timeout
+        if since >= timeout:
+            return Fail(ExchangeTimeoutError(describe(now - started)))
+        return Wait(now + timeout - since)
+
+    def end_wait(self, now: float) -> None:
+        if self.waiting_since is not None:
+            self.time.back_pressured += now - self.waiting_since
+            self.waiting_since = None
+
+    # -- timer: flusher, keep-alives, latency markers --
+
+    def next_timer(self) -> float:
+        """When :meth:`on_timer` has something to do (inf once finished)."""
+        if self.is_finished:
+            return float("inf")
+        return min(self.next_flush, self.next_heartbeat, self.next_marker)
+
+    def on_timer(self, now: float, wall_ns: int) -> None:
+        """Flush, send keep-alives and a latency marker (stamped ``wall_ns``) if due at ``now``."""
+        if self.is_finished:
+            return
+        writer = self.writer
+        interval = self.settings.flush_interval
+        if interval is not None and now >= self.next_flush:
+            writer.flush_all()
+            self.next_flush = max(self.next_flush + interval, now)
+        if now >= self.next_heartbeat:
+            self.send_liveness_markers()
+            self.next_heartbeat = now + self.settings.heartbeat_interval
+        marker = self.settings.latency_interval
+        if marker is not None and now >= self.next_marker:  # a record to one random channel (Flink's randomEmit)
+            sp = self._rng.randrange(writer.num_subpartitions)
+            writer.emit_latency_marker(LatencyMarker(wall_ns, self.subtask), sp)
+            self.next_marker = max(self.next_marker + marker, now)
+
+    def send_liveness_markers(self) -> None:
+        """A :class:`KeepAlive` priority event on every subpartition: tells each consumer this producer is
+        alive. It overtakes the queued data and needs no credit, and it finishes and flushes no buffer, so
+        with buffer timeout -1 partly filled buffers still move only when full, on events or at the end."""
+        partition = self.partition
+        if partition.is_finished or partition.is_released:
+            return
+        for sp in range(partition.num_subpartitions):
+            partition.add_event(sp, encode_event(KeepAlive()))
+
+    # -- gauges and metrics --
+
+    def sample_output(self) -> None:
+        """outPoolUsage and the queue length of every subpartition, after every slice of input written: the
+        moments the queues are longest."""
+        partition = self.partition
+        self.metrics.sample("outPoolUsage", partition.out_pool_usage)
+        self._queue_samples += 1
+        for sp, sub in enumerate(partition.subpartitions):
+            q = sub.queue_length()
+            self._queue_sum[sp] += q
+            if q > self._queue_max[sp]:
+                self._queue_max[sp] = q
+
+    def gauges(self, now: float, credits: dict[int, int]) -> Gauges:
+        """The producer's timeline gauges at ``now``; ``credits[sp]``: the credit of remote subpartitions."""
+        partition, writer = self.partition, self.writer
+        waiting = self.waiting_since
+        back_pressured_ms = (self.time.back_pressured + (now - waiting if waiting is not None else 0.0)) * 1000.0
+        yield "outPoolUsage", None, partition.out_pool_usage
+        yield "isBackPressured", None, 1.0 if waiting is not None or not partition.is_available() else 0.0
+        yield "backPressuredTimeMsPerSecond", None, min(1000.0, self._back_pressure.rate(back_pressured_ms, now))
+        yield "numRecordsOutPerSecond", None, self._records_out.rate(sum(writer.num_records_out), now)
+        for sp, (sub, consumer) in enumerate(zip(partition.subpartitions, self.consumers)):
+            yield "backlog", consumer, float(sub.get_buffers_in_backlog())
+            yield "outputQueueLength", consumer, float(sub.queue_length())
+            if sp in credits:  # remote channels only: local channels read without credit
+                yield "credit", consumer, float(credits[sp])
+
+    def metric_rows(self, now: float) -> list[MetricRow]:
+        """Counters per subpartition, gauge statistics, time metrics."""
+        writer, metrics = self.writer, self.metrics
+        for sp, consumer in enumerate(self.consumers):
+            metrics.count("numRecordsOut", writer.num_records_out[sp], consumer)
+            metrics.count("numBytesOut", writer.num_bytes_out[sp], consumer)
+            metrics.count("numBuffersOut", writer.num_buffers_out[sp], consumer)
+        rows = list(metrics.rows())
+        samples = max(1, self._queue_samples)
+        for sp, consumer in enumerate(self.consumers):
+            rows.append(
+                MetricRow(PRODUCER, self.subtask, consumer, "outputQueueLength", "max", float(self._queue_max[sp]))
+            )
+            rows.append(
+                MetricRow(PRODUCER, self.subtask, consumer, "outputQueueLength", "mean", self._queue_sum[sp] / samples)
+            )
+        rows.extend(self.time.rows(PRODUCER, self.subtask, now))
+        return rows

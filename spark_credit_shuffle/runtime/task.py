@@ -1,0 +1,468 @@
+"""One pipelined task: producer subtask *i* and consumer subtask *i* as threads and sockets around the engine.
+
+The rules (flush schedule, keep-alives, backpressure wait, silence timeouts, output linger, gauges) are the
+task engine's (:mod:`~spark_credit_shuffle.runtime.engine`); this module supplies the clock, the threads and
+the sockets: the Spark task thread is the consumer (it yields the received rows as they arrive), one producer
+thread feeds the input batches to the RecordWriter, one I/O thread drives every socket
+(:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread wakes the engine's
+schedule (flusher, keep-alives, latency markers, checkpoint barriers, samples). All protocol objects of a
+task are guarded by one re-entrant lock; the writer by a lock of its own, so that the flusher takes turns
+with the producer as in Flink's mailbox. Where the task waits, the engine says until when, or with which
+error it gives up. Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.wiring`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from ..buffers.reader import RecordReader
+from ..config import ADDRESS_EXCHANGES
+from ..errors import ConfigError, CreditShuffleError
+from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics
+from ..protocol import PipelinedResultPartition, SingleInputGate
+from .checkpoints import ConsumerCheckpoints
+from .common import IN_BAND, MetricsReport
+from .engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings, TimeAccount, Wait
+from .wiring import LockedPartition, TaskWiring, rss_bytes, thread_cpu_seconds
+
+if TYPE_CHECKING:
+    from ..exchange import ExchangePlan
+    from ..protocol import BufferOrEvent
+
+__all__ = ["PipelinedTask", "TaskOptions"]
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """Knobs of a pipelined task that are not network settings.
+
+    ``latency_interval_ms``: a producer sends a latency marker to one random channel this often (0: only
+    the keep-alives every quarter of the partition request timeout). ``output_batch_rows``: the
+    consumer joins decoded batches that are ready at the same moment up to this many rows before handing
+    them to Spark (0: one output batch per network buffer). ``output_linger_ms``: how long the consumer waits
+    for more rows when fewer than ``output_batch_rows`` are ready (each output batch costs Spark a fixed
+    amount, as a network buffer costs Flink); None takes a tenth of the buffer timeout, at most 2 ms, none
+    with timeout 0 and 2 ms with -1 (:class:`~.engine.Settings`). ``sample_memory_ms``: how often the timer
+    thread samples the task's memory (0: never). ``announce_address_dir``: if set, each task writes its
+    listening address there (``task-<i>.addr``) for tests and demos. ``address_exchange``: how tasks learn
+    each other's addresses: ``"auto"`` through the driver's address service on a classic session (see
+    :mod:`~spark_credit_shuffle.runtime.rendezvous`), Spark's ``allGather`` on Spark Connect;
+    ``"allgather"``: always Spark's ``allGather`` (about a second per exchange; for clusters whose
+    executors cannot open connections to the driver).
+    """
+
+    latency_interval_ms: int = 0
+    output_batch_rows: int = 8192
+    output_linger_ms: float | None = None
+    sample_memory_ms: int = 50
+    announce_address_dir: str | None = None
+    address_exchange: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.address_exchange not in ADDRESS_EXCHANGES:
+            raise ConfigError(
+                "address_exchange", self.address_exchange, " or ".join(repr(a) for a in ADDRESS_EXCHANGES)
+            )
+
+
+class PipelinedTask(TaskWiring):
+    """Producer subtask ``index`` and consumer subtask ``index`` of a pipelined exchange, in one task.
+
+    ``host`` is the address to listen on; ``attempt_id`` distinguishes attempts of the same task (it
+    becomes the partition id that consumers request); ``report`` carries the task's metrics to the driver
+    (default: in band, as a last output row); ``executors[i]`` names the executor of task ``i`` (tasks of
+    one executor read each other through local channels; None: every task its own executor). :meth:`run`
+    does everything: set-up, one address exchange through ``all_gather``, streaming, and the final metrics;
+    it closes every socket and joins every thread before it returns or raises.
+    """
+
+    def __init__(
+        self,
+        plan: ExchangePlan,
+        index: int,
+        secret: bytes,
+        host: str,
+        options: TaskOptions | None = None,
+        *,
+        attempt_id: int = 0,
+        report: MetricsReport = IN_BAND,
+        executors: Sequence[object] | None = None,
+    ) -> None:
+        super().__init__(plan, index, secret, host, attempt_id=attempt_id, report=report, executors=executors)
+        self.options = options or TaskOptions()
+        options = self.options
+        self.settings = Settings.of(
+            self.config,
+            latency_interval_ms=options.latency_interval_ms,
+            output_batch_rows=options.output_batch_rows,
+            output_linger_ms=options.output_linger_ms,
+            sample_memory_ms=options.sample_memory_ms,
+        )
+        self._task_metrics = TaskMetrics(CONSUMER if self.is_consumer else PRODUCER, index)
+        self._cpu_start = time.process_time()
+        self._main_cpu_start = time.thread_time()
+        self._producer_cpu_s = 0.0
+        self._wall_start = time.monotonic()
+        self._consumer_done = not self.is_consumer
+        self._producer_done = not self.is_producer
+        self.producer: ProducerEngine | None = None
+        if self.is_producer:
+            self._setup_producer()
+        if self.is_consumer:
+            self._setup_consumer()
+
+    # -- set-up --
+
+    def _setup_producer(self) -> None:
+        plan, config, index = self.plan, self.config, self.index
+        consumers = plan.partitioner.consumers_of(index, plan.num_producers, plan.num_consumers)
+        self.subpartition_consumers = consumers
+        partition = PipelinedResultPartition.create(
+            self.network, len(consumers), config, partition_id=self.partition_id, bounded=True
+        )
+        self.partition = partition
+        partition.buffer_pool.add_availability_listener(self._notify)
+        self.manager.register_partition(partition)
+        selector = plan.partitioner.selector(index, plan.num_producers, plan.num_consumers, plan.max_parallelism)
+        self.producer = ProducerEngine(
+            index,
+            partition,
+            selector,
+            consumers,
+            self.settings,
+            config.segment_size,
+            plan.schema,
+            time.monotonic(),
+            partition_writer=LockedPartition(partition, self.lock, self._on_recycle),
+            resumable=True,
+        )
+
+    def _setup_consumer(self) -> None:
+        plan, index = self.plan, self.index
+        producers = plan.partitioner.producers_of(index, plan.num_producers, plan.num_consumers)
+        self.channel_producers = producers
+        if not producers:
+            return
+        remote = sum(1 for p in producers if not self.is_local(p))
+        self.gate = SingleInputGate(self.network, len(producers), self.config, num_remote_channels=remote)
+        self.gate.listener = self._notify
+        checkpoints = ConsumerCheckpoints(index, producers) if self.config.checkpoint_interval_ms > 0 else None
+        readers = [RecordReader(plan.schema, channel=p, validate=p != index) for p in producers]
+        self.consumer = ConsumerEngine(
+            index, self.gate, readers, producers, self.settings, time.monotonic(), checkpoints=checkpoints
+        )
+        self.consumer.where = lambda producer: self.peers.get(producer, "?")
+        self.consumer.detail = self._connection_detail
+
+    # -- notifications (lock held) --
+
+    def _on_recycle(self) -> None:
+        """A segment came back (lock held): progress, and the producer may be waiting for it."""
+        self._last_progress = time.monotonic()
+        if self.producer is not None and self.producer.waiting_since is not None:
+            self.cond.notify_all()
+
+    # -- the task --
+
+    def run(
+        self, batches: Iterable[pa.RecordBatch], all_gather: Callable[[str], list[str]]
+    ) -> Iterator[pa.RecordBatch]:
+        """Set up, exchange addresses, stream; yields the received rows, then reports the metrics."""
+        try:
+            self._start_transport()
+            if self.producer is not None:
+                with self.writer_lock, self.lock:  # the first answer to every partition request, before any data
+                    self.producer.send_liveness_markers()
+            self._start_thread(self._timer, "timer")
+            if self.is_producer:
+                self._start_thread(lambda: self._produce(batches), "producer")
+            self._exchange_addresses(all_gather)
+            injection = self.plan.injection
+            if injection is not None and self.is_consumer:
+                injection.maybe_fail(CONSUMER, self.index)
+            consumer = self.consumer
+            if consumer is not None and self.gate is not None:
+                with self.lock:  # the consumer's first timeline sample
+                    self._record_consumer_sample(time.monotonic())
+                yield from self._consume(consumer)
+                with self.lock:  # the consumer's last timeline sample
+                    self._record_consumer_sample(time.monotonic())
+            self._consumer_done = True
+            if consumer is not None:
+                consumer.time.stop(time.monotonic())
+            self._await_end()
+            yield from self.report.last(self.plan.schema, self._metric_rows())
+        except BaseException:
+            if self.failed_at is None:  # before closing: peers see the close and fail after this task
+                self.failed_at = time.monotonic()
+            raise
+        finally:
+            self._close()
+
+    def _start_thread(self, target: Callable[[], None], role: str) -> None:
+        thread = threading.Thread(target=target, name=f"credit-shuffle-{role}-{self.index}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    # -- producer half (producer thread) --
+
+    def _produce(self, batches: Iterable[pa.RecordBatch]) -> None:
+        producer = self.producer
+        assert producer is not None and self.transport is not None and self.partition is not None
+        clock = producer.time
+        schema = self.plan.schema
+        sending = self.transport.sending
+        thread_cpu = time.thread_time()
+        try:
+            injection = self.plan.injection
+            if injection is not None:
+                injection.maybe_fail(PRODUCER, self.index)
+            with self.lock:  # the producer's first timeline sample, whether or not its timer runs before the end
+                self._record_producer_sample(time.monotonic())
+            iterator = iter(batches)
+            while not self._stop.is_set():
+                waited = time.monotonic()
+                batch = next(iterator, None)
+                clock.idle += time.monotonic() - waited
+                if batch is None:
+                    break
+                if not batch.num_rows:
+                    continue
+                if batch.schema is not schema and not batch.schema.equals(schema):
+                    batch = batch.cast(schema)
+                # the writer stops at the first buffer its pool cannot give; wait, then write on from there
+                self._await_buffer(producer)
+                with sending(), self.writer_lock:
+                    done = producer.write(batch)
+                while not done:
+                    with self.lock:
+                        producer.sample_output()
+                    self._await_buffer(producer)
+                    with sending(), self.writer_lock:
+                        done = producer.resume()
+                with self.lock:
+                    producer.sample_output()
+            with sending(), self.writer_lock:
+                producer.finish()
+            with self.cond:
+                producer.sample_output()
+                self.partition.close()
+                now = time.monotonic()
+                self._record_producer_sample(now)
+                self._producer_done = True
+                clock.stop(now)
+                self._producer_cpu_s = time.thread_time() - thread_cpu
+                self.cond.notify_all()
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _await_buffer(self, producer: ProducerEngine) -> None:
+        """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``), as long as
+        the engine allows. Every recycled segment wakes this wait (``_on_recycle``)."""
+        if producer.is_available():
+            return
+        with self.cond:
+            producer.begin_wait(time.monotonic())
+            try:
+                while not producer.is_available():
+                    self._raise_if_failed()
+                    if self._stop.is_set():
+                        raise CreditShuffleError("task stopping")
+                    now = time.monotonic()
+                    step = producer.check_wait(now, self._last_progress, self._describe_buffer_wait)
+                    if isinstance(step, Fail):
+                        raise step.error
+                    self.cond.wait(step.until - now)
+            finally:
+                producer.end_wait(time.monotonic())
+
+    # -- timeline (lock held) --
+
+    def _record_producer_sample(self, now: float) -> None:
+        producer = self.producer
+        assert producer is not None
+        credits = self._remote_credits()
+        producer.timeline.record(lambda: producer.gauges(now, credits), now, time.time() * 1000.0)
+
+    def _record_consumer_sample(self, now: float) -> None:
+        consumer = self.consumer
+        assert consumer is not None
+        consumer.timeline.record(lambda: consumer.gauges(now), now, time.time() * 1000.0)
+
+    def _sample_timeline(self, now: float) -> float:
+        """One timeline sample of each side still running; returns the seconds until the next one
+        (``inf`` once both sides ended or sampling is off)."""
+        intervals = []
+        producer, consumer = self.producer, self.consumer
+        with self.lock:
+            if producer is not None and not self._producer_done and producer.timeline.interval > 0:
+                self._record_producer_sample(now)
+                intervals.append(producer.timeline.interval)
+            if consumer is not None and not self._consumer_done and consumer.timeline.interval > 0:
+                if consumer.gate_gauges is not None:  # channels requested
+                    self._record_consumer_sample(now)
+                intervals.append(consumer.timeline.interval)
+        return min(intervals, default=float("inf"))
+
+    # -- timer thread: the engine's schedule, checkpoint barriers, memory samples --
+
+    def _timer(self) -> None:
+        settings, producer, trigger = self.settings, self.producer, self.checkpoint_trigger
+        inf = float("inf")
+        now = time.monotonic()
+        next_checkpoint = now + trigger.seconds_until_next() if trigger.enabled else inf
+        sample_every = settings.memory_sample_interval
+        next_sample = now if sample_every else inf
+        next_timeline = now if settings.timeline_interval_ms > 0 else inf
+        try:
+            while True:
+                producing = producer is not None and not producer.is_finished
+                due = min(next_sample, next_timeline)
+                if producing:
+                    assert producer is not None
+                    due = min(due, producer.next_timer(), next_checkpoint)
+                if due == inf:
+                    due = now + 1.0
+                if self._stop.wait(max(0.0, due - time.monotonic())):
+                    return
+                now = time.monotonic()
+                if sample_every is not None and now >= next_sample:
+                    self._sample_memory()
+                    next_sample = max(next_sample + sample_every, now)
+                if now >= next_timeline:
+                    next_timeline = max(next_timeline + self._sample_timeline(now), now)
+                if not producing or producer is None:
+                    continue
+                with self.transport.sending(), self.writer_lock:  # type: ignore[union-attr]
+                    if producer.is_finished:
+                        continue
+                    with self.lock:
+                        producer.on_timer(now, time.time_ns())
+                        if now >= next_checkpoint:  # between two records (see checkpoint barriers)
+                            producer.writer.broadcast_event(trigger.next_barrier())
+                            next_checkpoint = now + trigger.seconds_until_next()
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _sample_memory(self) -> None:
+        rss = rss_bytes()
+        if rss:
+            self._task_metrics.sample("taskRssBytes", float(rss))
+        self._task_metrics.sample("taskArrowAllocatedBytes", float(pa.total_allocated_bytes()))
+
+    # -- consumer half (the task thread) --
+
+    def _consume(self, consumer: ConsumerEngine) -> Iterator[pa.RecordBatch]:
+        delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
+        lock = self.lock
+        sending = self.transport.sending  # type: ignore[union-attr]
+        data = self.report.data
+        output = consumer.output
+        while True:
+            polled = self._next_buffer(consumer, output.linger_until)
+            if isinstance(polled, LingerOver):  # nothing more came while the pending rows waited: hand them on
+                yield data(output.take())
+                continue
+            if polled is None:
+                break
+            recycle = polled.buffer.recycle
+
+            def locked_recycle(recycle: Callable[[], None] = recycle) -> None:
+                with sending(), lock:  # returning the buffer may send credit: write it from here
+                    recycle()
+
+            batches, resume = consumer.take(polled, time.time_ns(), locked_recycle)
+            self._resume(consumer, resume)
+            for batch in batches:
+                if delay:
+                    time.sleep(delay * batch.num_rows)
+                output.add(batch)
+            ready = output.ready(polled.more_available, time.monotonic())
+            if ready is not None:
+                yield data(ready)
+        if output.pending:
+            yield data(output.take())
+
+    def _resume(self, consumer: ConsumerEngine, channels: tuple[int, ...]) -> None:
+        """ResumeConsumption on ``channels`` (their subpartitions blocked themselves after an aligned barrier)."""
+        if not channels:
+            return
+        with self.transport.sending(), self.lock:  # type: ignore[union-attr]
+            for channel in channels:
+                consumer.gate.resume_consumption(channel)
+            consumer.resumed(channels, time.monotonic())
+
+    def _next_buffer(self, consumer: ConsumerEngine, linger_until: float | None) -> BufferOrEvent | LingerOver | None:
+        """The gate's next buffer or event, waiting as long as the engine says; None once every channel
+        ended; ``LINGER_OVER`` if ``linger_until`` (a ``time.monotonic()`` deadline) passed first."""
+        waited_since: float | None = None
+        with self.cond:
+            try:
+                while True:
+                    self._raise_if_failed()
+                    now = time.monotonic()
+                    try:
+                        step = consumer.next(now, linger_until)
+                    except Exception as exc:
+                        raise self._channel_error(exc) from exc
+                    if isinstance(step, Wait):
+                        if waited_since is None:
+                            waited_since = now
+                        self.cond.wait(max(0.0005, step.until - now))
+                        continue
+                    if isinstance(step, Fail):
+                        raise step.error
+                    return step
+            finally:
+                if waited_since is not None:
+                    consumer.time.idle += time.monotonic() - waited_since
+
+    def _connection_detail(self, producer: int, now: float) -> str:
+        conn = self._client_connections.get(producer)
+        if conn is None:
+            return ""
+        return (
+            f"; its connection received {conn.bytes_in} bytes, the last {(now - conn.last_received) * 1000:.0f} ms ago"
+        )
+
+    # -- the end --
+
+    def _metric_rows(self) -> list[MetricRow]:
+        now = time.monotonic()
+        rows: list[MetricRow] = []
+        self._sample_memory()
+        producer, consumer = self.producer, self.consumer
+        if producer is not None:
+            rows.extend(producer.metric_rows(now))
+            if self.checkpoint_trigger.enabled:
+                rows.extend(self.checkpoint_trigger.metric_rows())
+                rows.extend(self.checkpoint_trigger.rows)
+        if consumer is not None:
+            rows.extend(consumer.metric_rows(now))
+        elif self.is_consumer:  # a consumer subtask without channels
+            idle = TaskMetrics(CONSUMER, self.index)
+            idle.count("numLatencyMarkersIn", 0)
+            rows.extend(idle.rows())
+            rows.extend(TimeAccount(self._wall_start).rows(CONSUMER, self.index, now))
+        metrics = self._task_metrics
+        metrics.count("taskCpuTimeMs", (time.process_time() - self._cpu_start) * 1000.0)
+        metrics.count("consumerThreadCpuTimeMs", (time.thread_time() - self._main_cpu_start) * 1000.0)
+        if self.is_producer:
+            metrics.count("producerThreadCpuTimeMs", self._producer_cpu_s * 1000.0)
+        io_cpu = thread_cpu_seconds(getattr(self.transport, "_thread", None))
+        if io_cpu is not None:
+            metrics.count("ioThreadCpuTimeMs", io_cpu * 1000.0)
+        metrics.count("taskWallTimeMs", (time.monotonic() - self._wall_start) * 1000.0)
+        rows.extend(metrics.rows())
+        with self.lock:
+            if producer is not None:
+                rows.extend(producer.timeline.timeline_rows())
+            if consumer is not None:
+                rows.extend(consumer.timeline.timeline_rows())
+        return rows

@@ -1,0 +1,503 @@
+"""The wiring of a pipelined task: its sockets, its connections to the other tasks, its end.
+
+:class:`TaskWiring` holds what the task's threads share (the lock and its condition, the failure, the
+transport, the network buffer pool, the partition and the gate) and does what involves the other tasks:
+listening, the address exchange, one connection per remote producer task carrying all its channels (local
+ones too, for tasks of one executor), the messages that count as progress, describing who holds buffers
+or connections, waiting for the end of the exchange (the rule is the engine's :func:`~.engine.check_end`)
+and closing everything. :class:`~spark_credit_shuffle.runtime.task.PipelinedTask` adds the threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CreditShuffleError, ExchangeTimeoutError
+from ..protocol import (
+    AddCredit,
+    BufferResponse,
+    CreditBasedPartitionRequestClientHandler,
+    NetworkBufferPool,
+    PartitionRequestServerHandler,
+    PipelinedResultPartition,
+    RecycleBuffers,
+    ResultPartitionManager,
+    SingleInputGate,
+)
+from ..protocol.codec import default_max_frame_length
+from ..transport.tcp import AUTHENTICATION_TIMEOUT_S, Connection, TcpTransport, unauthenticated_cap
+from .checkpoints import CheckpointTrigger
+from .common import IN_BAND, MetricsReport
+from .engine import ConsumerEngine, Fail, Settings, check_end
+
+if TYPE_CHECKING:
+    from ..exchange import ExchangePlan
+    from ..protocol.messages import Message
+
+__all__ = ["LockedPartition", "TaskWiring", "rss_bytes", "thread_cpu_seconds"]
+
+log = logging.getLogger("spark_credit_shuffle")
+#: Messages from a consumer that say it read and recycled this producer's buffers: progress for the end wait.
+_PROGRESS = (AddCredit, RecycleBuffers)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class TaskWiring:
+    """Sockets, connections and shared state of pipelined task ``index`` (see the module documentation)."""
+
+    settings: Settings
+    options: Any
+
+    def __init__(
+        self,
+        plan: ExchangePlan,
+        index: int,
+        secret: bytes,
+        host: str,
+        *,
+        attempt_id: int = 0,
+        report: MetricsReport = IN_BAND,
+        executors: Sequence[object] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.report = report
+        self.index = index
+        self.executors = list(executors) if executors is not None else None
+        self.secret = secret
+        self.host = host
+        config = plan.config
+        self.config = config
+        self.is_producer = index < plan.num_producers
+        self.is_consumer = index < plan.num_consumers
+        self.partition_id = int(attempt_id) & 0xFFFF_FFFF_FFFF
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.writer_lock = threading.Lock()
+        self.max_frame_length = default_max_frame_length(config.segment_size)
+        self._failure: BaseException | None = None
+        self.failed_at: float | None = None  # monotonic time this task first failed (its peers fail after it)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.transport: TcpTransport | None = None
+        self.network = NetworkBufferPool.from_config(config)
+        self.peers: dict[int, str] = {}
+        self._last_progress = time.monotonic()
+        self.manager = ResultPartitionManager()
+        self.partition: PipelinedResultPartition | None = None
+        self.subpartition_consumers: list[int] = []
+        self.gate: SingleInputGate | None = None
+        self.channel_producers: list[int] = []
+        self._client_connections: dict[int, Connection] = {}
+        self.consumer: ConsumerEngine | None = None  # the consumer half's engine, once set up
+        self.checkpoint_trigger = CheckpointTrigger(index, config.checkpoint_interval_ms, config.checkpoint_options)
+        self._producer_done = True
+        self._consumer_done = True
+
+    def is_local(self, task: int) -> bool:
+        """Whether the channel between task ``task`` and this task is local: the same task, or (with
+        ``local_channels="executor"``) a task of the same executor."""
+        if task == self.index:
+            return True
+        executors = self.executors
+        return (
+            self.config.local_channels == "executor"
+            and executors is not None
+            and executors[task] == executors[self.index]
+        )
+
+    # -- notifications (lock held) --
+
+    def _notify(self) -> None:
+        with self.cond:  # re-entrant: usually called with the lock already held
+            self.cond.notify_all()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self.cond:
+            if self._failure is None:
+                self._failure = exc
+                self.failed_at = time.monotonic() if self.failed_at is None else self.failed_at
+            self.cond.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self.transport is not None and self.transport.error is not None:
+            raise CreditShuffleError(
+                f"task {self.index}: the network I/O thread failed: {self.transport.error!r}"
+            ) from self.transport.error
+
+    # -- sockets --
+
+    def _start_transport(self) -> None:
+        """Listen, start the I/O thread, announce the address (if asked to)."""
+        remote_consumers = {c for c in self.subpartition_consumers if c != self.index}
+        self.transport = TcpTransport(
+            self.host,
+            self.lock,
+            server_handler_factory=self._server_handler if self.is_producer else None,
+            handshake_timeout_s=min(self.config.partition_request_timeout_ms / 1000.0, AUTHENTICATION_TIMEOUT_S),
+            handshake_timeout_setting=f"min(partition_request_timeout_ms, {AUTHENTICATION_TIMEOUT_S * 1000:.0f} ms)",
+            max_unauthenticated=unauthenticated_cap(len(remote_consumers)),
+            on_event=self._notify,
+            on_send=self._on_send,
+            on_closed=self._on_connection_closed,
+            name=f"{self.plan.name} task {self.index}",
+        )
+        self.transport.start()
+        directory = self.options.announce_address_dir
+        if directory:
+            host, port = self.transport.address
+            path = os.path.join(directory, f"task-{self.index}.addr")
+            with open(path + ".tmp", "w") as f:
+                f.write(f"{host}:{port}\n")
+            os.replace(path + ".tmp", path)
+
+    def _exchange_addresses(self, all_gather: Callable[[str], list[str]]) -> None:
+        """Publish this task's address once, learn everyone's, connect."""
+        assert self.transport is not None
+        host, port = self.transport.address
+        message = json.dumps({"task": self.index, "host": host, "port": port, "partition": self.partition_id})
+        self._connect([json.loads(m) for m in all_gather(message)])
+
+    def _server_handler(self, wakeup: Callable[[], None]) -> PartitionRequestServerHandler:
+        handler = PartitionRequestServerHandler(
+            self.manager,  # type: ignore[arg-type]  # PartitionProvider types its listener as object, narrower here
+            credit_based=self.config.credit_based,
+            secret=self.secret,
+            max_frame_length=self.max_frame_length,
+        )
+        handler.queue.listener = wakeup
+        receive = handler.receive_message
+
+        def receive_message(message: Message) -> None:
+            if type(message) in _PROGRESS:  # a consumer read (and recycled) this producer's buffers: progress
+                self._last_progress = time.monotonic()
+            receive(message)
+
+        handler.receive_message = receive_message  # type: ignore[method-assign]
+        return handler
+
+    def _connect(self, peers: list[dict[str, Any]]) -> None:
+        """Open one connection per remote producer task and request every channel's subpartition."""
+        by_task = {int(p["task"]): p for p in peers}
+        for task, peer in by_task.items():
+            self.peers[task] = f"{peer['host']}:{peer['port']}"
+        gate, transport = self.gate, self.transport
+        if gate is None:
+            return
+        assert transport is not None
+        plan = self.plan
+        timeout_s = self.config.partition_request_timeout_ms / 1000.0
+        for channel, producer in enumerate(self.channel_producers):
+            subpartition = plan.partitioner.consumers_of(producer, plan.num_producers, plan.num_consumers).index(
+                self.index
+            )
+            if producer == self.index:
+                with self.lock:
+                    gate.local_channel(
+                        channel, self.partition, partition_id=self.partition_id, subpartition=subpartition
+                    )
+                continue
+            found = by_task.get(producer)
+            if found is None:
+                raise CreditShuffleError(
+                    f"consumer subtask {self.index}: producer subtask {producer} published no address"
+                )
+            peer = found
+            conn = self._client_connections.get(producer)
+            if conn is None:  # one connection per producer task, for its remote and local channels alike
+                handler = CreditBasedPartitionRequestClientHandler(
+                    credit_based=self.config.credit_based, secret=self.secret, max_frame_length=self.max_frame_length
+                )
+                conn = transport.connect(
+                    (str(peer["host"]), int(peer["port"])),
+                    handler,
+                    peer=f"producer subtask {producer} at {peer['host']}:{peer['port']}",
+                    timeout_s=timeout_s,
+                )
+                self._client_connections[producer] = conn
+            with self.lock:
+                if self.is_local(producer):  # another task of this executor: no credit, its pool holds
+                    gate.local_channel(
+                        channel,
+                        conn.handler,
+                        receiver_id=channel + 1,
+                        partition_id=int(peer["partition"]),
+                        subpartition=subpartition,
+                    )
+                    continue
+                gate.remote_channel(
+                    channel,
+                    receiver_id=channel + 1,
+                    connection=conn.handler,
+                    partition_id=int(peer["partition"]),
+                    subpartition=subpartition,
+                )
+        with transport.sending(), self.lock:
+            gate.setup()
+            gate.request_partitions()
+            if self.consumer is not None:
+                self.consumer.start(time.monotonic(), time.time_ns())
+            for conn in self._client_connections.values():  # closed before its channels were registered
+                if conn.closed:
+                    raise CreditShuffleError(
+                        f"consumer subtask {self.index}: the connection to {conn.peer} closed before its "
+                        f"partitions were requested: {conn.error or 'closed by the producer'}"
+                    )
+
+    def _readers(self) -> Iterator[Any]:
+        """The view readers of every connection this producer serves (lock held)."""
+        if self.transport is None:
+            return
+        for conn in self.transport.connections:
+            queue = getattr(conn.handler, "queue", None)
+            yield from getattr(queue, "all_readers", {}).values()
+
+    def _remote_credits(self) -> dict[int, int]:
+        """The credit of each subpartition a remote consumer reads (lock held); local channels have none."""
+        credits: dict[int, int] = {}
+        for reader in self._readers():
+            view = reader.view
+            if view is not None and not reader.holds_buffers:
+                credits[view.parent.index] = reader.num_credits_available
+        return credits
+
+    def _describe_buffer_wait(self, waited: float) -> str:
+        partition = self.partition
+        assert partition is not None
+        pool = partition.buffer_pool
+        held: dict[int, int] = {}  # per subpartition: buffers a local channel's consumer has not recycled yet
+        for reader in self._readers():
+            if reader.holds_buffers and reader.view is not None:
+                held[reader.view.parent.index] = len(reader.held)
+        stuck = []
+        for sp, sub in enumerate(partition.subpartitions):
+            queued = sub.queue_length()
+            unrecycled = held.get(sp, 0)
+            if queued or unrecycled:
+                consumer = self.subpartition_consumers[sp]
+                where = "local" if consumer == self.index else self.peers.get(consumer, "?")
+                stuck.append(
+                    (
+                        queued + unrecycled,
+                        f"consumer subtask {consumer} ({where}): {queued} buffers queued, "
+                        + (f"{unrecycled} sent and not recycled, " if unrecycled else "")
+                        + f"backlog {sub.get_buffers_in_backlog()}",
+                    )
+                )
+        stuck.sort(reverse=True)
+        names = "; ".join(text for _, text in stuck[:4]) or "no subpartition holds buffers"
+        return (
+            f"producer subtask {self.index} waited {waited * 1000:.0f} ms for a network buffer "
+            f"(buffers_request_timeout_ms={self.config.buffers_request_timeout_ms}; pool of "
+            f"{pool.current_pool_size} buffers, {pool.num_used} in use, none returned meanwhile): "
+            f"its consumers are not reading: {names}"
+        )
+
+    def _on_send(self, conn: Connection, message: Message) -> None:
+        if type(message) is BufferResponse and message.data_type.is_buffer:
+            self._last_progress = time.monotonic()  # data moved (events, such as keep-alives, do not count)
+
+    def _on_connection_closed(self, conn: Connection) -> None:
+        """A connection ended (lock held): a client connection that fails channels fails the task."""
+        if conn.role != "client" or conn.error is None:
+            return
+        handler = conn.handler
+        open_channels = [c for c in handler.input_channels.values() if not c.received_end_of_partition]
+        open_channels += [v for v in handler.local_views.values() if not v.listener.received_end_of_partition]
+        if open_channels and self._failure is None:
+            hint = ""
+            if conn.bytes_in == 0:  # closed before the producer answered anything: it never accepted us
+                hint = (
+                    " (closed before the producer answered anything; unless that task failed, its log says why: "
+                    "a wrong secret, or more connections waiting to authenticate there than it allows)"
+                )
+            self._failure = CreditShuffleError(
+                f"consumer subtask {self.index}: connection to {conn.peer} failed before the end of its "
+                f"partition: {conn.error}{hint}"
+            )
+
+    def _channel_error(self, exc: Exception) -> Exception:
+        gate = self.gate
+        assert gate is not None
+        failed = [ch for ch, c in enumerate(gate.channels) if c is not None and getattr(c, "error", None) is not None]
+        channel = failed[0] if failed else None
+        if channel is None:
+            return exc
+        producer = self.channel_producers[channel]
+        conn = self._client_connections.get(producer)
+        cause = f" ({conn.error})" if conn is not None and conn.error is not None else ""
+        where = "local" if producer == self.index else self.peers.get(producer, "?")
+        return CreditShuffleError(
+            f"consumer subtask {self.index}, channel {channel} from producer subtask {producer} ({where}): {exc}{cause}"
+        )
+
+    # -- the end --
+
+    def _await_end(self) -> None:
+        """Wait until the producer finished, every subpartition was consumed and every connection closed.
+
+        Progress is a recycled segment, a data buffer sent, or credit from a consumer. A subpartition whose
+        every buffer, its end of partition included, went to a reader that is still connected waits for
+        its consumer alone, which may still be working through the buffers it received (up to its exclusive
+        and floating buffers, behind a slow user function): that wait counts as progress, and it ends when
+        the consumer releases the subpartition or its connection closes (which releases it too)."""
+        with self.cond:
+            self._last_progress = time.monotonic()
+            while True:
+                self._raise_if_failed()
+                partition = self.partition
+                pending = self._pending_end()
+                if (
+                    pending
+                    and self._producer_done
+                    and partition is not None
+                    and all(sub.is_released or sub.is_sent_to_reader for sub in partition.subpartitions)
+                ):
+                    self._last_progress = time.monotonic()
+                now = time.monotonic()
+                step = check_end(now, self._last_progress, self.settings, self.index, pending)
+                if step is None:
+                    return
+                if isinstance(step, Fail):
+                    raise step.error
+                self.cond.wait(step.until - now)
+
+    def _pending_end(self) -> str:
+        if not self._producer_done:
+            return "its producer has not finished its input"
+        partition = self.partition
+        if partition is not None and not all(sub.is_released for sub in partition.subpartitions):
+            waiting = [
+                self._consumer_name(self.subpartition_consumers[sp])
+                for sp, sub in enumerate(partition.subpartitions)
+                if not sub.is_released
+            ]
+            return "subpartitions not yet consumed by " + ", ".join(waiting)
+        open_clients = [c.peer for c in self._client_connections.values() if not c.closed]
+        if open_clients:
+            return "connections not yet closed by " + ", ".join(open_clients)
+        return ""
+
+    def _consumer_name(self, consumer: int) -> str:
+        where = "local" if consumer == self.index else self.peers.get(consumer, "?")
+        return f"consumer subtask {consumer} ({where})"
+
+    def _close(self) -> None:
+        """Stop the timer, join the threads, close the sockets, release the partition and the gate."""
+        self._stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        failed = self._failure is not None
+        current = threading.current_thread()
+        stuck = []
+        for thread in self._threads:
+            if thread is current:
+                continue
+            # A producer blocked on Spark's input cannot be interrupted; after a failure the worker exits.
+            thread.join(0.5 if failed else self.config.partition_request_timeout_ms / 1000.0)
+            if thread.is_alive():
+                stuck.append(thread.name)
+        transport_error: BaseException | None = None
+        if self.transport is not None:
+            try:
+                self.transport.close(self.config.partition_request_timeout_ms / 1000.0)
+            except ExchangeTimeoutError as exc:
+                transport_error = exc
+        with self.lock:
+            if self.gate is not None:
+                self.gate.close()
+            if self.partition is not None:
+                self.partition.release()
+        if stuck and not failed and transport_error is None:
+            log.warning("task %d: threads %s did not stop in time", self.index, stuck)
+        if transport_error is not None and not failed:
+            raise transport_error
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process in bytes (0 if it cannot be read)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        try:
+            import resource
+
+            return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        except Exception:
+            return 0
+
+
+class LockedPartition:
+    """The ``ResultPartitionWriter`` the RecordWriter writes to: the partition, called under the task lock.
+
+    The writer's heavy work (channel selection, grouping, size model) runs outside the lock; only the
+    partition calls take it. A recycled segment also records the time of the last progress, which the
+    back-pressure timeout is measured from.
+    """
+
+    def __init__(self, partition: PipelinedResultPartition, lock: threading.RLock, on_recycle: Callable[[], None]):
+        self.partition = partition
+        self.num_subpartitions = partition.num_subpartitions
+        self._lock = lock
+        self._on_recycle = on_recycle
+
+    def request_segment(self, subpartition: int) -> Callable[[], None]:
+        with self._lock:
+            recycler = self.partition.request_segment(subpartition)
+        lock, on_recycle = self._lock, self._on_recycle
+
+        def recycle() -> None:
+            with lock:
+                recycler()
+                on_recycle()
+
+        return recycle
+
+    def add_consumer(self, subpartition: int, consumer: object, partial_record_length: int = 0) -> None:
+        with self._lock:
+            self.partition.add_consumer(subpartition, consumer, partial_record_length)  # type: ignore[arg-type]
+
+    def add_event(self, subpartition: int, buffer: object) -> None:
+        with self._lock:
+            self.partition.add_event(subpartition, buffer)  # type: ignore[arg-type]
+
+    def builder_opened(self, subpartition: int) -> None:
+        with self._lock:
+            self.partition.builder_opened(subpartition)
+
+    def builder_finished(self, subpartition: int, *, broadcast: bool = False) -> None:
+        with self._lock:
+            self.partition.builder_finished(subpartition, broadcast=broadcast)
+
+    def flush(self, subpartition: int) -> None:
+        with self._lock:
+            self.partition.flush(subpartition)
+
+    def flush_all(self) -> None:
+        with self._lock:
+            self.partition.flush_all()
+
+    def finish(self) -> None:
+        with self._lock:
+            self.partition.finish()
+
+    def is_available(self) -> bool:
+        return self.partition.is_available()
+
+
+def thread_cpu_seconds(thread: threading.Thread | None) -> float | None:
+    """CPU seconds a running thread used (Linux), or None."""
+    if thread is None or thread.ident is None or not thread.is_alive():
+        return None
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (AttributeError, OSError):
+        return None
