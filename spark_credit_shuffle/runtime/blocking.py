@@ -22,19 +22,19 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pyarrow as pa
 
 from ..buffers.format import CheckpointBarrier
-from ..buffers.writer import RecordWriter
 from ..errors import PartitionerError
-from ..metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ..metrics import PRODUCER, MetricRow
 from ..protocol.partition import BlockingResultPartition, StoredBuffer
 from ..protocol.pools import NetworkBufferPool, PartitionType, result_partition_pool_size
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
 from .consumer import consume_partition
+from .engine import ProducerEngine, Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -116,45 +116,39 @@ def produce_partition(
         nonlocal out_bytes
         seq = seqs[subpartition]
         seqs[subpartition] = seq + 1
-        payload = bytes(buffer.payload)
+        payload = bytes(cast("bytes | memoryview", buffer.payload))  # the segment's bytes, copied
         out_bytes += len(payload)
         out.append((consumers[subpartition], producer, seq, int(buffer.data_type), payload))
 
     partition = BlockingResultPartition(n, pool, partition_id=producer, sink=store)
-    writer = RecordWriter(partition, selector, config.segment_size)
-    emit = writer.broadcast_emit if selector.is_broadcast else writer.emit
-    metrics = TaskMetrics(PRODUCER, producer)
-    timeline = TimelineSampler(PRODUCER, producer, config.metrics_sample_interval_ms)
-    records_out = RateMeter()
+    settings = Settings.of(config, blocking=True)
+    engine = ProducerEngine(
+        producer, partition, selector, consumers, settings, config.segment_size, None, time.monotonic()
+    )
+    timeline = engine.timeline
 
-    def gauges() -> Iterator[tuple[str, int | None, float]]:
-        yield "outPoolUsage", None, partition.out_pool_usage
-        yield "isBackPressured", None, 0.0 if partition.is_available() else 1.0
-        yield "numRecordsOutPerSecond", None, records_out.rate(sum(writer.num_records_out))
-        for sp, consumer in enumerate(consumers):  # a blocking subpartition's backlog: every buffer stored
-            yield "backlog", consumer, float(partition.num_data_buffers[sp])
+    def sample(now: float) -> None:
+        timeline.record(lambda: engine.gauges(now, {}), now, time.time() * 1000.0)
 
-    timeline.record(gauges)
+    sample(time.monotonic())
     for batch in batches:
         if batch.num_rows:
-            emit(batch)
-            metrics.sample("outPoolUsage", partition.out_pool_usage)
-            if timeline.due():
-                timeline.record(gauges)
+            engine.write(batch)
+            engine.sample_output()
+            now = time.monotonic()
+            if timeline.due(now):
+                sample(now)
         if out_bytes >= _STORAGE_BATCH_BYTES:
             yield _storage_batch(out)
             out.clear()
             out_bytes = 0
     if config.checkpoint_interval_ms > 0:  # blocking mode: one barrier at the end of each producer
-        writer.broadcast_event(CheckpointBarrier(1, time.time_ns() // 1_000_000, config.checkpoint_options))
-    writer.finish()
-    metrics.sample("outPoolUsage", partition.out_pool_usage)
-    timeline.record(gauges)
-    for sp, consumer in enumerate(consumers):
-        metrics.count("numRecordsOut", writer.num_records_out[sp], consumer)
-        metrics.count("numBytesOut", writer.num_bytes_out[sp], consumer)
-        metrics.count("numBuffersOut", writer.num_buffers_out[sp], consumer)
-    rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in (*metrics.rows(), *timeline.timeline_rows())]
+        engine.writer.broadcast_event(CheckpointBarrier(1, time.time_ns() // 1_000_000, config.checkpoint_options))
+    engine.finish()
+    engine.sample_output()
+    sample(time.monotonic())
+    metric_rows = [*engine.metric_rows(time.monotonic()), *timeline.timeline_rows()]
+    rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in metric_rows]
     out.append((consumers[0], producer, -1, METRICS_TYPE, json.dumps(rows).encode()))
     yield _storage_batch(out)
     partition.release()
@@ -163,6 +157,16 @@ def produce_partition(
 def _producer_metrics(payload: bytes) -> list[MetricRow]:
     """The metric rows a producer shipped (JSON lists of the MetricRow fields in order)."""
     return [MetricRow(*row) for row in json.loads(payload)]
+
+
+def _partition_id() -> int:
+    """The partition of the Spark task running this (only ever called inside one)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise RuntimeError("not inside a Spark task")
+    return int(ctx.partitionId())
 
 
 def build(
@@ -175,18 +179,14 @@ def build(
     report = (report if report is not None else metrics_report(df.sparkSession)).beside(df.columns)
 
     def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        producer = TaskContext.get().partitionId()
+        producer = _partition_id()
         try:
             yield from produce_partition(batches, producer, plan)
         except PartitionerError as exc:
             raise in_subtask(exc, PRODUCER, producer) from None
 
     def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        yield from consume_partition(batches, TaskContext.get().partitionId(), plan, report=report)
+        yield from consume_partition(batches, _partition_id(), plan, report=report)
 
     label = plan.name.replace("-", "_")
     produce.__name__ = f"credit_shuffle_produce_{label}"

@@ -21,12 +21,12 @@ import pyarrow as pa
 from ..buffers import DataType
 from ..buffers.reader import RecordReader
 from ..errors import ProtocolError
-from ..metrics import CONSUMER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ..metrics import CONSUMER, MetricRow
 from ..protocol.pools import NetworkBufferPool
 from ..transport.memory import StoredBuffersExchange
-from .checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
+from .checkpoints import ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport, combine
-from .engine import GateGauges
+from .engine import ConsumerEngine, GateGauges, Settings
 
 if TYPE_CHECKING:
     from ..exchange import ExchangePlan
@@ -63,32 +63,34 @@ def consume_partition(
     channel_of = {p: i for i, p in enumerate(producers)}
     readers = [RecordReader(plan.schema, channel=p) for p in producers]
 
-    metrics = TaskMetrics(CONSUMER, consumer)
     producer_metrics: list[MetricRow] = []
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     started = time.perf_counter()
-    timeline = TimelineSampler(CONSUMER, consumer, config.metrics_sample_interval_ms)
-    records_in = RateMeter()
-
-    sample_gauges = GateGauges(gate, metrics)
     checkpoints = ConsumerCheckpoints(consumer, producers) if config.checkpoint_interval_ms > 0 else None
+    engine = ConsumerEngine(
+        consumer,
+        gate,
+        readers,
+        producers,
+        Settings.of(config, blocking=True),
+        time.monotonic(),
+        checkpoints=checkpoints,
+    )
+    engine.start(time.monotonic(), time.time_ns())
+    sample_gauges = engine.gate_gauges
+    assert sample_gauges is not None
+    timeline = engine.timeline
+    sender_credit = replay.sender_credit
 
-    def gauges() -> Iterator[tuple[str, int | None, float]]:
-        for name, value in zip(GateGauges.NAMES, sample_gauges.values()):
-            yield name, None, value
-        yield "numRecordsInPerSecond", None, records_in.rate(sum(r.num_records_in for r in readers))
-        for index, (channel, p) in enumerate(zip(gate.channels, producers)):
-            yield "credit", p, float(replay.sender_credit(index))
-            yield "unannouncedCredit", p, float(channel.unannounced_credit)  # type: ignore[union-attr]
-            yield "backlog", p, float(max(0, channel.sender_backlog))  # type: ignore[union-attr]
-            yield "inputQueueLength", p, float(channel.queue_length())  # type: ignore[union-attr]
+    def sample(now: float) -> None:
+        timeline.record(lambda: engine.gauges(now, sender_credit), now, time.time() * 1000.0)
 
-    timeline.record(gauges)
-
+    sample(time.monotonic())
     poll = replay.poll
+    take = engine.take
     due = timeline.due
-    record_batch = pa.RecordBatch
+    monotonic = time.monotonic
 
     def pump() -> Iterator[pa.RecordBatch]:
         nonlocal pending_bytes
@@ -97,20 +99,18 @@ def consume_partition(
             while (item := poll()) is not None:
                 polled += 1
                 sample_gauges()
-                if due():
-                    timeline.record(gauges)
-                channel = item.channel_index
-                if checkpoints is not None and item.buffer.is_buffer:
-                    checkpoints.handler.process_buffer(channel, item.sequence_number, len(item.buffer.data))
-                for out in readers[channel].feed(item.buffer, item.sequence_number):
-                    if type(out) is record_batch and out.num_rows:
+                now = monotonic()
+                if due(now):
+                    sample(now)
+                batches, resume = take(item, 0)
+                for resumed in resume:
+                    gate.resume_consumption(resumed)
+                for out in batches:
+                    if out.num_rows:
                         if delay:
                             time.sleep(delay * out.num_rows)
                         pending.append(out)
                         pending_bytes += out.get_total_buffer_size()  # nbytes costs ~15 µs a call
-                    elif checkpoints is not None and isinstance(out, CHECKPOINT_EVENTS):
-                        for resumed in checkpoints.on_event(channel, out, item.sequence_number):
-                            gate.resume_consumption(resumed)
                 if pending_bytes >= _OUTPUT_BATCH_BYTES:
                     yield report.data(combine(pending))
                     pending.clear()
@@ -136,7 +136,7 @@ def consume_partition(
                 add(channel, kind, payload)
             yield from pump()
         yield from pump()
-        timeline.record(gauges)
+        sample(time.monotonic())
         if not gate.is_finished:
             missing = [producers[i] for i, r in enumerate(readers) if not r.is_finished]
             raise ProtocolError(
@@ -147,16 +147,9 @@ def consume_partition(
     finally:
         replay.close()
 
-    for i, p in enumerate(producers):
-        reader = readers[i]
-        metrics.count("numRecordsIn", reader.num_records_in, p)
-        metrics.count("numBytesIn", reader.num_bytes_in, p)
-        metrics.count("numBuffersIn", reader.num_buffers_in, p)
-    metrics.set("accumulateBusyTimeMs", (time.perf_counter() - started) * 1000.0)
-    checkpoint_rows = checkpoints.metric_rows() if checkpoints is not None else []
-    yield from report.last(
-        plan.schema, [*producer_metrics, *metrics.rows(), *checkpoint_rows, *timeline.timeline_rows()]
-    )
+    engine.metrics.set("accumulateBusyTimeMs", (time.perf_counter() - started) * 1000.0)
+    rows = engine.metric_rows(time.monotonic())
+    yield from report.last(plan.schema, [*producer_metrics, *rows, *timeline.timeline_rows()])
 
 
 def stored_buffers(batch: pa.RecordBatch) -> Iterator[tuple[int, int, pa.Buffer]]:

@@ -189,28 +189,36 @@ class ConsumerEngine:
 
     # -- gauges and metrics --
 
-    def gauges(self, now: float) -> Gauges:
-        """The consumer's timeline gauges at ``now``."""
+    def gauges(self, now: float, sender_credit: Callable[[int], int] | None = None) -> Gauges:
+        """The consumer's timeline gauges at ``now``; ``sender_credit(channel)``: the credit as the sending
+        side knows it, where the caller plays that side too (the blocking replay)."""
         assert self.gate_gauges is not None
         for name, value in zip(GateGauges.NAMES, self.gate_gauges.values()):
             yield name, None, value
         yield "numRecordsInPerSecond", None, self._records_in.rate(sum(r.num_records_in for r in self.readers), now)
-        for channel, producer in zip(self.gate.channels, self.producers):
+        for index, (channel, producer) in enumerate(zip(self.gate.channels, self.producers)):
             if isinstance(channel, RemoteInputChannel):
                 unannounced = channel.unannounced_credit
-                yield "credit", producer, float(max(0, channel.num_available_buffers - unannounced))
+                credit = (
+                    sender_credit(index)
+                    if sender_credit is not None
+                    else max(0, channel.num_available_buffers - unannounced)
+                )
+                yield "credit", producer, float(credit)
                 yield "unannouncedCredit", producer, float(unannounced)
                 yield "backlog", producer, float(max(0, channel.sender_backlog))
             if channel is not None:
                 yield "inputQueueLength", producer, float(channel.queue_length())
 
     def metric_rows(self, now: float) -> list[MetricRow]:
-        """Counters per channel, gauge statistics, latency, time metrics, checkpoints."""
+        """Counters per channel, gauge statistics, checkpoints; pipelined: latency and time metrics."""
         metrics = self.metrics
         for reader, producer in zip(self.readers, self.producers):
             metrics.count("numRecordsIn", reader.num_records_in, producer)
             metrics.count("numBytesIn", reader.num_bytes_in, producer)
             metrics.count("numBuffersIn", reader.num_buffers_in, producer)
+        if self.settings.blocking:
+            return [*metrics.rows(), *(self.checkpoints.metric_rows() if self.checkpoints is not None else ())]
         metrics.count("numLatencyMarkersIn", len(self.latencies_ms))
         rows = list(metrics.rows())
         if self.latencies_ms:

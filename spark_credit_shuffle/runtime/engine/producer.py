@@ -156,6 +156,8 @@ class ProducerEngine:
         moments the queues are longest."""
         partition = self.partition
         self.metrics.sample("outPoolUsage", partition.out_pool_usage)
+        if self.settings.blocking:
+            return
         self._queue_samples += 1
         for sp, sub in enumerate(partition.subpartitions):
             q = sub.queue_length()
@@ -164,8 +166,16 @@ class ProducerEngine:
                 self._queue_max[sp] = q
 
     def gauges(self, now: float, credits: dict[int, int]) -> Gauges:
-        """The producer's timeline gauges at ``now``; ``credits[sp]``: the credit of remote subpartitions."""
+        """The producer's timeline gauges at ``now``; ``credits[sp]``: the credit of remote subpartitions (see
+        :mod:`spark_credit_shuffle.metrics` for what each mode samples)."""
         partition, writer = self.partition, self.writer
+        if self.settings.blocking:  # nothing is consumed before the producer stage ends
+            yield "outPoolUsage", None, partition.out_pool_usage
+            yield "isBackPressured", None, 0.0 if partition.is_available() else 1.0
+            yield "numRecordsOutPerSecond", None, self._records_out.rate(sum(writer.num_records_out), now)
+            for sp, consumer in enumerate(self.consumers):  # a blocking subpartition's backlog: every buffer stored
+                yield "backlog", consumer, float(partition.num_data_buffers[sp])
+            return
         waiting = self.waiting_since
         back_pressured_ms = (self.time.back_pressured + (now - waiting if waiting is not None else 0.0)) * 1000.0
         yield "outPoolUsage", None, partition.out_pool_usage
@@ -179,13 +189,15 @@ class ProducerEngine:
                 yield "credit", consumer, float(credits[sp])
 
     def metric_rows(self, now: float) -> list[MetricRow]:
-        """Counters per subpartition, gauge statistics, time metrics."""
+        """Counters per subpartition, gauge statistics; pipelined: queue lengths and time metrics."""
         writer, metrics = self.writer, self.metrics
         for sp, consumer in enumerate(self.consumers):
             metrics.count("numRecordsOut", writer.num_records_out[sp], consumer)
             metrics.count("numBytesOut", writer.num_bytes_out[sp], consumer)
             metrics.count("numBuffersOut", writer.num_buffers_out[sp], consumer)
         rows = list(metrics.rows())
+        if self.settings.blocking:
+            return rows
         samples = max(1, self._queue_samples)
         for sp, consumer in enumerate(self.consumers):
             rows.append(

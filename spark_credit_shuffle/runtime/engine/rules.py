@@ -54,7 +54,9 @@ class Settings:
     a quarter of ``silence_timeout`` (``partition_request_timeout_ms``), so that a live producer is never
     taken for a silent one. ``buffer_wait_timeout``: the longest a back-pressured producer waits without a
     single buffer coming back (``buffers_request_timeout_ms``). ``output_linger``/``output_batch_rows``:
-    how long and up to how many rows a consumer collects rows before handing them on.
+    how long and up to how many rows a consumer collects rows before handing them on. ``blocking``: the
+    halves of a blocking exchange (its partition is read after its producer ended: no flushing, no
+    queue or time metrics, a backlog of every buffer stored).
     """
 
     flush_always: bool
@@ -69,6 +71,7 @@ class Settings:
     timeline_interval_ms: int
     partition_request_timeout_ms: int
     buffers_request_timeout_ms: int
+    blocking: bool = False
 
     @classmethod
     def of(
@@ -107,6 +110,7 @@ class Settings:
             timeline_interval_ms=config.metrics_sample_interval_ms,
             partition_request_timeout_ms=config.partition_request_timeout_ms,
             buffers_request_timeout_ms=config.buffers_request_timeout_ms,
+            blocking=blocking,
         )
 
 
