@@ -81,12 +81,14 @@ __all__ = [
     "TaskBuffers",
     "TaskPlan",
     "check_fits",
+    "consumer_buffers",
     "executor_slots",
     "executors_from_spark",
     "partition_type",
     "plan_dataframe",
     "plan_network",
     "plan_table",
+    "producer_buffers",
     "task_buffers",
 ]
 
@@ -144,12 +146,14 @@ def partition_type(mode: str) -> str:
     return PartitionType.BLOCKING if mode == "blocking" else PartitionType.PIPELINED_BOUNDED
 
 
-def _producer_buffers(n: int, config: NetworkConfig, mode: str) -> TaskBuffers:
+def producer_buffers(n: int, config: NetworkConfig, mode: str) -> TaskBuffers:
+    """The buffers of a result partition of ``n`` subpartitions in ``mode`` (its pool's min and max)."""
     lo, hi = result_partition_pool_size(n, config, partition_type(mode))
     return TaskBuffers(lo, hi, 0, 0, 0)
 
 
-def _consumer_buffers(channels: int, remote: int, config: NetworkConfig, mode: str) -> TaskBuffers:
+def consumer_buffers(channels: int, remote: int, config: NetworkConfig, mode: str) -> TaskBuffers:
+    """The buffers of an input gate of ``channels`` channels, ``remote`` of them remote, in ``mode``."""
     spec = input_gate_buffers_spec(channels, config, num_remote_channels=remote, blocking=mode == "blocking")
     return TaskBuffers(0, 0, spec.exclusive_total, spec.floating_min, spec.floating_max)
 
@@ -177,11 +181,11 @@ def task_buffers(
     producer = consumer = _NONE
     if subtask < plan.num_producers:
         n = len(p.consumers_of(subtask, plan.num_producers, plan.num_consumers))
-        producer = _producer_buffers(n, config, plan.mode)
+        producer = producer_buffers(n, config, plan.mode)
     if subtask < plan.num_consumers:
         channels = p.producers_of(subtask, plan.num_producers, plan.num_consumers)
         local = _local_channels(channels, subtask, plan.mode, config, placement)
-        consumer = _consumer_buffers(len(channels), len(channels) - local, config, plan.mode)
+        consumer = consumer_buffers(len(channels), len(channels) - local, config, plan.mode)
     return producer, consumer
 
 
@@ -545,7 +549,7 @@ def _halves(
         producers.append(
             _Half(
                 f"{spec.label} producer {i}",
-                _producer_buffers(n, config, mode),
+                producer_buffers(n, config, mode),
                 subpartitions=n,
                 partitions=[(n, partition_type(mode))],
             )
@@ -557,7 +561,7 @@ def _halves(
         consumers.append(
             _Half(
                 f"{spec.label} consumer {j}",
-                _consumer_buffers(len(channels), remote, config, mode),
+                consumer_buffers(len(channels), remote, config, mode),
                 channels=len(channels),
                 remote=remote,
                 gates=[(len(channels), mode == "blocking")],

@@ -93,18 +93,9 @@ def to_pandas(data: Any, *, timeline: bool | None = None) -> pd.DataFrame:
 
 def timeline_from_simulation(report: Any) -> list[Any]:
     """The samples of a :class:`~spark_credit_shuffle.simulation.SimulationReport` as timeline rows
-    (``time_ms`` in virtual milliseconds), ready for :func:`plot_timeline`."""
-    from .metrics import SAMPLE, MetricRow
-
-    rows = []
-    for sample in report.samples:
-        stamp = float(sample["time"]) * 1000.0
-        side, subtask = sample["role"], int(sample["subtask"])
-        for metric, value in sample.items():
-            if metric in ("time", "role", "subtask"):
-                continue
-            rows.append(MetricRow(side, subtask, None, metric, SAMPLE, float(value), stamp))
-    return rows
+    (``time_ms`` in virtual milliseconds), ready for :func:`plot_timeline`: the runtimes' own rows and
+    metric names (a report can also be passed to :func:`plot_timeline` as it is)."""
+    return list(report.timeline_rows())
 
 
 def _save(fig: Figure, path: str | os.PathLike[str] | None) -> Figure:

@@ -20,6 +20,7 @@ buffer usage, backlog, queue lengths).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import math
@@ -31,11 +32,14 @@ from .buffers.buffer import Buffer, ByteBufferBuilder
 from .buffers.format import CheckpointBarrier, decode_event, encode_event
 from .config import NetworkConfig
 from .errors import ConfigError, SimulationStalledError
+from .metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow, TaskMetrics
+from .planner import consumer_buffers, producer_buffers
 from .protocol.checkpointing import CompletedCheckpoint, SingleCheckpointBarrierHandler
 from .protocol.partition import PipelinedResultPartition, ResultPartitionManager
-from .protocol.pools import NetworkBufferPool, input_gate_buffers_spec, result_partition_pool_size
+from .protocol.pools import NetworkBufferPool
 from .protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from .protocol.sender import PartitionRequestServerHandler
+from .runtime.engine import GateGauges, Settings, channel_gauges, subpartition_gauges
 from .transport.memory import MemoryConnection
 
 __all__ = [
@@ -133,9 +137,9 @@ class _Producer:
     def start(self) -> None:
         clock = self.sim.clock
         clock.schedule(0.0, self.emit)
-        timeout = self.sim.config.buffer_timeout_ms
-        if timeout > 0:
-            clock.schedule(timeout / 1000.0, self._flush)
+        flush_interval = self.sim.settings.flush_interval
+        if flush_interval is not None:
+            clock.schedule(flush_interval, self._flush)
         interval = self.sim.config.checkpoint_interval_ms
         if interval > 0:
             clock.schedule(interval / 1000.0, self._checkpoint)
@@ -161,7 +165,7 @@ class _Producer:
         if self.finished:
             return
         self.partition.flush_all()
-        self.sim.clock.schedule(now + self.sim.config.buffer_timeout_ms / 1000.0, self._flush)
+        self.sim.clock.schedule(now + self.sim.settings.flush_interval, self._flush)  # type: ignore[operator]
 
     def _on_available(self) -> None:
         if self.waiting_since is not None and not self.finished:
@@ -205,7 +209,7 @@ class _Producer:
         self._end_batch(now, count)
 
     def _end_batch(self, now: float, count: int) -> None:
-        if self.sim.config.buffer_timeout_ms == 0:
+        if self.sim.settings.flush_always:
             self.partition.flush_all()
         if self.remaining_records <= 0:
             self._finish(now)
@@ -310,7 +314,7 @@ class _Consumer:
                 self.bytes_per_channel[channel] += size
                 self.buffers_per_channel[channel] += 1
                 self.busy = True
-                self.sim.clock.schedule(now + size / self.rate, lambda t, b=buffer: self._done(t, b))
+                self.sim.clock.schedule(now + size / self.rate, functools.partial(self._done, buffer=buffer))
                 return
             event = decode_event(buffer.data_type, buffer.data)
             buffer.recycle()
@@ -388,6 +392,8 @@ class SimulationReport:
     consumers: list[ConsumerStats]
     channels: list[ChannelStats]
     samples: list[dict] = field(default_factory=list)
+    #: The samples as the runtimes' timeline rows (``time_ms``: virtual milliseconds).
+    timeline: list[MetricRow] = field(default_factory=list)
     buffers_returned: bool = False
     connection_pauses: int = 0
     messages: int = 0
@@ -406,6 +412,30 @@ class SimulationReport:
 
     def channel_rows(self) -> list[dict]:
         return [dict(c.__dict__) for c in self.channels]
+
+    def timeline_rows(self) -> list[MetricRow]:
+        """Every sample as the runtimes' timeline rows (``Exchange.timeline()``'s form; virtual ms): producers'
+        ``outPoolUsage``, ``isBackPressured``, per channel ``backlog`` and ``outputQueueLength``; consumers'
+        pool usages and per channel ``credit``, ``unannouncedCredit``, ``backlog`` (remote channels) and
+        ``inputQueueLength``."""
+        return list(self.timeline)
+
+    def metric_rows(self) -> list[MetricRow]:
+        """The run summed up as the runtimes' metric rows: ``numBytesOut`` per channel and
+        ``accumulateBackPressuredTimeMs`` (virtual) per producer, ``numBytesIn`` and ``numBuffersIn`` per
+        channel per consumer."""
+        rows = []
+        for p in self.producers:
+            rows.append(
+                MetricRow(
+                    PRODUCER, p.subtask, None, "accumulateBackPressuredTimeMs", "total", p.back_pressured_time * 1000.0
+                )
+            )
+        for c in self.channels:
+            rows.append(MetricRow(PRODUCER, c.producer, c.consumer, "numBytesOut", "total", float(c.bytes_sent)))
+            rows.append(MetricRow(CONSUMER, c.consumer, c.producer, "numBytesIn", "total", float(c.bytes_received)))
+            rows.append(MetricRow(CONSUMER, c.consumer, c.producer, "numBuffersIn", "total", float(c.buffers_received)))
+        return rows
 
 
 # -- the simulation ------------------------------------------------------------------------------------
@@ -467,6 +497,7 @@ class Simulation:
         if record_size < 1 or batch_records < 1:
             raise ConfigError("record_size", (record_size, batch_records), "record_size and batch_records >= 1")
         self.config = config
+        self.settings = Settings.of(config)  # the task engine's reading of the settings (flush rule)
         self.duration = duration
         self.check_invariants = check_invariants
         self.max_steps = max_steps
@@ -506,13 +537,11 @@ class Simulation:
         # network memory per host
         hosts = sorted(set(self.producer_hosts) | set(self.consumer_hosts))
         required = dict.fromkeys(hosts, 0)
-        for p, consumers in enumerate(wiring):
-            required[self.producer_hosts[p]] += result_partition_pool_size(len(consumers), config)[0]
+        for p, consumers in enumerate(wiring):  # the planner's sums, placed on these hosts
+            required[self.producer_hosts[p]] += producer_buffers(len(consumers), config, "pipelined").required
         for c, channels in enumerate(producers_of):
             remote = sum(1 for p, _ in channels if self.producer_hosts[p] != self.consumer_hosts[c])
-            required[self.consumer_hosts[c]] += input_gate_buffers_spec(
-                len(channels), config, num_remote_channels=remote
-            ).required
+            required[self.consumer_hosts[c]] += consumer_buffers(len(channels), remote, config, "pipelined").required
         self.required_buffers_per_host = required
         self.network_pools: dict[int, NetworkBufferPool] = {}
         for host in hosts:
@@ -524,6 +553,7 @@ class Simulation:
         self.managers = {host: ResultPartitionManager() for host in hosts}
 
         # producers
+        self._consumers_of = wiring
         self.producers: list[_Producer] = []
         for p, consumers in enumerate(wiring):
             host = self.producer_hosts[p]
@@ -566,7 +596,8 @@ class Simulation:
                 if connection is None:
                     client = CreditBasedPartitionRequestClientHandler(credit_based=config.credit_based)
                     server = PartitionRequestServerHandler(
-                        self.managers[producer_host], credit_based=config.credit_based
+                        self.managers[producer_host],  # type: ignore[arg-type]  # PartitionProvider's listener: object
+                        credit_based=config.credit_based,
                     )
                     connection = MemoryConnection(client, server, **link)  # type: ignore[arg-type]
                     client.listener = server.queue.listener = self._marker(connection)
@@ -585,6 +616,8 @@ class Simulation:
             self._channel_origin.append(origins)
             self.consumers.append(_Consumer(self, c, gate, consumer_rates[c], [p for p, _ in channels]))
         self.samples: list[dict] = []
+        self.timeline: list[MetricRow] = []
+        self._gate_gauges: dict[int, GateGauges] = {}
         self.steps = 0
         self.invariant_checks = 0
 
@@ -609,7 +642,7 @@ class Simulation:
                 scheduled = self._pump_at.get(connection)
                 if scheduled is None or scheduled <= now or at < scheduled:
                     self._pump_at[connection] = at
-                    self.clock.schedule(at, lambda t, c=connection: self._wake(t, c))
+                    self.clock.schedule(at, functools.partial(self._wake, connection=connection))
         if self.check_invariants:
             self._check_invariants()
 
@@ -617,6 +650,7 @@ class Simulation:
         self._dirty[connection] = None
 
     def _sample(self, now: float) -> None:
+        self._sample_rows(now)
         for producer in self.producers:
             partition = producer.partition
             self.samples.append(
@@ -648,6 +682,33 @@ class Simulation:
             )
         if not all(c.finished for c in self.consumers) and self.sample_interval:
             self.clock.schedule(now + self.sample_interval, self._sample)
+
+    def _sample_rows(self, now: float) -> None:
+        """The runtimes' timeline gauges (the task engine's), as timeline rows stamped in virtual ms."""
+        stamp = now * 1000.0
+        rows = self.timeline
+        for producer in self.producers:
+            partition, p = producer.partition, producer.index
+            back_pressured = not partition.is_available() and not producer.finished
+            gauges = [
+                ("outPoolUsage", None, partition.out_pool_usage),
+                ("isBackPressured", None, 1.0 if back_pressured else 0.0),
+                *subpartition_gauges(partition, self._consumers_of[p], {}),
+            ]
+            rows.extend(MetricRow(PRODUCER, p, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
+        for consumer in self.consumers:
+            gate, c = consumer.gate, consumer.index
+            if gate.is_closed:
+                gauges = [(name, None, 0.0) for name in GateGauges.NAMES]
+            else:
+                usage = self._gate_gauges.get(c)
+                if usage is None:
+                    usage = self._gate_gauges[c] = GateGauges(gate, TaskMetrics(CONSUMER, c))
+                gauges = [
+                    *zip(GateGauges.NAMES, (None,) * 3, usage.values()),
+                    *channel_gauges(gate, consumer.producers),
+                ]
+            rows.extend(MetricRow(CONSUMER, c, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
 
     def _check_invariants(self) -> None:
         """No producer holds more than its pool size plus the overdraft, no executor's pools hold more than
@@ -802,6 +863,7 @@ class Simulation:
             consumers=consumers,
             channels=channels,
             samples=self.samples,
+            timeline=self.timeline,
             buffers_returned=returned,
             connection_pauses=sum(c.client.num_times_paused for c in self.connections.values()),
             messages=sum(c.upstream.messages_sent + c.downstream.messages_sent for c in self.connections.values()),

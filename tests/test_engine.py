@@ -213,3 +213,40 @@ def test_settings_interpret_the_buffer_timeout_once():
     assert (never.flush_always, never.flush_interval, never.output_linger) == (False, None, 0.002)
     blocking = Settings.of(NetworkConfig(buffer_timeout_ms=0), blocking=True)
     assert (blocking.flush_always, blocking.flush_interval) == (False, None)
+
+
+def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_report():
+    """Given a simulated exchange 2 -> 2 on separate hosts with consumer 0 sixteen times slower, when it
+    samples every 10 virtual ms, then its timeline has the runtimes' rows (side, subtask, channel, metric,
+    stat 'sample', value, time_ms) with their metric names, the slow consumer's channels show a backlog,
+    and plot_timeline draws the report as it would an exchange's timeline."""
+    from spark_credit_shuffle.plot import plot_timeline, to_pandas
+    from spark_credit_shuffle.simulation import simulate
+
+    report = simulate(
+        NetworkConfig(segment_size=4096, buffer_timeout_ms=5),
+        num_producers=2,
+        num_consumers=2,
+        producer_rate=8e6,
+        consumer_rate=[0.5e6, 8e6],
+        duration=0.5,
+        sample_interval=0.01,
+    )
+    frame = to_pandas(report, timeline=True)
+    assert set(frame["stat"]) == {"sample"} and frame["time_ms"].notna().all()
+    names = {side: set(frame[frame["side"] == side]["metric"]) for side in ("producer", "consumer")}
+    assert names["producer"] == {"outPoolUsage", "isBackPressured", "backlog", "outputQueueLength"}
+    assert names["consumer"] == {
+        "inPoolUsage",
+        "inputExclusiveBuffersUsage",
+        "inputFloatingBuffersUsage",
+        "credit",
+        "unannouncedCredit",
+        "backlog",
+        "inputQueueLength",
+    }
+    backlog = frame[(frame["side"] == "producer") & (frame["metric"] == "backlog")]
+    assert backlog[backlog["channel"] == 0]["value"].max() > backlog[backlog["channel"] == 1]["value"].max()
+    assert {r.metric for r in report.metric_rows()} >= {"numBytesOut", "numBytesIn", "numBuffersIn"}
+    figure = plot_timeline(report, ["outPoolUsage", "backlog", "inPoolUsage"])
+    assert len(figure.axes) == 3

@@ -36,7 +36,6 @@ __all__ = [
     "CollectedMetrics",
     "MetricsReport",
     "NoMetrics",
-    "combine",
     "finish_plan",
     "in_subtask",
     "is_deterministic",
@@ -171,11 +170,6 @@ def output_struct_type(df: DataFrame, column: str = METRICS_COLUMN):
 
 def output_schema(schema: pa.Schema, column: str = METRICS_COLUMN) -> pa.Schema:
     return schema.append(pa.field(column, _METRICS_TYPE))
-
-
-def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    """The decoded batches a consumer hands to Spark at once, as one batch (a single one as it is)."""
-    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 def with_metrics_column(batch: pa.RecordBatch, column: str = METRICS_COLUMN) -> pa.RecordBatch:

@@ -25,8 +25,8 @@ from ..metrics import CONSUMER, MetricRow
 from ..protocol.pools import NetworkBufferPool
 from ..transport.memory import StoredBuffersExchange
 from .checkpoints import ConsumerCheckpoints
-from .common import IN_BAND, MetricsReport, combine
-from .engine import ConsumerEngine, GateGauges, Settings
+from .common import IN_BAND, MetricsReport
+from .engine import ConsumerEngine, GateGauges, Settings, combine
 
 if TYPE_CHECKING:
     from ..exchange import ExchangePlan

@@ -24,8 +24,8 @@ with a virtual clock, which makes the engine's decisions reproducible.
 The caller holds whatever lock guards the protocol objects while it calls the engine.
 """
 
-from .consumer import ConsumerEngine, GateGauges, OutputBatcher
-from .producer import ProducerEngine
+from .consumer import ConsumerEngine, GateGauges, OutputBatcher, channel_gauges, combine
+from .producer import ProducerEngine, subpartition_gauges
 from .rules import LINGER_OVER, Fail, LingerOver, Settings, TimeAccount, Wait, check_end
 
 __all__ = [
@@ -39,5 +39,8 @@ __all__ = [
     "Settings",
     "TimeAccount",
     "Wait",
+    "channel_gauges",
     "check_end",
+    "combine",
+    "subpartition_gauges",
 ]

@@ -16,13 +16,18 @@ from ...errors import ExchangeTimeoutError
 from ...metrics import CONSUMER, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ...protocol import RemoteInputChannel, SingleInputGate
 from ..checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
-from ..common import combine
 from .rules import LINGER_OVER, Fail, Gauges, LingerOver, Settings, TimeAccount, Wait
 
 if TYPE_CHECKING:
     from ...protocol import BufferOrEvent
 
-__all__ = ["ConsumerEngine", "GateGauges", "OutputBatcher"]
+__all__ = ["ConsumerEngine", "GateGauges", "OutputBatcher", "channel_gauges", "combine"]
+
+
+def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """The decoded batches a consumer hands on at once, as one batch (a single one as it is)."""
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
 
 #: Latency samples a consumer keeps.
 MAX_LATENCY_SAMPLES = 100_000
@@ -196,19 +201,7 @@ class ConsumerEngine:
         for name, value in zip(GateGauges.NAMES, self.gate_gauges.values()):
             yield name, None, value
         yield "numRecordsInPerSecond", None, self._records_in.rate(sum(r.num_records_in for r in self.readers), now)
-        for index, (channel, producer) in enumerate(zip(self.gate.channels, self.producers)):
-            if isinstance(channel, RemoteInputChannel):
-                unannounced = channel.unannounced_credit
-                credit = (
-                    sender_credit(index)
-                    if sender_credit is not None
-                    else max(0, channel.num_available_buffers - unannounced)
-                )
-                yield "credit", producer, float(credit)
-                yield "unannouncedCredit", producer, float(unannounced)
-                yield "backlog", producer, float(max(0, channel.sender_backlog))
-            if channel is not None:
-                yield "inputQueueLength", producer, float(channel.queue_length())
+        yield from channel_gauges(self.gate, self.producers, sender_credit)
 
     def metric_rows(self, now: float) -> list[MetricRow]:
         """Counters per channel, gauge statistics, checkpoints; pipelined: latency and time metrics."""
@@ -234,6 +227,27 @@ class ConsumerEngine:
         if self.checkpoints is not None:
             rows.extend(self.checkpoints.metric_rows())
         return rows
+
+
+def channel_gauges(
+    gate: SingleInputGate, producers: list[int], sender_credit: Callable[[int], int] | None = None
+) -> Gauges:
+    """Per channel of ``gate`` (channel: the producer ``producers[c]``): ``credit`` (as the receiver knows
+    it, or ``sender_credit(c)``), ``unannouncedCredit`` and ``backlog`` on remote channels, and
+    ``inputQueueLength``."""
+    for index, (channel, producer) in enumerate(zip(gate.channels, producers)):
+        if isinstance(channel, RemoteInputChannel):
+            unannounced = channel.unannounced_credit
+            credit = (
+                sender_credit(index)
+                if sender_credit is not None
+                else max(0, channel.num_available_buffers - unannounced)
+            )
+            yield "credit", producer, float(credit)
+            yield "unannouncedCredit", producer, float(unannounced)
+            yield "backlog", producer, float(max(0, channel.sender_backlog))
+        if channel is not None:
+            yield "inputQueueLength", producer, float(channel.queue_length())
 
 
 class GateGauges:

@@ -15,7 +15,17 @@ from ...errors import ExchangeTimeoutError
 from ...metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from .rules import Fail, Gauges, Settings, TimeAccount, Wait
 
-__all__ = ["ProducerEngine"]
+__all__ = ["ProducerEngine", "subpartition_gauges"]
+
+
+def subpartition_gauges(partition: Any, consumers: list[int], credits: dict[int, int]) -> Gauges:
+    """``backlog`` and ``outputQueueLength`` of every subpartition of a pipelined result partition, and
+    ``credit`` where ``credits`` has it (remote readers only); channel: the consumer it feeds."""
+    for sp, (sub, consumer) in enumerate(zip(partition.subpartitions, consumers)):
+        yield "backlog", consumer, float(sub.get_buffers_in_backlog())
+        yield "outputQueueLength", consumer, float(sub.queue_length())
+        if sp in credits:  # remote channels only: local channels read without credit
+            yield "credit", consumer, float(credits[sp])
 
 
 class ProducerEngine:
@@ -182,11 +192,7 @@ class ProducerEngine:
         yield "isBackPressured", None, 1.0 if waiting is not None or not partition.is_available() else 0.0
         yield "backPressuredTimeMsPerSecond", None, min(1000.0, self._back_pressure.rate(back_pressured_ms, now))
         yield "numRecordsOutPerSecond", None, self._records_out.rate(sum(writer.num_records_out), now)
-        for sp, (sub, consumer) in enumerate(zip(partition.subpartitions, self.consumers)):
-            yield "backlog", consumer, float(sub.get_buffers_in_backlog())
-            yield "outputQueueLength", consumer, float(sub.queue_length())
-            if sp in credits:  # remote channels only: local channels read without credit
-                yield "credit", consumer, float(credits[sp])
+        yield from subpartition_gauges(partition, self.consumers, credits)
 
     def metric_rows(self, now: float) -> list[MetricRow]:
         """Counters per subpartition, gauge statistics; pipelined: queue lengths and time metrics."""
