@@ -40,7 +40,7 @@ from .protocol.pools import NetworkBufferPool
 from .protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from .protocol.sender import PartitionRequestServerHandler
 from .runtime.engine import GateGauges, Settings, channel_gauges, subpartition_gauges
-from .transport.memory import MemoryConnection
+from .transport.memory import MemoryConnection, MemoryNetwork
 
 __all__ = [
     "ChannelStats",
@@ -567,7 +567,7 @@ class Simulation:
 
         # consumers, channels, connections
         self.connections: dict[tuple, MemoryConnection] = {}
-        self._dirty: dict[MemoryConnection, None] = {}
+        self.network = MemoryNetwork()
         self._pump_at: dict[MemoryConnection, float] = {}
         self.consumers: list[_Consumer] = []
         self._remote: list[tuple[RemoteInputChannel, MemoryConnection]] = []
@@ -599,8 +599,7 @@ class Simulation:
                         self.managers[producer_host],  # type: ignore[arg-type]  # PartitionProvider's listener: object
                         credit_based=config.credit_based,
                     )
-                    connection = MemoryConnection(client, server, **link)  # type: ignore[arg-type]
-                    client.listener = server.queue.listener = self._marker(connection)
+                    connection = self.network.connect(client, server, **link)
                     self.connections[key] = connection
                 receiver_id += 1
                 if producer_host == host:  # a local channel through the connection
@@ -623,31 +622,20 @@ class Simulation:
 
     # -- driving --
 
-    def _marker(self, connection: MemoryConnection) -> Callable[[], None]:
-        dirty = self._dirty
-
-        def mark() -> None:
-            dirty[connection] = None
-
-        return mark
-
     def _settle(self, now: float) -> None:
-        dirty = self._dirty
-        while dirty:
-            connection = next(iter(dirty))
-            del dirty[connection]
-            connection.pump(now)
-            at = connection.next_event_time(now)
-            if at is not None:
-                scheduled = self._pump_at.get(connection)
-                if scheduled is None or scheduled <= now or at < scheduled:
-                    self._pump_at[connection] = at
-                    self.clock.schedule(at, functools.partial(self._wake, connection=connection))
+        self.network.pump(now, self._later)
         if self.check_invariants:
             self._check_invariants()
 
+    def _later(self, connection: MemoryConnection, at: float) -> None:
+        """Wake ``connection`` at ``at``, unless a wake-up no later than that is already due."""
+        scheduled = self._pump_at.get(connection)
+        if scheduled is None or scheduled <= self.clock.now or at < scheduled:
+            self._pump_at[connection] = at
+            self.clock.schedule(at, functools.partial(self._wake, connection=connection))
+
     def _wake(self, now: float, connection: MemoryConnection) -> None:
-        self._dirty[connection] = None
+        self.network.mark(connection)
 
     def _sample(self, now: float) -> None:
         self._sample_rows(now)
@@ -772,7 +760,7 @@ class Simulation:
         for producer in self.producers:
             producer.start()
         for connection in self.connections.values():
-            self._dirty[connection] = None
+            self.network.mark(connection)
         if self.sample_interval:
             self.clock.schedule(0.0, self._sample)
         clock = self.clock

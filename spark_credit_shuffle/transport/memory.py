@@ -28,7 +28,7 @@ from ..protocol.pools import NetworkBufferPool
 from ..protocol.receiver import BufferOrEvent, CreditBasedPartitionRequestClientHandler, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
 
-__all__ = ["Link", "MemoryConnection", "StoredBuffersExchange"]
+__all__ = ["Link", "MemoryConnection", "MemoryNetwork", "StoredBuffersExchange"]
 
 
 class Link:
@@ -244,6 +244,52 @@ class MemoryConnection:
         )
 
 
+class MemoryNetwork:
+    """In-memory connections, each pumped when one of its handlers says it has something to move: the
+    pump of the blocking replay and of the simulation (which also asks when a connection with latency or
+    bandwidth can move more: :meth:`pump`'s ``later``)."""
+
+    def __init__(self) -> None:
+        self.connections: list[MemoryConnection] = []
+        self._dirty: dict[MemoryConnection, None] = {}
+
+    def connect(
+        self,
+        client: CreditBasedPartitionRequestClientHandler,
+        server: PartitionRequestServerHandler,
+        **link: object,
+    ) -> MemoryConnection:
+        """A :class:`MemoryConnection` between ``client`` and ``server`` (``link``: its latency, bandwidth,
+        socket buffer, encoding), pumped whenever either handler has something new."""
+        connection = MemoryConnection(client, server, **link)  # type: ignore[arg-type]
+        dirty = self._dirty
+
+        def mark() -> None:
+            dirty[connection] = None
+
+        client.listener = server.queue.listener = mark
+        self.connections.append(connection)
+        dirty[connection] = None
+        return connection
+
+    def mark(self, connection: MemoryConnection) -> None:
+        """Pump ``connection`` at the next :meth:`pump` (its link can move more now)."""
+        self._dirty[connection] = None
+
+    def pump(self, now: float = 0.0, later: Callable[[MemoryConnection, float], None] | None = None) -> None:
+        """Pump every connection with something to move at ``now`` until none has; ``later(connection, t)``
+        is told the next time a connection can move more (messages in flight, a busy link)."""
+        dirty = self._dirty
+        while dirty:
+            connection = next(iter(dirty))
+            del dirty[connection]
+            connection.pump(now)
+            if later is not None:
+                at = connection.next_event_time(now)
+                if at is not None:
+                    later(connection, at)
+
+
 class StoredBuffersExchange:
     """A consumer subtask's input gate fed, in process, with the stored buffers of each of its producers.
 
@@ -270,9 +316,9 @@ class StoredBuffersExchange:
         self.network_pool = network_pool if network_pool is not None else NetworkBufferPool.from_config(config)
         self.gate = SingleInputGate(self.network_pool, num_channels, config, blocking=True)
         manager = ResultPartitionManager()
-        self.connections: list[MemoryConnection] = []
+        self.network = MemoryNetwork()
+        self.connections = self.network.connections
         self._subpartitions: list[PipelinedSubpartition] = []
-        self._dirty: dict[MemoryConnection, None] = {}
         max_frame = default_max_frame_length(config.segment_size)
         exclusive = self.gate.spec.exclusive_per_channel
         for index in range(num_channels):
@@ -285,13 +331,10 @@ class StoredBuffersExchange:
             server = PartitionRequestServerHandler(
                 manager, credit_based=config.credit_based, max_frame_length=max_frame
             )
-            connection = MemoryConnection(client, server, encode=encode, max_frame_length=max_frame)
-            client.listener = server.queue.listener = self._marker(connection)
-            self.connections.append(connection)
+            self.network.connect(client, server, encode=encode, max_frame_length=max_frame)
             self.gate.remote_channel(index, index + 1, client, partition_id=index)
         self.gate.request_partitions()
-        for connection in self.connections:
-            self._dirty[connection] = None
+        self._pump = self.network.pump
 
     def add(self, channel: int, data_type: DataType, payload: object) -> None:
         """Queue one stored buffer of ``channel``; END_OF_PARTITION ends the channel."""
@@ -300,21 +343,6 @@ class StoredBuffersExchange:
             subpartition.finish()
         else:
             subpartition.add(Buffer(data_type, payload))
-
-    def _marker(self, connection: MemoryConnection) -> Callable[[], None]:
-        dirty = self._dirty
-
-        def mark() -> None:
-            dirty[connection] = None
-
-        return mark
-
-    def _pump(self) -> None:
-        dirty = self._dirty
-        while dirty:
-            connection = next(iter(dirty))
-            del dirty[connection]
-            connection.pump()
 
     def poll(self) -> BufferOrEvent | None:
         """The next buffer or event, or None if none can arrive until more is added or held buffers recycled."""
