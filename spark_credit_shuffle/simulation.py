@@ -39,7 +39,7 @@ from .protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from .protocol.pools import NetworkBufferPool
 from .protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from .protocol.sender import PartitionRequestServerHandler
-from .runtime.engine import GateGauges, Settings, channel_gauges, subpartition_gauges
+from .runtime.engine import Flusher, GateGauges, Settings, channel_gauges, subpartition_gauges
 from .transport.memory import MemoryConnection, MemoryNetwork
 
 __all__ = [
@@ -137,9 +137,9 @@ class _Producer:
     def start(self) -> None:
         clock = self.sim.clock
         clock.schedule(0.0, self.emit)
-        flush_interval = self.sim.settings.flush_interval
-        if flush_interval is not None:
-            clock.schedule(flush_interval, self._flush)
+        self.flusher = Flusher(self.sim.settings, clock.now)  # the task engine's flush schedule
+        if self.flusher.interval is not None:
+            clock.schedule(self.flusher.next_at, self._flush)
         interval = self.sim.config.checkpoint_interval_ms
         if interval > 0:
             clock.schedule(interval / 1000.0, self._checkpoint)
@@ -164,8 +164,9 @@ class _Producer:
     def _flush(self, now: float) -> None:
         if self.finished:
             return
-        self.partition.flush_all()
-        self.sim.clock.schedule(now + self.sim.settings.flush_interval, self._flush)  # type: ignore[operator]
+        if self.flusher.due(now):
+            self.partition.flush_all()
+        self.sim.clock.schedule(self.flusher.next_at, self._flush)
 
     def _on_available(self) -> None:
         if self.waiting_since is not None and not self.finished:

@@ -25,13 +25,14 @@ The caller holds whatever lock guards the protocol objects while it calls the en
 """
 
 from .consumer import ConsumerEngine, GateGauges, OutputBatcher, channel_gauges, combine
-from .producer import ProducerEngine, subpartition_gauges
+from .producer import Flusher, ProducerEngine, subpartition_gauges
 from .rules import LINGER_OVER, Fail, LingerOver, Settings, TimeAccount, Wait, check_end
 
 __all__ = [
     "LINGER_OVER",
     "ConsumerEngine",
     "Fail",
+    "Flusher",
     "GateGauges",
     "LingerOver",
     "OutputBatcher",

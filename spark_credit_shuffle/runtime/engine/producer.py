@@ -15,7 +15,26 @@ from ...errors import ExchangeTimeoutError
 from ...metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from .rules import Fail, Gauges, Settings, TimeAccount, Wait
 
-__all__ = ["ProducerEngine", "subpartition_gauges"]
+__all__ = ["Flusher", "ProducerEngine", "subpartition_gauges"]
+
+
+class Flusher:
+    """The output flusher's schedule (Flink's ``OutputFlusher``): due every ``flush_interval`` from ``now``
+    (buffer timeout > 0), never otherwise; a late call is due once and the next time is from then."""
+
+    __slots__ = ("interval", "next_at")
+
+    def __init__(self, settings: Settings, now: float) -> None:
+        self.interval = settings.flush_interval
+        self.next_at = now + self.interval if self.interval else float("inf")
+
+    def due(self, now: float) -> bool:
+        """True if a flush is due at ``now`` (the schedule moves on)."""
+        interval = self.interval
+        if interval is None or now < self.next_at:
+            return False
+        self.next_at = max(self.next_at + interval, now)
+        return True
 
 
 def subpartition_gauges(partition: Any, consumers: list[int], credits: dict[int, int]) -> Gauges:
@@ -76,8 +95,7 @@ class ProducerEngine:
         self._records_out = RateMeter()
         self._back_pressure = RateMeter()
         self._rng = random.Random(subtask)
-        interval = settings.flush_interval
-        self.next_flush = now + interval if interval else float("inf")
+        self.flusher = Flusher(settings, now)
         self.next_heartbeat = now + settings.heartbeat_interval
         marker = settings.latency_interval
         self.next_marker = now + marker if marker else float("inf")
@@ -129,17 +147,15 @@ class ProducerEngine:
         """When :meth:`on_timer` has something to do (inf once finished)."""
         if self.is_finished:
             return float("inf")
-        return min(self.next_flush, self.next_heartbeat, self.next_marker)
+        return min(self.flusher.next_at, self.next_heartbeat, self.next_marker)
 
     def on_timer(self, now: float, wall_ns: int) -> None:
         """Flush, send keep-alives and a latency marker (stamped ``wall_ns``) if due at ``now``."""
         if self.is_finished:
             return
         writer = self.writer
-        interval = self.settings.flush_interval
-        if interval is not None and now >= self.next_flush:
+        if self.flusher.due(now):
             writer.flush_all()
-            self.next_flush = max(self.next_flush + interval, now)
         if now >= self.next_heartbeat:
             self.send_liveness_markers()
             self.next_heartbeat = now + self.settings.heartbeat_interval
