@@ -783,10 +783,13 @@ class PipelinedTask:
                         "host": self.transport.address[0],
                         "port": self.transport.address[1],
                         "partition": self.partition_id,
+                        "started_ms": time.time_ns() // 1_000_000,
                     }
                 )
             )
-            self._connect([json.loads(m) for m in messages])
+            peers = [json.loads(m) for m in messages]
+            self._connect(peers)
+            self.checkpoint_trigger.arm(max(int(p.get("started_ms", 0)) for p in peers))  # every task runs now
             injection = self.plan.injection
             if injection is not None and self.is_consumer:
                 injection.maybe_fail(CONSUMER, self.index)
@@ -1173,7 +1176,8 @@ class PipelinedTask:
                         writer.emit_latency_marker(LatencyMarker(time.time_ns(), self.index), sp)
                         next_marker = max(next_marker + marker_every, now)  # type: ignore[operator]
                     if now >= next_checkpoint:
-                        self._inject_barrier()
+                        if trigger.is_due():
+                            self._inject_barrier()
                         next_checkpoint = now + trigger.seconds_until_next()
         except BaseException as exc:
             self._fail(exc)
