@@ -69,10 +69,14 @@ def test_pipelined_rows_are_conserved_and_checkpoints_complete_behind_a_slow_con
     per_checkpoint = metric(rows, CONSUMER, stat="checkpoint")
     unaligned = [r.value for r in per_checkpoint if r.metric == "unalignedCheckpoint"]
     persisted = sum(r.value for r in metric(rows, CONSUMER, "bytesPersistedDuringAlignment", "total"))
+    output_state = sum(r.value for r in metric(rows, PRODUCER, "resultSubpartitionStateBytes", "total"))
     if mode == "aligned":
         assert unaligned and not any(unaligned) and persisted == 0  # aligned: nothing captured
+        assert not metric(rows, PRODUCER, "resultSubpartitionStateBytes")
     elif mode == "unaligned":
         assert unaligned and all(unaligned) and persisted > 0  # overtaken buffers were captured
+        # on both sides: the buffers queued for the slow consumer when a barrier overtook them
+        assert output_state > 0
     assert all(r.value >= 0 for r in per_checkpoint if r.metric == "checkpointAlignmentTime")
     timeline = [r for r in rows if r.metric == "checkpointBarrier"]
     assert {r.side for r in timeline} == {PRODUCER, CONSUMER} and all(r.time_ms for r in timeline)

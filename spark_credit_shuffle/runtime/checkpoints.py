@@ -55,6 +55,11 @@ class CheckpointTrigger:
         self.armed = False
         self.num_barriers = 0
         self.rows: list[MetricRow] = []
+        #: ``time.monotonic()`` at which the last timeoutable barrier's alignment times out (inf: none due).
+        self.timeout_at = float("inf")
+        #: Output channel state: the data buffers unaligned barriers overtook in the subpartitions, and bytes.
+        self.persisted_output_buffers = 0
+        self.persisted_output_bytes = 0
 
     @property
     def enabled(self) -> bool:
@@ -86,14 +91,38 @@ class CheckpointTrigger:
         now_ms = time.time_ns() // 1_000_000
         self.last_id = max(self.last_id + 1, now_ms // self.interval_ms)
         self.num_barriers += 1
+        if self.options.is_timeoutable:
+            self.timeout_at = time.monotonic() + self.options.aligned_checkpoint_timeout_ms / 1000.0
         if len(self.rows) < _MAX_BARRIER_ROWS:
             self.rows.append(
                 MetricRow(PRODUCER, self.subtask, None, "checkpointBarrier", SAMPLE, float(self.last_id), float(now_ms))
             )
         return CheckpointBarrier(self.last_id, now_ms, self.options)
 
+    def timed_out(self, now: float) -> int | None:
+        """The checkpoint whose aligned barrier timed out by ``now`` (``time.monotonic()``), once: the
+        producer then makes it unaligned where it is still queued (Flink's ``alignedBarrierTimeout``)."""
+        if now < self.timeout_at:
+            return None
+        self.timeout_at = float("inf")
+        return self.last_id
+
+    def persist_output(self, checkpoint_id: int, subpartition: int, sizes: list[int]) -> None:
+        """The partition's output channel state writer: counts what unaligned barriers overtook."""
+        self.persisted_output_buffers += len(sizes)
+        self.persisted_output_bytes += sum(sizes)
+
     def metric_rows(self) -> list[MetricRow]:
-        return [MetricRow(PRODUCER, self.subtask, None, "numCheckpointBarriersOut", "total", float(self.num_barriers))]
+        """``numCheckpointBarriersOut``; with unaligned barriers, the output channel state they persisted
+        (``resultSubpartitionStateBuffers`` and ``...Bytes``, after Flink's ``ResultSubpartitionStateHandle``)."""
+        rows = [MetricRow(PRODUCER, self.subtask, None, "numCheckpointBarriersOut", "total", float(self.num_barriers))]
+        if self.options.is_unaligned or self.options.is_timeoutable:
+            for metric, value in (
+                ("resultSubpartitionStateBuffers", self.persisted_output_buffers),
+                ("resultSubpartitionStateBytes", self.persisted_output_bytes),
+            ):
+                rows.append(MetricRow(PRODUCER, self.subtask, None, metric, "total", float(value)))
+        return rows
 
 
 class ConsumerCheckpoints:
