@@ -27,7 +27,8 @@ subprocess (``--cluster-master``; ``--no-cluster`` skips it), so that the channe
 over TCP between processes of different executors; their headline figures come back prefixed ``cluster_``.
 
 Run ``python jobs/bench_exchange.py --mode pipelined --rows 1000000 --repeat 1 --no-cluster`` for a quick
-check. The last line printed is one JSON object with the headline figures.
+check; ``--checkpoint-cost`` runs only the streaming and checkpointed cases (and prints the checkpoints'
+alignment figures). The last line printed is one JSON object with the headline figures.
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--executor-memory", default="1g", help="per executor, on a local-cluster master")
     parser.add_argument(
+        "--checkpoint-cost",
+        action="store_true",
+        help="only the pipelined streaming and checkpointed cases (no sweep): the cost of checkpoint barriers",
+    )
+    parser.add_argument(
         "--png",
         default="buffer_timeout_sweep.png",
         help="where the sweep's picture goes (throughput and latency against the timeout); '' for none",
@@ -84,6 +90,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rows < 10 or args.parallelism < 1 or args.repeat < 1:
         parser.error("--rows must be >= 10, --parallelism and --repeat >= 1")
+    if args.checkpoint_cost:
+        if args.mode == "blocking":
+            parser.error("--checkpoint-cost: checkpoint barriers are timed in pipelined mode, not --mode blocking")
+        args.mode, args.no_sweep = "pipelined", True
     return args
 
 
@@ -194,14 +204,20 @@ def main(argv: list[str] | None = None) -> int:
             ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined", **DEEP_BUFFERS)
             noop(pipelined.build(ex.plan, df, retryable=False)[0])
 
+        checkpoint_metrics: list[Any] = []
+
         def checkpointed() -> None:  # aligned checkpoint barriers every 100 ms (Flink's default alignment)
             ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined", checkpoint_interval_ms=CHECKPOINT_MS)
-            noop(pipelined.build(ex.plan, df, retryable=False)[0])
+            out, collected = pipelined.build(ex.plan, df, retryable=False)
+            noop(out)
+            checkpoint_metrics.append(collected)
 
         cases.append(("exchange pipelined", lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="pipelined").df)))
         cases.append(("pipelined, streaming", streaming))
         cases.append(("pipelined, checkpoints", checkpointed))
         cases.append(("pipelined, streaming, deep", deep))
+    if args.checkpoint_cost:
+        cases = [case for case in cases if case[0] in ("pipelined, streaming", "pipelined, checkpoints")]
 
     print(
         f"{args.rows:,} rows ({data_bytes / 1e6:.0f} MB of values), parallelism {p}, {spark.conf.get('spark.master')}"
@@ -216,6 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, (median, ts) in results.items():
         print(f"  {name:<28} median {median:7.2f} s   runs {', '.join(f'{t:.2f}' for t in ts)}", flush=True)
 
+    headline: dict[str, Any] = {"rows": args.rows, "parallelism": p, "master": spark.conf.get("spark.master")}
+    headline.update(
+        {f"seconds_{k.replace(' ', '_').replace(',', '').replace('+', 'plus')}": v[0] for k, v in results.items()}
+    )
+    if args.checkpoint_cost:
+        headline.update(checkpoint_cost(results, metric_rows(checkpoint_metrics[-1])))
+        print(json.dumps(headline, sort_keys=True))
+        return 0
     reference = results["repartition + mapInArrow"][0]
     print(f"\n{'case':<28} {'median s':>9} {'rows/s':>12} {'MB/s':>8} {'vs repartition+mapInArrow':>26}")
     for name, (median, _) in results.items():
@@ -223,10 +247,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:<28} {median:9.2f} {args.rows / median:12,.0f} {data_bytes / median / 1e6:8.1f} "
             f"{reference / median:25.2f}x"
         )
-    headline: dict[str, Any] = {"rows": args.rows, "parallelism": p, "master": spark.conf.get("spark.master")}
-    headline.update(
-        {f"seconds_{k.replace(' ', '_').replace(',', '').replace('+', 'plus')}": v[0] for k, v in results.items()}
-    )
     if "blocking" in modes:
         blocking_time = results["exchange blocking"][0] / reference
         headline["blocking_time_ratio"] = round(blocking_time, 3)
@@ -242,12 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         headline["pipelined_throughput_ratio"] = round(streaming_ratio, 3)
         headline["pipelined_retryable_throughput_ratio"] = round(default_ratio, 3)
         headline["pipelined_deep_buffers_throughput_ratio"] = round(deep_ratio, 3)
-        checkpoint_cost = results["pipelined, streaming"][0] / results["pipelined, checkpoints"][0]
-        headline["pipelined_checkpoints_throughput_share"] = round(checkpoint_cost, 3)
-        print(
-            f"pipelined with aligned checkpoint barriers every {CHECKPOINT_MS} ms: {checkpoint_cost:.1%} of the "
-            f"throughput without (target >= {1 - CHECKPOINT_COST:.0%})"
-        )
+        headline.update(checkpoint_cost(results, metric_rows(checkpoint_metrics[-1])))
         print(
             f"\npipelined throughput: {streaming_ratio:.2f}x repartition + mapInArrow streaming into the sink, "
             f"{default_ratio:.2f}x with its retryable output, {deep_ratio:.2f}x streaming with {DEEP_BUFFERS} "
@@ -289,6 +304,36 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"the two-executor run ({args.cluster_master}) failed with exit code {child.returncode}")
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def checkpoint_cost(results: dict[str, tuple[float, list[float]]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The checkpointed case's throughput against the streaming case's, and the alignment figures of the
+    last checkpointed run (``rows``: its metric rows)."""
+    share = results["pipelined, streaming"][0] / results["pipelined, checkpoints"][0]
+    print(
+        f"pipelined with aligned checkpoint barriers every {CHECKPOINT_MS} ms: {share:.1%} of the "
+        f"throughput without (target >= {1 - CHECKPOINT_COST:.0%})"
+    )
+
+    def values(metric: str, stat: str) -> list[float]:
+        return [r["value"] for r in rows if r["side"] == "consumer" and r["metric"] == metric and r["stat"] == stat]
+
+    alignment = values("checkpointAlignmentTime", "mean")
+    delay = values("checkpointStartDelayNanos", "mean")
+    completed, failed = values("numberOfCompletedCheckpoints", "total"), values("numberOfFailedCheckpoints", "total")
+    figures = {
+        "pipelined_checkpoints_throughput_share": round(share, 3),
+        "checkpoint_alignment_ms_mean": round(statistics.fmean(alignment) / 1e6, 3) if alignment else None,
+        "checkpoint_start_delay_ms_mean": round(statistics.fmean(delay) / 1e6, 3) if delay else None,
+        "checkpoints_completed": sum(completed),
+        "checkpoints_failed": sum(failed),
+    }
+    print(
+        f"  last checkpointed run, per consumer subtask: alignment {figures['checkpoint_alignment_ms_mean']} ms "
+        f"and start delay {figures['checkpoint_start_delay_ms_mean']} ms (means), "
+        f"{figures['checkpoints_completed']:.0f} checkpoints completed and {figures['checkpoints_failed']:.0f} aborted"
+    )
+    return figures
 
 
 def run_streaming(df: Any, rows: int, p: int, timeout_ms: int, marker_ms: int) -> tuple[float, list[dict[str, Any]]]:

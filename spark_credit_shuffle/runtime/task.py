@@ -128,6 +128,8 @@ class PipelinedTask(TaskWiring):
         )
         self.partition = partition
         partition.buffer_pool.add_availability_listener(self._notify)
+        if self.checkpoint_trigger.enabled:  # what unaligned barriers overtake: output channel state
+            partition.set_channel_state_writer(self.checkpoint_trigger.persist_output)
         self.manager.register_partition(partition)
         selector = plan.partitioner.selector(index, plan.num_producers, plan.num_consumers, plan.max_parallelism)
         self.producer = ProducerEngine(
@@ -326,7 +328,7 @@ class PipelinedTask(TaskWiring):
                 due = min(next_sample, next_timeline)
                 if producing:
                     assert producer is not None
-                    due = min(due, producer.next_timer(), next_checkpoint)
+                    due = min(due, producer.next_timer(), next_checkpoint, trigger.timeout_at)
                 if due == inf:
                     due = now + 1.0
                 if self._stop.wait(max(0.0, due - time.monotonic())):
@@ -345,8 +347,12 @@ class PipelinedTask(TaskWiring):
                     with self.lock:
                         producer.on_timer(now, time.time_ns())
                         if now >= next_checkpoint:  # between two records (see checkpoint barriers)
-                            producer.writer.broadcast_event(trigger.next_barrier())
+                            if trigger.is_due():
+                                producer.writer.broadcast_event(trigger.next_barrier())
                             next_checkpoint = now + trigger.seconds_until_next()
+                        timed_out = trigger.timed_out(now)
+                        if timed_out is not None:  # a barrier still queued overtakes as unaligned
+                            producer.partition.aligned_barrier_timeout(timed_out)
         except BaseException as exc:
             self._fail(exc)
 

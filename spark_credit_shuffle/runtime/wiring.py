@@ -159,11 +159,17 @@ class TaskWiring:
             os.replace(path + ".tmp", path)
 
     def _exchange_addresses(self, all_gather: Callable[[str], list[str]]) -> None:
-        """Publish this task's address once, learn everyone's, connect."""
+        """Publish this task's address (and when it started) once, learn everyone's, connect; checkpoint
+        triggers fire from then on (every task runs)."""
         assert self.transport is not None
         host, port = self.transport.address
-        message = json.dumps({"task": self.index, "host": host, "port": port, "partition": self.partition_id})
-        self._connect([json.loads(m) for m in all_gather(message)])
+        started_ms = time.time_ns() // 1_000_000
+        message = json.dumps(
+            {"task": self.index, "host": host, "port": port, "partition": self.partition_id, "started_ms": started_ms}
+        )
+        peers = [json.loads(m) for m in all_gather(message)]
+        self._connect(peers)
+        self.checkpoint_trigger.arm(max(int(p.get("started_ms", 0)) for p in peers))  # every task runs now
 
     def _server_handler(self, wakeup: Callable[[], None]) -> PartitionRequestServerHandler:
         handler = PartitionRequestServerHandler(
