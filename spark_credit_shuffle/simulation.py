@@ -381,7 +381,7 @@ class _Consumer:
 
     def _spill(self, channel: int, buffer: Buffer, sequence_number: int) -> None:
         if buffer.data_type.is_buffer:
-            spilled = Buffer(buffer.data_type, bytes(buffer.data))  # type: ignore[arg-type]
+            spilled = Buffer(buffer.data_type, bytes(buffer.data))  # type: ignore[call-overload]  # Buffer.data is typed object
             self.spilled_bytes += spilled.size
             buffer.recycle()
             buffer = spilled
