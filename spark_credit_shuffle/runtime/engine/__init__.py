@@ -7,7 +7,9 @@ for more before they go to Spark, what its gauges and timeline say. Every method
 ``now`` (seconds on any monotonic clock) and returns what to do next: a time to be woken at
 (:class:`Wait`), a typed error to fail with (:class:`Fail`), or the rows to hand on. The pipelined runtime
 drives it with threads, sockets and ``time.monotonic()``; the blocking runtime with its own loop; tests
-with a virtual clock, which makes the engine's decisions reproducible.
+with a virtual clock, which makes the engine's decisions reproducible. The one clock read left is in the
+checkpoint records the consumer half hands barriers to (:mod:`~spark_credit_shuffle.runtime.checkpoints`),
+which stamp alignment with the wall clock.
 
 - :class:`Settings`: the one place where the network settings and task knobs become the engine's rules
   (``buffer_timeout_ms`` among them: 0 flushes after every record, > 0 is the flusher's interval and
