@@ -37,10 +37,7 @@ other, so an executor's requirement is that of its busiest stage.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,12 +62,13 @@ from .protocol.pools import (
     network_buffers_for_announcing,
     result_partition_pool_size,
 )
+from .runtime.session import configured_executors, executor_slots
 
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-    from .exchange import ExchangePlan
+    from .runtime.plan import ExchangePlan
 
 __all__ = [
     "PATTERNS",
@@ -81,7 +79,6 @@ __all__ = [
     "TaskBuffers",
     "TaskPlan",
     "check_fits",
-    "executor_slots",
     "executors_from_spark",
     "partition_type",
     "plan_dataframe",
@@ -90,7 +87,6 @@ __all__ = [
     "task_buffers",
 ]
 
-_LOCAL = re.compile(r"^local(?:-cluster)?\[(\*|\d+)(?:\s*,\s*\d+)?\]$|^local$")
 _MODES = ("blocking", "pipelined")
 
 
@@ -795,31 +791,10 @@ def plan_dataframe(
 # -- the Spark session's executors ---------------------------------------------------------------------
 
 
-def executor_slots(spark: Any) -> int:
-    """Tasks one executor runs at once: ``local[N]`` gives N; otherwise executor cores / task cpus."""
-    conf = spark.conf
-    master = conf.get("spark.master", "local[*]") or "local[*]"
-    task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
-    match = _LOCAL.match(master.strip())
-    if match:
-        n = match.group(1)
-        cores = (os.cpu_count() or 1) if n in (None, "*") else int(n)
-    else:
-        cores = int(conf.get("spark.executor.cores", "1") or 1)
-    return max(1, cores // task_cpus)
-
-
 def executors_from_spark(spark: Any) -> Executors:
-    """The session's executors: local mode is one executor; a cluster counts ``spark.executor.instances``."""
-    master = (spark.conf.get("spark.master", "local[*]") or "local[*]").strip()
-    count = 1
-    if master.startswith("local-cluster["):
-        with contextlib.suppress(ValueError, IndexError):
-            count = int(master[len("local-cluster[") :].split(",")[0])
-    elif not master.startswith("local"):
-        with contextlib.suppress(Exception):
-            count = max(1, int(spark.conf.get("spark.executor.instances", "1") or 1))
-    return Executors(count, executor_slots(spark))
+    """The session's executors (:mod:`~spark_credit_shuffle.runtime.session`): how many it is configured
+    with (1 when unknown) and the task slots of each."""
+    return Executors(configured_executors(spark) or 1, executor_slots(spark))
 
 
 def check_fits(plan: ExchangePlan, spark: Any) -> None:

@@ -47,13 +47,13 @@ rows takes as one chunk, so that buffers can be cut at segment boundaries before
 from __future__ import annotations
 
 import dataclasses
-import enum
 import struct
 from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 
+from ..config import AlignmentType, CheckpointOptions
 from ..errors import BufferDecodeError
 from .buffer import Buffer, DataType
 
@@ -71,6 +71,7 @@ __all__ = [
     "KeepAlive",
     "LatencyMarker",
     "SchemaEvent",
+    "barrier_data_type",
     "compact",
     "decode_event",
     "encode_event",
@@ -129,46 +130,15 @@ class EndOfPartition(Event):
     KIND: ClassVar[int] = 2
 
 
-class AlignmentType(enum.IntEnum):
-    """Flink's ``CheckpointOptions.AlignmentType``: how consumers align a checkpoint's barriers."""
-
-    AT_LEAST_ONCE = 0
-    ALIGNED = 1
-    UNALIGNED = 2
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CheckpointOptions:
-    """Flink's ``CheckpointOptions`` as far as the network sees them: the alignment, and for an aligned
-    barrier the ``aligned_checkpoint_timeout_ms`` after which alignment switches to unaligned (-1: never;
-    Flink's ``execution.checkpointing.aligned-checkpoint-timeout``)."""
-
-    alignment: AlignmentType = AlignmentType.ALIGNED
-    aligned_checkpoint_timeout_ms: int = -1
-
-    @property
-    def is_timeoutable(self) -> bool:
-        """An aligned barrier that may time out to unaligned (Flink's ``isTimeoutable``)."""
-        return self.alignment is AlignmentType.ALIGNED and self.aligned_checkpoint_timeout_ms >= 0
-
-    @property
-    def is_unaligned(self) -> bool:
-        return self.alignment is AlignmentType.UNALIGNED
-
-    def to_unaligned(self) -> CheckpointOptions:
-        """The options of an aligned barrier whose alignment timed out (Flink's ``toUnaligned``)."""
-        return CheckpointOptions(AlignmentType.UNALIGNED, -1)
-
-    @property
-    def data_type(self) -> DataType:
-        """The buffer data type a barrier with these options travels as (Flink's ``EventSerializer``)."""
-        if self.alignment is AlignmentType.UNALIGNED:
-            return DataType.PRIORITIZED_EVENT_BUFFER
-        if self.alignment is AlignmentType.AT_LEAST_ONCE:
-            return DataType.EVENT_BUFFER
-        if self.is_timeoutable:
-            return DataType.TIMEOUTABLE_ALIGNED_CHECKPOINT_BARRIER
-        return DataType.ALIGNED_CHECKPOINT_BARRIER
+def barrier_data_type(options: CheckpointOptions) -> DataType:
+    """The buffer data type a barrier with ``options`` travels as (Flink's ``EventSerializer``)."""
+    if options.alignment is AlignmentType.UNALIGNED:
+        return DataType.PRIORITIZED_EVENT_BUFFER
+    if options.alignment is AlignmentType.AT_LEAST_ONCE:
+        return DataType.EVENT_BUFFER
+    if options.is_timeoutable:
+        return DataType.TIMEOUTABLE_ALIGNED_CHECKPOINT_BARRIER
+    return DataType.ALIGNED_CHECKPOINT_BARRIER
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -232,7 +202,7 @@ def encode_event(event: Event) -> Buffer:
     elif isinstance(event, CheckpointBarrier):
         options = event.options
         body = _BARRIER.pack(event.id, event.timestamp, options.alignment, options.aligned_checkpoint_timeout_ms)
-        return Buffer(options.data_type, head + body)
+        return Buffer(barrier_data_type(options), head + body)
     elif isinstance(event, CancelCheckpointMarker):
         body = _CANCEL.pack(event.checkpoint_id)
     elif isinstance(event, LatencyMarker):
@@ -284,10 +254,10 @@ def decode_event_payload(data_type: DataType, payload: object) -> Event:
         if alignment not in _ALIGNMENTS:
             raise MalformedPayload(f"checkpoint barrier with unknown alignment type {alignment} (known: 0, 1, 2)")
         options = CheckpointOptions(_ALIGNMENTS[alignment], timeout if alignment == AlignmentType.ALIGNED else -1)
-        if timeout < -1 or options.data_type is not data_type:
+        if timeout < -1 or barrier_data_type(options) is not data_type:
             raise MalformedPayload(
                 f"checkpoint barrier {checkpoint_id} with alignment {options.alignment.name} and timeout {timeout} "
-                f"arrived as {data_type.name}, expected {options.data_type.name}"
+                f"arrived as {data_type.name}, expected {barrier_data_type(options).name}"
             )
         return CheckpointBarrier(checkpoint_id, timestamp, options)
     if kind == CancelCheckpointMarker.KIND:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -59,9 +59,35 @@ from .format import (
 
 if TYPE_CHECKING:
     from ..partitioners import ChannelSelector
-    from ..protocol.partition import ResultPartitionWriter
 
-__all__ = ["BufferBuilder", "RecordWriter"]
+__all__ = ["BufferBuilder", "RecordWriter", "ResultPartitionWriter"]
+
+
+class ResultPartitionWriter(Protocol):
+    """The partition as the RecordWriter sees it (Flink's ``ResultPartitionWriter``).
+
+    Owned here, by the writer that calls it; the protocol's result partitions implement it
+    (:mod:`spark_credit_shuffle.protocol.partition`), as do the tests' in-memory partitions.
+    """
+
+    num_subpartitions: int
+
+    def request_segment(self, subpartition: int) -> Callable[[], None]: ...
+
+    def add_consumer(
+        self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0
+    ) -> int | None: ...
+
+    def add_event(self, subpartition: int, buffer: Buffer) -> None: ...
+
+    def flush(self, subpartition: int) -> None: ...
+
+    def flush_all(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def is_available(self) -> bool: ...
+
 
 _HEADER = CHUNK_HEADER.size
 _PACK = CHUNK_HEADER.pack

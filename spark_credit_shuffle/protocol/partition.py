@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..buffers.buffer import Buffer, BufferConsumer, ByteBufferBuilder, DataType
+from ..buffers.writer import ResultPartitionWriter
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
 from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER, IS_EVENT
@@ -105,28 +106,6 @@ class ResultSubpartitionView(Protocol):
     def acknowledge_all_data_processed(self) -> None: ...
 
     def queue_length(self) -> int: ...
-
-
-class ResultPartitionWriter(Protocol):
-    """The partition as the RecordWriter sees it (the shared contract)."""
-
-    num_subpartitions: int
-
-    def request_segment(self, subpartition: int) -> Callable[[], None]: ...
-
-    def add_consumer(
-        self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0
-    ) -> int | None: ...
-
-    def add_event(self, subpartition: int, buffer: Buffer) -> None: ...
-
-    def flush(self, subpartition: int) -> None: ...
-
-    def flush_all(self) -> None: ...
-
-    def finish(self) -> None: ...
-
-    def is_available(self) -> bool: ...
 
 
 def _end_of_partition() -> Buffer:

@@ -39,7 +39,7 @@ from .consumer import consume_partition
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = ["STORAGE_SCHEMA", "build", "consume_partition", "produce_partition"]
 

@@ -28,7 +28,7 @@ from ..metrics import METRIC_ROW_TYPE, MetricRow, rows_to_arrow
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation
 
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = [
     "IN_BAND",

@@ -29,7 +29,7 @@ from .checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport, combine
 
 if TYPE_CHECKING:
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = ["consume_partition"]
 

@@ -85,7 +85,6 @@ behind its rows. They finish no buffer, so they measure the time a row waits in 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -133,12 +132,12 @@ from .common import (
     unused_name,
 )
 from .consumer import GateGauges
-from .session import is_connect, spark_context
+from .session import available_slots, is_connect, spark_context
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = [
     "TaskOptions",
@@ -200,47 +199,6 @@ class TaskOptions:
 
 
 # -- the Spark side ------------------------------------------------------------------------------------
-
-
-def _local_cluster(master: str) -> tuple[int, int] | None:
-    if not master.startswith("local-cluster["):
-        return None
-    parts = master[len("local-cluster[") : -1].split(",")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def available_slots(spark: Any) -> tuple[int, int, int] | None:
-    """(total task slots, executors, slots per executor) of the session's cluster; None if unknown.
-
-    Local mode: one executor with ``local[N]`` slots. A cluster: the registered executors (the driver
-    excluded) times ``planner.executor_slots``; on Spark Connect, ``spark.executor.instances``.
-    """
-    from ..planner import executor_slots
-
-    master = (spark.conf.get("spark.master", "") or "").strip()
-    task_cpus = int(spark.conf.get("spark.task.cpus", "1") or 1)
-    cluster = _local_cluster(master)
-    if cluster is not None:
-        executors, cores = cluster
-        per = max(1, cores // task_cpus)
-        return executors * per, executors, per
-    per = executor_slots(spark)
-    if master.startswith("local"):
-        return per, 1, per
-    executors = 0
-    sc = spark_context(spark)
-    if sc is not None:  # classic session: the executors registered now
-        with contextlib.suppress(Exception):
-            executors = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1
-    if executors <= 0:
-        with contextlib.suppress(Exception):
-            executors = int(spark.conf.get("spark.executor.instances", "0") or 0)
-    if executors <= 0:
-        return None
-    return executors * per, executors, per
 
 
 def check_slots(plan: ExchangePlan, spark: Any) -> None:
