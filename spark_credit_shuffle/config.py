@@ -22,6 +22,7 @@ from .errors import ConfigError, UnknownSettingError
 
 __all__ = [
     "CONF_PREFIX",
+    "DEFAULT_SEGMENT_SIZE",
     "MAX_PARALLELISM_UPPER_BOUND",
     "MIN_SEGMENT_SIZE",
     "AlignmentType",
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 CONF_PREFIX = "spark.creditShuffle."
+#: Flink's default memory segment size (``taskmanager.memory.segment-size``: 32 KiB), the size of a network
+#: buffer unless ``segment_size`` says otherwise.
+DEFAULT_SEGMENT_SIZE = 32 * 1024
 #: Flink's smallest memory segment (``MemoryManager.MIN_PAGE_SIZE``).
 MIN_SEGMENT_SIZE = 4096
 #: Flink's ``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``.
@@ -237,7 +241,7 @@ class NetworkConfig:
     """
 
     segment_size: int = _setting(
-        32 * 1024, "taskmanager.memory.segment-size", parse_size,
+        DEFAULT_SEGMENT_SIZE, "taskmanager.memory.segment-size", parse_size,
         "bytes in one network buffer; a power of two, at least 4 KiB",
     )  # fmt: skip
     buffers_per_channel: int = _setting(

@@ -31,10 +31,12 @@ from .buffers.buffer import Buffer, ByteBufferBuilder
 from .buffers.format import CheckpointBarrier, decode_event, encode_event
 from .config import NetworkConfig
 from .errors import ConfigError, SimulationStalledError
+from .protocol.channels import RemoteInputChannel
 from .protocol.checkpointing import CompletedCheckpoint, SingleCheckpointBarrierHandler
+from .protocol.client import CreditBasedPartitionRequestClientHandler
+from .protocol.gate import SingleInputGate
 from .protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from .protocol.pools import NetworkBufferPool, input_gate_buffers_spec, result_partition_pool_size
-from .protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from .protocol.sender import PartitionRequestServerHandler
 from .transport.memory import MemoryConnection
 

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ..buffers.buffer import DataType
+from ..config import DEFAULT_SEGMENT_SIZE
 from ..errors import ProtocolError
 from .messages import (
     AckAllUserRecordsProcessed,
@@ -317,7 +318,7 @@ class FrameDecoder:
     After a :class:`ProtocolError` every further call raises it again: close the connection.
     """
 
-    def __init__(self, max_frame_length: int = default_max_frame_length(32 * 1024)) -> None:
+    def __init__(self, max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE)) -> None:
         if max_frame_length < FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size:
             raise ValueError(f"max_frame_length must be at least {FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size}")
         self.max_frame_length = max_frame_length

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from ..config import NetworkConfig
+from ..config import DEFAULT_SEGMENT_SIZE, NetworkConfig
 from ..errors import InsufficientNetworkBuffersError, NetworkBuffersNotFreeError
 
 __all__ = [
@@ -223,7 +223,7 @@ class NetworkBufferPool:
     change, in proportion to their capacity (max - min).
     """
 
-    def __init__(self, total: int, segment_size: int = 32 * 1024) -> None:
+    def __init__(self, total: int, segment_size: int = DEFAULT_SEGMENT_SIZE) -> None:
         if total < 0:
             raise ValueError(f"total must be >= 0, got {total}")
         self.total = total

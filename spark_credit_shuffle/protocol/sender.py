@@ -23,6 +23,7 @@ from functools import partial
 from typing import Protocol
 
 from ..buffers.buffer import Buffer
+from ..config import DEFAULT_SEGMENT_SIZE
 from ..errors import PartitionNotFoundError, PartitionStateError, ProtocolError
 from ._flags import IS_BUFFER, IS_EVENT
 from .codec import FrameDecoder, default_max_frame_length, encode
@@ -42,7 +43,8 @@ from .messages import (
     ResumeConsumption,
     ServerMessage,
 )
-from .partition import AvailabilityWithBacklog, BufferAndBacklog, ResultPartitionManager, ResultSubpartitionView
+from .partition import ResultPartitionManager
+from .subpartition import AvailabilityWithBacklog, BufferAndBacklog, ResultSubpartitionView
 
 __all__ = [
     "BufferAndAvailability",
@@ -419,7 +421,7 @@ class PartitionRequestServerHandler:
         *,
         credit_based: bool = True,
         secret: bytes | None = None,
-        max_frame_length: int = default_max_frame_length(32 * 1024),
+        max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE),
     ) -> None:
         self.partitions = partitions
         self.credit_based = credit_based

@@ -31,7 +31,7 @@ from ..buffers.format import CheckpointBarrier
 from ..buffers.writer import RecordWriter
 from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
-from ..protocol.partition import BlockingResultPartition, StoredBuffer
+from ..protocol.blocking_partition import BlockingResultPartition, StoredBuffer
 from ..protocol.pools import NetworkBufferPool, PartitionType, result_partition_pool_size
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
 from .consumer import consume_partition

@@ -22,8 +22,9 @@ from ..buffers import DataType
 from ..buffers.reader import RecordReader
 from ..errors import ProtocolError
 from ..metrics import CONSUMER, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ..protocol.channels import RemoteInputChannel
+from ..protocol.gate import SingleInputGate
 from ..protocol.pools import NetworkBufferPool
-from ..protocol.receiver import RemoteInputChannel, SingleInputGate
 from ..transport.memory import StoredBuffersExchange
 from .checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport, combine

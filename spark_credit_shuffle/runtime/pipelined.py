@@ -19,7 +19,7 @@ of one executor (``getTaskInfos()`` gives each task's executor address; in local
 is a local channel, as between two tasks of one Flink TaskManager: no credit and no exclusive buffers; a
 task's own subpartition is read directly (no copy), a subpartition of another task of the executor (another
 Python worker process) through that connection, with the producer's segment held in its pool until the
-consumer recycled the buffer (:class:`~spark_credit_shuffle.protocol.receiver.ConnectionSubpartitionView`):
+consumer recycled the buffer (:class:`~spark_credit_shuffle.protocol.client.ConnectionSubpartitionView`):
 backpressure on a local channel is the producer's pool filling. ``local_channels="task"`` makes every
 channel between tasks remote (credit-based) instead. Threads per task: the Spark task thread is the
 consumer (it yields the received rows as they arrive), one producer thread feeds the input batches to the
@@ -111,11 +111,13 @@ from ..buffers.writer import RecordWriter
 from ..config import ADDRESS_EXCHANGES
 from ..errors import ConfigError, CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ..protocol.channels import RemoteInputChannel
+from ..protocol.client import CreditBasedPartitionRequestClientHandler
 from ..protocol.codec import default_max_frame_length
+from ..protocol.gate import SingleInputGate
 from ..protocol.messages import AddCredit, BufferResponse, Message, RecycleBuffers
 from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
-from ..protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
 from ..transport.tcp import AUTHENTICATION_TIMEOUT_S, Connection, TcpTransport, resolve_host, unauthenticated_cap
 from .checkpoints import CHECKPOINT_EVENTS, CheckpointTrigger, ConsumerCheckpoints

@@ -19,14 +19,16 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from ..buffers.buffer import Buffer, DataType
-from ..config import NetworkConfig
+from ..config import DEFAULT_SEGMENT_SIZE, NetworkConfig
 from ..errors import ProtocolError
+from ..protocol.client import CreditBasedPartitionRequestClientHandler
 from ..protocol.codec import FrameDecoder, default_max_frame_length, encode, encoded_size
+from ..protocol.gate import BufferOrEvent, SingleInputGate
 from ..protocol.messages import BufferResponse, Message
-from ..protocol.partition import PipelinedSubpartition, ResultPartitionManager
+from ..protocol.partition import ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
-from ..protocol.receiver import BufferOrEvent, CreditBasedPartitionRequestClientHandler, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
+from ..protocol.subpartition import PipelinedSubpartition
 
 __all__ = ["Link", "MemoryConnection", "StoredBuffersExchange"]
 
@@ -149,7 +151,7 @@ class MemoryConnection:
         bandwidth: float | None = None,
         socket_buffer_bytes: int | None = None,
         encode: bool = False,
-        max_frame_length: int = default_max_frame_length(32 * 1024),
+        max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE),
     ) -> None:
         if latency < 0:
             raise ValueError(f"latency must be >= 0 virtual seconds, got {latency}")

@@ -14,7 +14,7 @@ from protocol_helpers import (
 
 from spark_credit_shuffle.buffers.buffer import DataType
 from spark_credit_shuffle.errors import PartitionStateError
-from spark_credit_shuffle.protocol.partition import (
+from spark_credit_shuffle.protocol.subpartition import (
     ADD_BUFFER_ERROR_CODE,
     DEFAULT_BUFFER_SIZE,
     PipelinedSubpartition,
