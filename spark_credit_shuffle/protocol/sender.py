@@ -452,56 +452,59 @@ class PartitionRequestServerHandler:
     def receive_message(self, message: Message) -> None:
         """One decoded message from the client."""
         if not self.is_authenticated:
-            if type(message) is not Hello:
+            if not isinstance(message, Hello):
                 raise ProtocolError(f"connection not authenticated: first message was {type(message).__name__}")
             if not hmac.compare_digest(bytes(message.secret), self._secret or b""):
                 raise ProtocolError("connection not authenticated: wrong secret")
             self.is_authenticated = True
             return
-        kind = type(message)
         queue = self.queue
-        if kind is AddCredit:
-            credit = message.credit
-            if credit <= 0:
-                raise ProtocolError(f"AddCredit for receiver {message.receiver_id} announces {credit} credit")
-            reader = self._obtain_reader(message.receiver_id, "AddCredit")
-            if reader is not None:
-                reader.num_credits_available += credit
-                if not reader.is_registered_as_available:
-                    queue.enqueue_available_reader(reader)
-        elif kind is PartitionRequest:
-            self._on_partition_request(message)
-        elif kind is CancelPartitionRequest:
-            self._drop_pending(message.receiver_id)
-            queue.cancel(message.receiver_id)
-        elif kind is CloseRequest:
-            for receiver_id in list(self._pending):
-                self._drop_pending(receiver_id)
-            queue.release_all_resources()
-            self.is_closed = True
-        elif kind is ResumeConsumption:
-            if self._obtain_reader(message.receiver_id, "ResumeConsumption") is not None:
-                queue.add_credit_or_resume_consumption(message.receiver_id, lambda r: r.resume_consumption())
-        elif kind is AckAllUserRecordsProcessed:
-            reader = self._obtain_reader(message.receiver_id, "AckAllUserRecordsProcessed")
-            if reader is not None:
-                reader.acknowledge_all_records_processed()
-        elif kind is NewBufferSize:
-            # a consumer announces its buffer size to every upstream, ready or not: unknown ids are ignored
-            reader = queue.all_readers.get(message.receiver_id)
-            if reader is not None:
-                reader.notify_new_buffer_size(message.buffer_size)
-        elif kind is RecycleBuffers:
-            reader = queue.all_readers.get(message.receiver_id)
-            if reader is None:  # cancelled meanwhile: releasing it returned every held segment
-                return
-            if not reader.holds_buffers:
-                raise ProtocolError(f"RecycleBuffers for receiver {message.receiver_id}, which is not a local channel")
-            reader.recycle(message.count)  # type: ignore[attr-defined]
-        elif kind is Hello:
-            pass  # already authenticated, or no secret required
-        else:
-            raise ProtocolError(f"unexpected {kind.__name__} from a client")
+        match message:
+            case AddCredit():
+                credit = message.credit
+                if credit <= 0:
+                    raise ProtocolError(f"AddCredit for receiver {message.receiver_id} announces {credit} credit")
+                reader = self._obtain_reader(message.receiver_id, "AddCredit")
+                if reader is not None:
+                    reader.num_credits_available += credit
+                    if not reader.is_registered_as_available:
+                        queue.enqueue_available_reader(reader)
+            case PartitionRequest():
+                self._on_partition_request(message)
+            case CancelPartitionRequest():
+                self._drop_pending(message.receiver_id)
+                queue.cancel(message.receiver_id)
+            case CloseRequest():
+                for receiver_id in list(self._pending):
+                    self._drop_pending(receiver_id)
+                queue.release_all_resources()
+                self.is_closed = True
+            case ResumeConsumption():
+                if self._obtain_reader(message.receiver_id, "ResumeConsumption") is not None:
+                    queue.add_credit_or_resume_consumption(message.receiver_id, lambda r: r.resume_consumption())
+            case AckAllUserRecordsProcessed():
+                reader = self._obtain_reader(message.receiver_id, "AckAllUserRecordsProcessed")
+                if reader is not None:
+                    reader.acknowledge_all_records_processed()
+            case NewBufferSize():
+                # a consumer announces its buffer size to every upstream, ready or not: unknown ids are ignored
+                reader = queue.all_readers.get(message.receiver_id)
+                if reader is not None:
+                    reader.notify_new_buffer_size(message.buffer_size)
+            case RecycleBuffers():
+                self._on_recycle_buffers(message)
+            case Hello():
+                pass  # already authenticated, or no secret required
+            case _:
+                raise ProtocolError(f"unexpected {type(message).__name__} from a client")
+
+    def _on_recycle_buffers(self, message: RecycleBuffers) -> None:
+        reader = self.queue.all_readers.get(message.receiver_id)
+        if reader is None:  # cancelled meanwhile: releasing it returned every held segment
+            return
+        if not isinstance(reader, LocalChannelViewReader):
+            raise ProtocolError(f"RecycleBuffers for receiver {message.receiver_id}, which is not a local channel")
+        reader.recycle(message.count)
 
     def _obtain_reader(self, receiver_id: int, what: str) -> CreditBasedSequenceNumberingViewReader | None:
         """The reader of ``receiver_id``, as Flink's ``obtainReader``: a message naming a receiver that never
