@@ -430,11 +430,6 @@ class RecordWriter:
     def schema(self) -> pa.Schema | None:
         return self._schema
 
-    @property
-    def size_model(self) -> IpcSizeModel | None:
-        """The per-row size model of the schema (None before the first batch)."""
-        return self._model
-
     def is_available(self) -> bool:
         """Flink's ``RecordWriter.isAvailable``: the partition's buffer pool has a segment free."""
         return self.partition.is_available()

@@ -125,7 +125,6 @@ class BufferManager:
         "global_pool",
         "is_waiting_for_floating_buffers",
         "num_exclusive",
-        "num_exclusive_total",
         "num_floating",
         "num_required_buffers",
     )
@@ -136,7 +135,6 @@ class BufferManager:
         self.floating_pool = floating_pool
         self.num_exclusive = 0  # unused exclusive buffers
         self.num_floating = 0  # unused floating buffers
-        self.num_exclusive_total = 0
         self.num_required_buffers = 0
         self.is_waiting_for_floating_buffers = False
 
@@ -149,7 +147,6 @@ class BufferManager:
         """Take ``n`` exclusive (unpooled) segments from the global pool."""
         self.global_pool.request_unpooled_segments(n)
         self.num_exclusive += n
-        self.num_exclusive_total += n
 
     def request_buffer(self) -> Callable[[], None] | None:
         """Take an unused buffer for an arriving data buffer, floating first; its recycler, or None."""
@@ -187,7 +184,6 @@ class BufferManager:
     def recycle_exclusive(self) -> None:
         """The consumer is done with a buffer that occupied an exclusive one."""
         if self.channel.is_released:
-            self.num_exclusive_total -= 1
             self.global_pool.recycle_unpooled_segments(1)
             return
         self.num_exclusive += 1
@@ -220,7 +216,6 @@ class BufferManager:
         """Channel released: unused exclusive buffers to the global pool, unused floating ones to the gate."""
         if self.num_exclusive:
             n, self.num_exclusive = self.num_exclusive, 0
-            self.num_exclusive_total -= n
             self.global_pool.recycle_unpooled_segments(n)
         self.release_floating_buffers()
 
@@ -466,10 +461,6 @@ class RemoteInputChannel:
     def queue_size_bytes(self) -> int:
         """Bytes of the received buffers not yet polled (``inputQueueSize`` of this channel)."""
         return sum(len(buffer.data) for buffer, _ in self.received_buffers)  # type: ignore[arg-type]
-
-    @property
-    def exclusive_buffers_used(self) -> int:
-        return max(0, self.initial_credit - self.buffer_manager.num_exclusive)
 
     def buffers_in_use_count(self) -> int:
         """Queued buffers + the sender's backlog as known here (Flink's ``getBuffersInUseCount``)."""

@@ -71,7 +71,6 @@ class SingleInputGate:
         self.buffer_pool = buffer_pool
         self.channels: list[InputChannel | None] = [None] * num_channels
         self._channels_with_data: deque[InputChannel] = deque()
-        self._num_priority_channels = 0
         self.num_finished_channels = 0
         self.is_closed = False
         #: Called when the gate goes from nothing to poll to something to poll.

@@ -176,4 +176,3 @@ class LocalInputChannel:
         return self.queue_length()
 
     queue_size_bytes = 0
-    exclusive_buffers_used = 0

@@ -391,10 +391,6 @@ class PipelinedSubpartition:
         """Elements queued: data, events and the open buffer (``outputQueueLength`` of one subpartition)."""
         return len(self._buffers)
 
-    @property
-    def num_priority_elements(self) -> int:
-        return self._num_priority
-
     def __repr__(self) -> str:
         return (
             f"PipelinedSubpartition(index={self.index}, queued={len(self._buffers)}, backlog="

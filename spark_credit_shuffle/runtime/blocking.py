@@ -160,11 +160,6 @@ def produce_partition(
     partition.release()
 
 
-def _producer_metrics(payload: bytes) -> list[MetricRow]:
-    """The metric rows a producer shipped (JSON lists of the MetricRow fields in order)."""
-    return [MetricRow(*row) for row in json.loads(payload)]
-
-
 def build(
     plan: ExchangePlan, df: DataFrame, *, report: MetricsReport | None = None
 ) -> tuple[DataFrame, CollectedMetrics]:

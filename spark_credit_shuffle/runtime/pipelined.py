@@ -624,7 +624,6 @@ class PipelinedTask:
         self._last_delivery: list[float] = []
         self._latencies_ms: list[float] = []
         self._client_connections: dict[int, Connection] = {}
-        self._remote_channels: list[RemoteInputChannel] = []
         self._gate_gauges: GateGauges | None = None  # once the channels are set up
         self.checkpoints: ConsumerCheckpoints | None = None  # with checkpoint barriers on
         if self.is_consumer:
@@ -852,7 +851,6 @@ class PipelinedTask:
                     partition_id=int(peer["partition"]),
                     subpartition=subpartition,
                 )
-        self._remote_channels = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
         with self.transport.sending(), self.lock:  # type: ignore[union-attr]
             gate.setup()
             self._gate_gauges = GateGauges(gate, self.consumer_metrics)

@@ -228,15 +228,6 @@ class MemoryConnection:
                 times.append(link.busy_until)
         return min(times) if times else None
 
-    def is_idle(self) -> bool:
-        """Nothing in flight and nothing to send on either side."""
-        return (
-            not self.upstream.queue
-            and not self.downstream.queue
-            and not self.client.has_data()
-            and not self.server.has_data()
-        )
-
     def data_in_flight(self, receiver_id: int) -> int:
         """Data buffers written for ``receiver_id`` and not yet delivered (for credit invariant checks)."""
         return sum(
