@@ -78,7 +78,7 @@ class Exchange:
 
     def timeline_rows(self) -> list[MetricRow]:
         """The timeline samples of the first action that ran ``df`` (``stat == "sample"``), by time."""
-        return sorted((r for r in self._all_metric_rows() if r.time_ms is not None), key=lambda r: r.time_ms)
+        return sorted((r for r in self._all_metric_rows() if r.time_ms is not None), key=lambda r: r.time_ms or 0.0)
 
     def timeline(self) -> DataFrame:
         """Pool usage, backlog, credits and backpressure per subtask over time, sampled every

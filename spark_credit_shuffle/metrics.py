@@ -145,8 +145,10 @@ TIMELINE_DDL = _ddl([*_EXCHANGE_FIELDS, *_ROW_COLUMNS])
 def metric_row_spark_type() -> StructType:
     """The Spark type of one metric row (a struct of MetricRow's fields), for a column of rows."""
     from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructType
 
-    spark_type: StructType = from_arrow_type(METRIC_ROW_TYPE)
+    spark_type = from_arrow_type(METRIC_ROW_TYPE)
+    assert isinstance(spark_type, StructType)  # an Arrow struct converts to a StructType
     return spark_type
 
 
@@ -208,7 +210,7 @@ class TaskMetrics:
 
 def rows_to_arrow(groups: Iterable[list[MetricRow] | None]) -> pa.Array:
     """A ``list<METRIC_ROW_TYPE>`` array with one list per group (None gives a null list)."""
-    values = []
+    values: list[list[dict[str, object]] | None] = []
     for group in groups:
         if group is None:
             values.append(None)

@@ -265,7 +265,7 @@ class ExchangeSpec:
             producers, consumers = int(parts[0]), int(parts[1])
         except ValueError:
             raise ConfigError("exchange", text, "integer producer and consumer counts, e.g. 4:4:hash") from None
-        return cls(producers, consumers, *(parts[2:]))  # type: ignore[arg-type]
+        return cls(producers, consumers, *(parts[2:]))
 
 
 @dataclass(frozen=True)
@@ -655,21 +655,21 @@ def _stage(
         worst = (-1, 0, 0, plans, None)
         largest_max = 0
         for placement in placements:
-            if len(placement) != len(plans):  # type: ignore[arg-type]
+            if len(placement) != len(plans):
                 raise ConfigError(
                     "placement", placement, f"one executor per task of stage '{name}' ({len(plans)} tasks)"
                 )
             tasks = task_plans(placement)
             by_executor: dict[int, list[TaskPlan]] = {}
-            for task, executor in zip(tasks, placement):  # type: ignore[arg-type]
+            for task, executor in zip(tasks, placement):
                 by_executor.setdefault(executor, []).append(task)
             for group in by_executor.values():
                 required = sum(t.required for t in group)
                 largest_max = max(largest_max, sum(t.maximum for t in group))
                 if required > worst[0]:
-                    worst = (required, 0, len(group), tasks, tuple(placement))  # type: ignore[arg-type]
-        worst = (worst[0], largest_max, *worst[2:])
-    required, maximum, at_once, plans, placement = worst
+                    worst = (required, 0, len(group), tasks, tuple(placement))
+        worst = (worst[0], largest_max, worst[2], worst[3], worst[4])
+    required, maximum, at_once, plans, worst_placement = worst
     return StagePlan(
         name=name,
         mode=mode,
@@ -681,7 +681,7 @@ def _stage(
         segment_size=config.segment_size,
         all_at_once=barrier,
         total_slots=executors.total_slots,
-        placement=placement,
+        placement=worst_placement,
     )
 
 

@@ -331,7 +331,7 @@ def _unsupported(t: pa.DataType) -> str | None:
 
 
 def _is_list_like(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t)
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t))
 
 
 def _offset_width(t: pa.DataType) -> int:
@@ -340,7 +340,9 @@ def _offset_width(t: pa.DataType) -> int:
 
 
 def _is_var_width(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+    return bool(
+        pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+    )
 
 
 def _offsets(arr: pa.Array, n: int, width: int) -> np.ndarray:
@@ -399,7 +401,7 @@ class _Node:
         if self.kind == "struct":
             return self.const_bits + sum(child.constant_bits() for child in self.children)
         if self.kind == "fixed_list":
-            return self.const_bits + self.type.list_size * self.children[0].constant_bits()
+            return self.const_bits + int(self.type.list_size) * self.children[0].constant_bits()
         return self.const_bits
 
     def has_offsets(self) -> bool:
@@ -457,7 +459,8 @@ class _Node:
         bits = child.row_bits(values.slice(lo, hi - lo))
         cum = np.zeros(len(bits) + 1, dtype=np.int64)
         np.cumsum(bits, out=cum[1:])
-        return cum[o[1:] - lo] - cum[o[:-1] - lo]
+        sizes: np.ndarray = cum[o[1:] - lo] - cum[o[:-1] - lo]
+        return sizes
 
 
 class IpcSizeModel:
@@ -578,4 +581,4 @@ def measure_metadata(schema: pa.Schema) -> int:
     arrays = [pa.nulls(1, field.type) for field in schema]
     message = pa.RecordBatch.from_arrays(arrays, schema=schema).serialize()
     body = pa.ipc.read_message(message).body
-    return message.size - (body.size if body is not None else 0)
+    return int(message.size - (body.size if body is not None else 0))

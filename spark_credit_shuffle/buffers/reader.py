@@ -98,7 +98,7 @@ class RecordReader:
                 raise MalformedPayload(f"{buffer.data_type.name} buffer after the end of partition")
             data_type = buffer.data_type
             data = buffer.data
-            size = len(data)  # type: ignore[arg-type]
+            size = len(data)
             self.num_buffers_in += 1
             self.num_bytes_in += size
             if data_type is _DATA or data_type is _DATA_CLEAR_END:

@@ -1026,7 +1026,9 @@ class _PendingWrite:
 
     __slots__ = ("batch", "cum", "index", "overhead", "resume_row", "runs")
 
-    def __init__(self, batch: pa.RecordBatch, cum: np.ndarray | None, overhead: int, runs: list) -> None:
+    def __init__(
+        self, batch: pa.RecordBatch, cum: np.ndarray | None, overhead: int, runs: list[tuple[int, int, int]]
+    ) -> None:
         self.batch = batch
         self.cum = cum
         self.overhead = overhead

@@ -126,7 +126,7 @@ def _check_null_keys(null_keys: object) -> str:
         raise ConfigError(
             "null_keys", null_keys, "'error' (refuse null keys, as Flink does) or 'zero' (hash them as 0)"
         )
-    return null_keys  # type: ignore[return-value]
+    return null_keys
 
 
 # -- Java hashCode per Arrow type -----------------------------------------------------------------
@@ -162,7 +162,8 @@ def _null_mask(arr: pa.Array) -> np.ndarray | None:
 
 def _fold_long(bits: np.ndarray) -> np.ndarray:
     """Java ``Long.hashCode``: ``(int)(v ^ (v >>> 32))`` on uint64 bit patterns, as uint32."""
-    return (bits ^ (bits >> np.uint64(32))).astype(_U32)
+    folded: np.ndarray = (bits ^ (bits >> np.uint64(32))).astype(_U32)
+    return folded
 
 
 def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray]:

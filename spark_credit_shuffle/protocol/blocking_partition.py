@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from ..buffers.buffer import Buffer, BufferConsumer, DataType
+from ..buffers.buffer import Buffer, BufferConsumer, DataType, Payload
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
 from .partition import ResultPartition
@@ -192,7 +192,7 @@ class BoundedBlockingSubpartitionReader:
         if num_data_buffers is None:
             items = [self._as_stored(b) for b in buffers]
             num_data_buffers = sum(1 for b in items if b[0].is_buffer)
-            self._iterator: Iterator = iter(items)
+            self._iterator: Iterator[tuple[DataType, Payload]] = iter(items)
         else:
             self._iterator = (self._as_stored(b) for b in buffers)
         self._backlog = num_data_buffers

@@ -398,7 +398,7 @@ class RemoteInputChannel:
         buffer, sequence_number = queue.popleft()
         if self._num_priority:
             self._num_priority -= 1
-        self.num_bytes_in += len(buffer.data)  # type: ignore[arg-type]
+        self.num_bytes_in += len(buffer.data)
         self.num_buffers_in += 1
         return buffer, bool(queue), sequence_number
 
@@ -460,7 +460,7 @@ class RemoteInputChannel:
     @property
     def queue_size_bytes(self) -> int:
         """Bytes of the received buffers not yet polled (``inputQueueSize`` of this channel)."""
-        return sum(len(buffer.data) for buffer, _ in self.received_buffers)  # type: ignore[arg-type]
+        return sum(len(buffer.data) for buffer, _ in self.received_buffers)
 
     def buffers_in_use_count(self) -> int:
         """Queued buffers + the sender's backlog as known here (Flink's ``getBuffersInUseCount``)."""

@@ -358,7 +358,7 @@ class CreditBasedPartitionRequestClientHandler:
         if not IS_BUFFER[data_type]:  # events get an unpooled buffer of their own
             channel.on_buffer(Buffer(data_type, payload), message.sequence_number, message.backlog)
             return
-        if not len(payload):  # type: ignore[arg-type]
+        if not len(payload):
             channel.on_empty_buffer(message.sequence_number, message.backlog)
             return
         recycler = channel.buffer_manager.request_buffer()
@@ -379,7 +379,7 @@ class CreditBasedPartitionRequestClientHandler:
             if channel is None and not self.is_closed:
                 self._enqueue(CancelPartitionRequest(message.receiver_id))
             return True
-        if IS_BUFFER[message.data_type] and len(message.payload):  # type: ignore[arg-type]
+        if IS_BUFFER[message.data_type] and len(message.payload):
             pool = channel.gate.buffer_pool
             if not pool.request_buffer():
                 if pool.add_buffer_listener(self):

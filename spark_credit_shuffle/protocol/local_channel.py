@@ -139,7 +139,7 @@ class LocalInputChannel:
             return None
         buffer = nxt.buffer
         self.num_buffers_in += 1
-        self.num_bytes_in += len(buffer.data)  # type: ignore[arg-type]
+        self.num_bytes_in += len(buffer.data)
         if buffer.data_type is _END_OF_PARTITION:
             self.received_end_of_partition = True
         return buffer, nxt.next_data_type is not _NONE, nxt.sequence_number

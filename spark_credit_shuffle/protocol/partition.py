@@ -13,6 +13,7 @@ Not thread-safe: callers serialise access (one lock per task in a threaded runti
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from ..buffers.buffer import Buffer, BufferConsumer, ByteBufferBuilder
 from ..buffers.writer import ResultPartitionWriter
@@ -31,6 +32,7 @@ __all__ = [
     "ResultPartition",
     "ResultPartitionManager",
     "ResultPartitionWriter",
+    "ServedPartition",
 ]
 
 
@@ -297,6 +299,18 @@ class PipelinedResultPartition(ResultPartition):
         return [s.get_buffers_in_backlog() for s in self.subpartitions]
 
 
+class ServedPartition(Protocol):
+    """What the manager serves: a partition with an id whose subpartitions are read through views (a
+    :class:`ResultPartition`, or the blocking consumer's stored partition)."""
+
+    @property
+    def partition_id(self) -> int: ...
+
+    def create_subpartition_view(
+        self, subpartition: int, listener: BufferAvailabilityListener
+    ) -> ResultSubpartitionView: ...
+
+
 class ResultPartitionManager:
     """The partitions a producer side serves, by partition id (Flink's ``ResultPartitionManager``).
 
@@ -305,11 +319,11 @@ class ResultPartitionManager:
     """
 
     def __init__(self) -> None:
-        self._partitions: dict[int, object] = {}
+        self._partitions: dict[int, ServedPartition] = {}
         self._waiting: dict[int, list[Callable[[], None]]] = {}
 
-    def register_partition(self, partition: object, partition_id: int | None = None) -> None:
-        pid = partition.partition_id if partition_id is None else partition_id  # type: ignore[attr-defined]
+    def register_partition(self, partition: ServedPartition, partition_id: int | None = None) -> None:
+        pid = partition.partition_id if partition_id is None else partition_id
         if pid in self._partitions:
             raise PartitionStateError(f"result partition {pid} is already registered")
         self._partitions[pid] = partition
@@ -318,10 +332,10 @@ class ResultPartitionManager:
 
     def release_partition(self, partition_id: int) -> None:
         partition = self._partitions.pop(partition_id, None)
-        if partition is not None and hasattr(partition, "release"):
+        if isinstance(partition, ResultPartition):
             partition.release()
 
-    def get_partition(self, partition_id: int) -> object | None:
+    def get_partition(self, partition_id: int) -> ServedPartition | None:
         return self._partitions.get(partition_id)
 
     def __contains__(self, partition_id: int) -> bool:
@@ -333,7 +347,7 @@ class ResultPartitionManager:
         partition = self._partitions.get(partition_id)
         if partition is None:
             raise PartitionNotFoundError(partition_id, subpartition)
-        return partition.create_subpartition_view(subpartition, listener)  # type: ignore[attr-defined]
+        return partition.create_subpartition_view(subpartition, listener)
 
     def wait_for(self, partition_id: int, callback: Callable[[], None]) -> None:
         self._waiting.setdefault(partition_id, []).append(callback)

@@ -44,7 +44,7 @@ from .messages import (
     ServerMessage,
 )
 from .partition import ResultPartitionManager
-from .subpartition import AvailabilityWithBacklog, BufferAndBacklog, ResultSubpartitionView
+from .subpartition import AvailabilityWithBacklog, BufferAndBacklog, BufferAvailabilityListener, ResultSubpartitionView
 
 __all__ = [
     "BufferAndAvailability",
@@ -70,7 +70,7 @@ class PartitionProvider(Protocol):
     """Where readers get their views: a :class:`ResultPartitionManager` or any object with this method."""
 
     def create_subpartition_view(
-        self, partition_id: int, subpartition: int, listener: object
+        self, partition_id: int, subpartition: int, listener: BufferAvailabilityListener
     ) -> ResultSubpartitionView: ...
 
 

@@ -261,6 +261,7 @@ class PipelinedSubpartition:
             self.flush_requested = False
             return None
         head = buffers[0]
+        buffer: Buffer | None
         if type(head) is Buffer and not self._num_priority:
             # the common case: a complete buffer, its own consumer (_poll_head does the rest)
             buffers.popleft()
@@ -270,7 +271,7 @@ class PipelinedSubpartition:
             data_type = buffer.data_type
             if IS_BUFFER[data_type]:
                 self.buffers_in_backlog -= 1
-                if not len(buffer.data) and self.receiver_exclusive_buffers_per_channel:  # type: ignore[arg-type]
+                if not len(buffer.data) and self.receiver_exclusive_buffers_per_channel:
                     buffer.recycle()
                     return self.poll_buffer()
             elif IS_BLOCKING_UPSTREAM[data_type]:
@@ -320,7 +321,7 @@ class PipelinedSubpartition:
                     self.buffers_in_backlog -= 1
                 if self.receiver_exclusive_buffers_per_channel == 0:
                     return buffer  # even empty: a receiver without exclusive buffers must get its credit back
-            if len(buffer.data) or not IS_BUFFER[buffer.data_type]:  # type: ignore[arg-type]
+            if len(buffer.data) or not IS_BUFFER[buffer.data_type]:
                 return buffer
             buffer.recycle()
             if not finished:

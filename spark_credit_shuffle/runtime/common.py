@@ -276,7 +276,7 @@ except ImportError:  # pyspark is an optional dependency of the package; the par
     _AccumulatorParam = object  # type: ignore[assignment,misc]
 
 
-class _ReportsParam(_AccumulatorParam):  # type: ignore[misc,valid-type]
+class _ReportsParam(_AccumulatorParam):
     """A list of (stage id, partition, task attempt id, metric rows) reports, merged by concatenation."""
 
     def zero(self, value: list) -> list:

@@ -35,6 +35,7 @@ __all__ = [
     "is_connect",
     "num_partitions",
     "spark_context",
+    "task_partition_id",
 ]
 
 _LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
@@ -43,11 +44,19 @@ _LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*(?:,[^\]]*)
 
 def _partition_ids(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """One row per task, its partition id, whatever the partition holds (also when it is empty)."""
-    from pyspark import TaskContext
-
     for _ in batches:  # none: every row was dropped in the JVM
         pass
-    yield pa.record_batch([pa.array([TaskContext.get().partitionId()], pa.int32())], names=["partition"])
+    yield pa.record_batch([pa.array([task_partition_id()], pa.int32())], names=["partition"])
+
+
+def task_partition_id() -> int:
+    """The partition of the Spark task this runs in; :class:`CreditShuffleError` outside of a task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        raise CreditShuffleError("this function runs inside a Spark task only (no TaskContext here)")
+    return context.partitionId()
 
 
 def _count_partitions(df: DataFrame, drop_rows: bool) -> int:

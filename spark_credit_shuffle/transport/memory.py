@@ -28,7 +28,7 @@ from ..protocol.messages import BufferResponse, Message
 from ..protocol.partition import ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.sender import PartitionRequestServerHandler
-from ..protocol.subpartition import PipelinedSubpartition
+from ..protocol.subpartition import BufferAvailabilityListener, PipelinedSubpartition, PipelinedSubpartitionView
 
 __all__ = ["Link", "MemoryConnection", "StoredBuffersExchange"]
 
@@ -99,7 +99,7 @@ class Link:
                 arrival = done + self.latency
             else:
                 arrival = now
-            item = b"".join(bytes(c) for c in encode(message)) if self.encode else message  # type: ignore[arg-type]
+            item = b"".join(bytes(c) for c in encode(message)) if self.encode else message
             queue.append((arrival, item, size))
             self.queued_bytes += size
             self.messages_sent += 1
@@ -203,11 +203,11 @@ class MemoryConnection:
         up = down = 0
         while True:
             before = up + down
-            while client_outbound and (message := client_next()) is not None:
-                server_receive(message)
+            while client_outbound and (request := client_next()) is not None:
+                server_receive(request)
                 up += 1
-            while (server_outbox or server_readers) and client.is_reading and (message := server_next()) is not None:
-                client_receive(message)
+            while (server_outbox or server_readers) and client.is_reading and (response := server_next()) is not None:
+                client_receive(response)
                 down += 1
             if up + down == before:
                 self.upstream.messages_sent += up
@@ -351,5 +351,7 @@ class _StoredPartition:
         self.partition_id = partition_id
         self.subpartition = PipelinedSubpartition(0, None, receiver_exclusive_buffers)
 
-    def create_subpartition_view(self, subpartition: int, listener: object) -> object:
-        return self.subpartition.create_read_view(listener)  # type: ignore[arg-type]
+    def create_subpartition_view(
+        self, subpartition: int, listener: BufferAvailabilityListener
+    ) -> PipelinedSubpartitionView:
+        return self.subpartition.create_read_view(listener)
