@@ -15,7 +15,7 @@ import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, SupportsIndex
 
 from ._pyspark import spark_context
 from .errors import ConfigError, UnknownSettingError
@@ -89,12 +89,9 @@ def parse_duration_ms(value: int | str, setting: str = "duration") -> int:
 
 def check_count(value: object, setting: str) -> int:
     """``value`` as an int >= 1 (a parallelism, a number of tasks), or a ConfigError naming ``setting``."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise ConfigError(setting, value, "an integer >= 1")
-    try:
-        count = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigError(setting, value, "an integer >= 1") from None
+    count = operator.index(value)
     if count < 1:
         raise ConfigError(setting, value, "an integer >= 1")
     return count

@@ -169,7 +169,7 @@ def resolve_key_columns(df: DataFrame, partitioner: Partitioner) -> Partitioner:
             )
     if tuple(resolved) == tuple(columns):
         return partitioner
-    return dataclasses.replace(partitioner, columns=tuple(resolved))  # type: ignore[type-var]
+    return dataclasses.replace(partitioner, columns=tuple(resolved))  # type: ignore[type-var]  # keyed partitioners are dataclasses
 
 
 def _plain_names(names: list[str]) -> list[str]:
@@ -192,7 +192,7 @@ def _renamed_keys(partitioner: Partitioner, renamed: dict[str, str]) -> Partitio
     if not columns:
         return partitioner
     keys = tuple(renamed.get(c, c) if isinstance(c, str) else c for c in columns)
-    return dataclasses.replace(partitioner, columns=keys)  # type: ignore[type-var]
+    return dataclasses.replace(partitioner, columns=keys)  # type: ignore[type-var]  # keyed partitioners are dataclasses
 
 
 def _top_level_field(fields: Sequence[Any], column: str) -> Any:
@@ -321,7 +321,7 @@ def rdd_with_channel(
     producers, consumers = _resolve_counts(partitioner, num_producers, parallelism, max_p)
     names = tuple(str(c) for c in columns)
     # the selector reads the key batch built below, whose columns are named str(column)
-    by_name = dataclasses.replace(partitioner, columns=names) if columns else partitioner  # type: ignore[type-var]
+    by_name = dataclasses.replace(partitioner, columns=names) if columns else partitioner  # type: ignore[type-var]  # keyed partitioners are dataclasses
     getters = [_getter(c) for c in columns]
     types = key_types or [None] * len(columns)
 

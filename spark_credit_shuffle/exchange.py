@@ -159,7 +159,7 @@ class Exchange:
         try:
             yield self
         finally:
-            sc.setLocalProperty("spark.job.description", previous)  # type: ignore[arg-type]
+            sc.setLocalProperty("spark.job.description", previous)  # type: ignore[arg-type]  # None unsets it
 
     def __repr__(self) -> str:
         return f"Exchange({self.plan.describe()})"

@@ -55,7 +55,7 @@ import pyarrow as pa
 
 from ..config import AlignmentType, CheckpointOptions
 from ..errors import BufferDecodeError
-from .buffer import Buffer, DataType
+from .buffer import Buffer, DataType, Payload
 
 __all__ = [
     "CHUNK_HEADER",
@@ -221,7 +221,7 @@ class MalformedPayload(ValueError):
     """A payload that does not decode; the reader turns it into a ``BufferDecodeError`` naming the channel."""
 
 
-def decode_event(data_type: DataType, payload: object) -> Event:
+def decode_event(data_type: DataType, payload: Payload) -> Event:
     """The event in a buffer of ``data_type`` with ``payload``; :class:`BufferDecodeError` if it is none."""
     try:
         return decode_event_payload(data_type, payload)
@@ -229,9 +229,9 @@ def decode_event(data_type: DataType, payload: object) -> Event:
         raise BufferDecodeError(str(exc)) from None
 
 
-def decode_event_payload(data_type: DataType, payload: object) -> Event:
+def decode_event_payload(data_type: DataType, payload: Payload) -> Event:
     """:func:`decode_event`, raising :class:`MalformedPayload` (no channel context) on bad bytes."""
-    view = memoryview(payload).cast("B")  # type: ignore[arg-type]
+    view = memoryview(payload).cast("B")
     if data_type is DataType.END_OF_PARTITION:
         if len(view):
             raise MalformedPayload(f"end-of-partition buffer carries {len(view)} payload bytes, expected none")

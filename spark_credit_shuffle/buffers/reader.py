@@ -23,7 +23,7 @@ import struct
 import pyarrow as pa
 
 from ..errors import BufferDecodeError
-from .buffer import Buffer, DataType
+from .buffer import Buffer, DataType, Payload
 from .format import (
     CHUNK_HEADER,
     FORMAT_VERSION,
@@ -227,7 +227,7 @@ class RecordReader:
         return batch
 
 
-def _immutable(data: object) -> pa.Buffer:
+def _immutable(data: Payload) -> pa.Buffer:
     """``data`` as a pyarrow buffer, zero-copy when nobody can change it after recycling."""
     if isinstance(data, bytes):
         return pa.py_buffer(data)
@@ -235,7 +235,7 @@ def _immutable(data: object) -> pa.Buffer:
         return data
     if isinstance(data, memoryview) and isinstance(data.obj, bytes):
         return pa.py_buffer(data)
-    return pa.py_buffer(bytes(data))  # type: ignore[call-overload]
+    return pa.py_buffer(bytes(data))
 
 
 def _bad_header(magic: int, version: int, flags: int, reserved: int, offset: int) -> None:

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from ..config import MIN_SEGMENT_SIZE
 from ..errors import ConfigError
-from .buffer import Buffer, BufferConsumer, DataType
+from .buffer import Buffer, BufferConsumer, DataType, Payload
 from .format import (
     CHUNK_HEADER,
     FORMAT_VERSION,
@@ -395,7 +395,7 @@ class RecordWriter:
         self._schema: pa.Schema | None = None
         self._model: IpcSizeModel | None = None
         self._compact_before_take = False
-        self._schema_payload = b""
+        self._schema_payload: Payload = b""
         self._min_row_bits = 1
         self._finished = False
         self._records_out = np.zeros(n, dtype=np.int64)
@@ -404,6 +404,10 @@ class RecordWriter:
         # A load-based selector (adaptive rebalance) chooses per chunk from the bytes queued per subpartition:
         # bytes of finished buffers not yet recycled (consumed) plus the open buffer's.
         self._load_based = bool(getattr(selector, "is_load_based", False))
+        #: The load-based selector's ``choose_channel(queued_bytes)`` (AdaptiveRebalanceSelector's), else None.
+        self._choose_channel: Callable[[np.ndarray], int] | None = (
+            getattr(selector, "choose_channel", None) if self._load_based else None
+        )
         self._released_bytes = [0] * n
         self._released_log: collections.deque[tuple[int, int]] = collections.deque()  # appended by recyclers
         if schema is not None:
@@ -429,6 +433,14 @@ class RecordWriter:
     @property
     def schema(self) -> pa.Schema | None:
         return self._schema
+
+    @property
+    def _size_model(self) -> IpcSizeModel:
+        """The size model of the writer's schema (set by the schema given, or the first batch)."""
+        model = self._model
+        if model is None:
+            raise RuntimeError("the RecordWriter has no schema yet: it learns it from the first batch")
+        return model
 
     def is_available(self) -> bool:
         """Flink's ``RecordWriter.isAvailable``: the partition's buffer pool has a segment free."""
@@ -465,9 +477,9 @@ class RecordWriter:
         grouped, cum, overhead = batch, None, 0
         if n and self._load_based:
             self._ensure_unicast_mode()
-            model = self._model
-            cum = model.cumulative_bits(batch)  # type: ignore[union-attr]
-            overhead = model.overhead(batch)  # type: ignore[union-attr]
+            model = self._size_model
+            cum = model.cumulative_bits(batch)
+            overhead = model.overhead(batch)
             quarter = self.segment_size * 2  # bits in a quarter of a segment
             total = int(cum[-1]) - int(cum[0])
             if total > quarter:
@@ -484,9 +496,9 @@ class RecordWriter:
             channels = self.selector.select_channels(batch)
             grouped, counts = self._group(batch, channels)
             self._ensure_unicast_mode()
-            model = self._model
-            cum = model.cumulative_bits(grouped)  # type: ignore[union-attr]
-            overhead = model.overhead(grouped)  # type: ignore[union-attr]
+            model = self._size_model
+            cum = model.cumulative_bits(grouped)
+            overhead = model.overhead(grouped)
             lo = 0
             for sp, count in enumerate(counts.tolist()):
                 if count:
@@ -507,9 +519,9 @@ class RecordWriter:
         runs: list[tuple[int, int, int]] = []
         cum, overhead = None, 0
         if n:
-            model = self._model
-            cum = model.cumulative_bits(batch)  # type: ignore[union-attr]
-            overhead = model.overhead(batch)  # type: ignore[union-attr]
+            model = self._size_model
+            cum = model.cumulative_bits(batch)
+            overhead = model.overhead(batch)
             if self.selector.is_broadcast:
                 self._ensure_broadcast_mode()
                 runs.append((_BROADCAST, 0, n))
@@ -545,13 +557,16 @@ class RecordWriter:
             target, first, hi = runs[pending.index]
             lo = first if pending.resume_row is None else pending.resume_row
             if target == _CHOOSE:
-                target = self.selector.choose_channel(self.queued_bytes())  # type: ignore[attr-defined]
+                choose = self._choose_channel
+                assert choose is not None  # runs to choose are made for a load-based selector only
+                target = choose(self.queued_bytes())
                 runs[pending.index] = (target, first, hi)
+            assert cum is not None  # a batch with rows to write has the size model's numbers
             try:
                 if target >= 0 and not self._load_based and not flush_always:
-                    self._write_run(target, batch, lo, hi, cum, overhead)  # type: ignore[arg-type]
+                    self._write_run(target, batch, lo, hi, cum, overhead)
                 else:
-                    self._write_rows(target, batch, lo, hi, cum, overhead)  # type: ignore[arg-type]
+                    self._write_rows(target, batch, lo, hi, cum, overhead)
             except _NoBuffer:
                 pending.resume_row = self._resume_row
                 return False
@@ -701,7 +716,7 @@ class RecordWriter:
         self._model = model
         self._schema = schema
         self._compact_before_take = any(takes_wrong_rows(field.type) for field in schema)
-        self._schema_payload = encode_event(SchemaEvent(schema)).data  # type: ignore[assignment]
+        self._schema_payload = encode_event(SchemaEvent(schema)).data
         self._min_row_bits = max(1, int(self._model.cumulative_bits(_empty_row_batch(schema))[-1]))
 
     def _group(self, batch: pa.RecordBatch, channels: np.ndarray) -> tuple[pa.RecordBatch, np.ndarray]:
@@ -826,8 +841,8 @@ class RecordWriter:
         """
         if self.resumable and not self.partition.is_available():
             raise _NoBuffer
-        model = self._model
-        message = model.serialize(rows, bound) if model.has_nested_lists else rows.serialize()  # type: ignore[union-attr]
+        model = self._size_model
+        message = model.serialize(rows, bound) if model.has_nested_lists else rows.serialize()
         size = message.size
         if _HEADER + size > self.segment_size:
             self._write_exact(sp, rows)
@@ -886,7 +901,7 @@ class RecordWriter:
             builder.append_chunk(chunk)
             self._add_consumers(target, builder, len(chunk))
             offset += length
-            if index < count - 1 or builder.free_bits(self._model.chunk_overhead) < self._min_row_bits:  # type: ignore[union-attr]
+            if index < count - 1 or builder.free_bits(self._size_model.chunk_overhead) < self._min_row_bits:
                 self._finish(target)
 
     def _write_exact(self, target: int, rows: pa.RecordBatch) -> None:
@@ -936,9 +951,9 @@ class RecordWriter:
             self._builder_opened(channel)
         if self._load_based and target >= 0:
             recycler = self._counting_recycler(target, recycler)
-        builder = BufferBuilder(self.segment_size, self._model, recycler)  # type: ignore[arg-type]
-        if self._load_based and target >= 0:
-            recycler.builder = builder  # type: ignore[attr-defined]
+        builder = BufferBuilder(self.segment_size, self._size_model, recycler)
+        if isinstance(recycler, _CountingRecycler):
+            recycler.builder = builder
         if target >= 0:
             self._unicast[target] = builder
         else:
@@ -947,20 +962,9 @@ class RecordWriter:
             self._add_consumers(target, builder, 0)
         return builder
 
-    def _counting_recycler(self, target: int, recycler: Callable[[], None]) -> Callable[[], None]:
-        """``recycler``, which also logs the builder's bytes as consumed from ``target``; it may run on
-        any thread, the writer adds the log up in :meth:`queued_bytes`."""
-        log = self._released_log
-
-        def recycle() -> None:
-            builder = recycle.builder  # type: ignore[attr-defined]
-            recycle.builder = None  # type: ignore[attr-defined]
-            if builder is not None:
-                log.append((target, builder._written))
-            recycler()
-
-        recycle.builder = None  # type: ignore[attr-defined]
-        return recycle
+    def _counting_recycler(self, target: int, recycler: Callable[[], None]) -> _CountingRecycler:
+        """``recycler``, which also logs the builder's bytes as consumed from ``target``."""
+        return _CountingRecycler(target, recycler, self._released_log)
 
     def _add_consumers(self, target: int, builder: BufferBuilder, partial_record_length: int) -> None:
         targets = range(self.num_subpartitions) if target < 0 else (target,)
@@ -1018,6 +1022,25 @@ class RecordWriter:
 class _NoBuffer(Exception):
     """A resumable writer's partition cannot give the next new buffer now (raised before anything of the
     rows it was for is written; the writer keeps where it stopped)."""
+
+
+class _CountingRecycler:
+    """A segment's recycler that also logs the bytes its builder wrote as consumed from ``target`` (for a
+    load-based selector); it may run on any thread, the writer adds the log up in ``queued_bytes``."""
+
+    __slots__ = ("builder", "log", "recycler", "target")
+
+    def __init__(self, target: int, recycler: Callable[[], None], log: collections.deque[tuple[int, int]]) -> None:
+        self.target = target
+        self.recycler = recycler
+        self.log = log
+        self.builder: BufferBuilder | None = None
+
+    def __call__(self) -> None:
+        builder, self.builder = self.builder, None
+        if builder is not None:
+            self.log.append((self.target, builder._written))
+        self.recycler()
 
 
 class _PendingWrite:

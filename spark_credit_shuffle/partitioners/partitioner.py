@@ -14,7 +14,7 @@ import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, SupportsIndex
 
 import numpy as np
 
@@ -57,11 +57,10 @@ __all__ = [
 
 
 def _check_index(value: object, setting: str, count: int) -> int:
-    try:
-        index = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigError(setting, value, f"an integer in [0, {count})") from None
-    if isinstance(value, bool) or not 0 <= index < count:
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise ConfigError(setting, value, f"an integer in [0, {count})")
+    index = operator.index(value)
+    if not 0 <= index < count:
         raise ConfigError(setting, value, f"an integer in [0, {count})")
     return index
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from ..buffers.buffer import Buffer, DataType
+from ..buffers.buffer import Buffer, DataType, Payload
 from ..config import DEFAULT_SEGMENT_SIZE
 from ..errors import BufferReorderingError, ProtocolError
 from ._flags import IS_BUFFER
@@ -86,7 +86,7 @@ class ConnectionSubpartitionView:
 
     # -- network side --
 
-    def on_buffer(self, data_type: DataType, payload: object, sequence_number: int, backlog: int) -> None:
+    def on_buffer(self, data_type: DataType, payload: Payload, sequence_number: int, backlog: int) -> None:
         """A BufferResponse for this channel arrived."""
         if self.is_released:
             return
@@ -97,7 +97,7 @@ class ConnectionSubpartitionView:
             return
         self.expected_sequence_number = sequence_number + 1
         if IS_BUFFER[data_type]:
-            if not len(payload):  # type: ignore[arg-type]
+            if not len(payload):
                 self._recycle_one()  # nothing to read; the producer's segment goes back at once
                 return
             buffer = Buffer(data_type, payload, self._recycle_one)

@@ -139,12 +139,13 @@ class SingleInputGate:
 
     def request_partitions(self) -> None:
         """Send every channel's partition request (set up first if needed)."""
-        missing = [i for i, c in enumerate(self.channels) if c is None]
-        if missing:
+        channels = [c for c in self.channels if c is not None]
+        if len(channels) < self.num_channels:
+            missing = [i for i, c in enumerate(self.channels) if c is None]
             raise ValueError(f"channels {missing} of the gate were never created")
         self.setup()
-        for channel in self.channels:
-            channel.request_subpartition()  # type: ignore[union-attr]
+        for channel in channels:
+            channel.request_subpartition()
 
     # -- notifications from channels --
 
@@ -206,7 +207,10 @@ class SingleInputGate:
         return self.num_finished_channels == self.num_channels
 
     def resume_consumption(self, channel_index: int) -> None:
-        self.channels[channel_index].resume_consumption()  # type: ignore[union-attr]
+        channel = self.channels[channel_index]
+        if channel is None:
+            raise ValueError(f"channel {channel_index} of the gate was never created")
+        channel.resume_consumption()
 
     def buffers_in_use_count(self) -> int:
         """Buffers holding this gate's data, queued or announced as backlog (what debloating sizes)."""

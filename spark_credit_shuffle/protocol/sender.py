@@ -396,8 +396,8 @@ class PartitionRequestQueue:
                 BufferResponse,
                 (reader.receiver_id, reader.subpartition, sequence_number, backlog, data_type, False, buffer.data),
             )
-            if reader.holds_buffers and IS_BUFFER[data_type]:  # a local channel: held until recycled
-                reader.held.append(buffer)  # type: ignore[attr-defined]
+            if reader.holds_buffers and IS_BUFFER[data_type] and isinstance(reader, LocalChannelViewReader):
+                reader.held.append(buffer)  # a local channel: held until recycled
             else:
                 buffer.recycle()  # the message keeps the payload; the segment is free for the producer
             return message

@@ -273,7 +273,7 @@ def metrics_report(spark: Any) -> MetricsReport:
 try:
     from pyspark.accumulators import AccumulatorParam as _AccumulatorParam
 except ImportError:  # pyspark is an optional dependency of the package; the param is only used with it
-    _AccumulatorParam = object  # type: ignore[assignment,misc]
+    _AccumulatorParam = object  # type: ignore[assignment,misc]  # a stand-in base without pyspark
 
 
 class _ReportsParam(_AccumulatorParam):

@@ -74,7 +74,7 @@ class Link:
         self.timed = latency > 0 or bandwidth is not None
         self.encode = encode_frames
         self.decoder = FrameDecoder(max_frame_length) if encode_frames else None
-        self.queue: deque[tuple[float, object, int]] = deque()
+        self.queue: deque[tuple[float, Message | bytes, int]] = deque()
         self.queued_bytes = 0
         self.busy_until = 0.0
         self.messages_sent = 0
@@ -117,11 +117,12 @@ class Link:
         while queue and queue[0][0] <= now and is_reading():
             _, item, size = queue.popleft()
             self.queued_bytes -= size
-            if decoder is not None:
-                for message in decoder.receive_data(item):  # type: ignore[arg-type]
+            if isinstance(item, bytes):
+                assert decoder is not None  # only a link that encodes queues frames
+                for message in decoder.receive_data(item):
                     deliver(message)
             else:
-                deliver(item)  # type: ignore[arg-type]
+                deliver(item)
             delivered += 1
         return delivered
 
@@ -130,12 +131,14 @@ class Link:
 
     def in_flight(self) -> list[Message]:
         """The messages written and not yet delivered (decoded again when the link encodes)."""
-        if self.decoder is None:
-            return [item for _, item, _ in self.queue]  # type: ignore[misc]
-        decoder = FrameDecoder(self.decoder.max_frame_length)
+        decoder = FrameDecoder(self.decoder.max_frame_length) if self.decoder is not None else None
         out: list[Message] = []
         for _, item, _ in self.queue:
-            out.extend(decoder.receive_data(item))  # type: ignore[arg-type]
+            if isinstance(item, bytes):
+                assert decoder is not None  # only a link that encodes queues frames
+                out.extend(decoder.receive_data(item))
+            else:
+                out.append(item)
         return out
 
 
@@ -161,26 +164,29 @@ class MemoryConnection:
             raise ValueError(f"socket_buffer_bytes must be > 0, got {socket_buffer_bytes}")
         self.client = client
         self.server = server
-        common = {
-            "latency": latency,
-            "bandwidth": bandwidth,
-            "capacity": socket_buffer_bytes,
-            "encode_frames": encode,
-            "max_frame_length": max_frame_length,
-        }
-        self.upstream = Link(client.next_message, server.receive_message, lambda: True, **common)  # type: ignore[arg-type]
-        self.downstream = Link(
-            server.next_message,
-            client.receive_message,
-            lambda: client.is_reading,
-            **common,  # type: ignore[arg-type]
-        )
+
+        def link(
+            source: Callable[[], Message | None], deliver: Callable[[Message], None], is_reading: Callable[[], bool]
+        ) -> Link:
+            return Link(
+                source,
+                deliver,
+                is_reading,
+                latency=latency,
+                bandwidth=bandwidth,
+                capacity=socket_buffer_bytes,
+                encode_frames=encode,
+                max_frame_length=max_frame_length,
+            )
+
+        self.upstream = link(client.next_message, server.receive_message, lambda: True)
+        self.downstream = link(server.next_message, client.receive_message, lambda: client.is_reading)
         if latency == 0 and bandwidth is None and socket_buffer_bytes is None and not encode:
             # nothing is ever held on the links: every pump hands each message straight to the other side
             client_parts = (client.next_message, client.receive_message, client._outbound)
             server_parts = (server.next_message, server.receive_message, server.queue._outbox)
             self._parts = (*client_parts, *server_parts, server.queue.available_readers)
-            self.pump = self._pump_direct  # type: ignore[method-assign]
+            self.pump = self._pump_direct  # type: ignore[method-assign]  # no link test on every pump
 
     def pump(self, now: float = 0.0) -> int:
         """Move every message that can move at ``now`` (both ways, until nothing changes); the count moved."""
