@@ -55,8 +55,8 @@ from .partitioners import (
     rescale,
     shuffle,
 )
-from .protocol.pools import (
-    NETWORK_MEMORY_SETTING,
+from .protocol.pools import NETWORK_MEMORY_SETTING
+from .protocol.sizing import (
     PartitionType,
     input_gate_buffers_spec,
     network_buffers_for_announcing,

@@ -36,8 +36,9 @@ from .protocol.checkpointing import CompletedCheckpoint, SingleCheckpointBarrier
 from .protocol.client import CreditBasedPartitionRequestClientHandler
 from .protocol.gate import SingleInputGate
 from .protocol.partition import PipelinedResultPartition, ResultPartitionManager
-from .protocol.pools import NetworkBufferPool, input_gate_buffers_spec, result_partition_pool_size
+from .protocol.pools import NetworkBufferPool
 from .protocol.sender import PartitionRequestServerHandler
+from .protocol.sizing import input_gate_buffers_spec, result_partition_pool_size
 from .transport.memory import MemoryConnection
 
 __all__ = [

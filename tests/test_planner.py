@@ -23,7 +23,8 @@ from spark_credit_shuffle.planner import (
     plan_network,
     plan_table,
 )
-from spark_credit_shuffle.protocol.pools import UNBOUNDED, NetworkBufferPool
+from spark_credit_shuffle.protocol.pools import NetworkBufferPool
+from spark_credit_shuffle.protocol.sizing import UNBOUNDED
 from spark_credit_shuffle.runtime.blocking import produce_partition
 from spark_credit_shuffle.runtime.consumer import consume_partition
 from spark_credit_shuffle.runtime.plan import ExchangePlan

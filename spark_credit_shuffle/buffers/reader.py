@@ -36,9 +36,8 @@ from .format import (
     SchemaEvent,
     check_magic,
     decode_event_payload,
-    measure_metadata,
-    unsupported_type,
 )
+from .size_model import measure_metadata, unsupported_type
 
 __all__ = ["RecordReader"]
 

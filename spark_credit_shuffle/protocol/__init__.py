@@ -3,7 +3,8 @@
 One module per Flink class family: ``subpartition`` (result subpartitions and their views), ``partition``
 (result partitions: a shared base and the pipelined one), ``blocking_partition``, ``channels`` (input
 channels with credit), ``local_channel``, ``gate`` (the input gate), ``client`` (the client handler of a
-connection), ``sender`` (the server side), ``pools``, ``messages``, ``codec``, ``debloat``, ``checkpointing``.
+connection), ``sender`` (the server side of a connection) and ``readers`` (its channels' readers),
+``pools``, ``sizing`` (how Flink sizes the pools), ``messages``, ``codec``, ``debloat``, ``checkpointing``.
 
 Nothing in this package opens a socket, starts a thread or reads a clock: its objects take messages,
 buffers, credits and recycles as inputs and return (or queue) what to send and what to deliver. One
@@ -50,21 +51,19 @@ from .messages import (
     ResumeConsumption,
 )
 from .partition import PipelinedResultPartition, ResultPartition, ResultPartitionManager, ResultPartitionWriter
-from .pools import (
+from .pools import LocalBufferPool, NetworkBufferPool
+from .readers import (
+    CreditBasedSequenceNumberingViewReader,
+    LocalChannelViewReader,
+    SequenceNumberingViewReader,
+)
+from .sender import PartitionRequestQueue, PartitionRequestServerHandler
+from .sizing import (
     GateBuffersSpec,
-    LocalBufferPool,
-    NetworkBufferPool,
     PartitionType,
     input_gate_buffers_spec,
     network_buffers_for_announcing,
     result_partition_pool_size,
-)
-from .sender import (
-    CreditBasedSequenceNumberingViewReader,
-    LocalChannelViewReader,
-    PartitionRequestQueue,
-    PartitionRequestServerHandler,
-    SequenceNumberingViewReader,
 )
 from .subpartition import (
     ADD_BUFFER_ERROR_CODE,

@@ -19,7 +19,8 @@ from ..buffers.buffer import Buffer, BufferConsumer, DataType, Payload
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
 from .partition import ResultPartition
-from .pools import LocalBufferPool, NetworkBufferPool, PartitionType, SegmentRecycler, result_partition_pool_size
+from .pools import LocalBufferPool, NetworkBufferPool, SegmentRecycler
+from .sizing import PartitionType, result_partition_pool_size
 from .subpartition import AvailabilityWithBacklog, BufferAndBacklog, BufferAvailabilityListener, end_of_partition
 
 __all__ = ["BlockingResultPartition", "BoundedBlockingSubpartitionReader", "StoredBuffer"]

@@ -24,7 +24,8 @@ from typing import Protocol
 from ..buffers.buffer import Buffer, DataType
 from ..errors import BufferReorderingError, CreditShuffleError
 from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER
-from .pools import GateBuffersSpec, LocalBufferPool, NetworkBufferPool
+from .pools import LocalBufferPool, NetworkBufferPool
+from .sizing import GateBuffersSpec
 
 __all__ = [
     "BufferManager",

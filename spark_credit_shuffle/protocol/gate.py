@@ -20,7 +20,8 @@ from .channels import InputChannel, RemoteInputChannel
 from .client import CreditBasedPartitionRequestClientHandler
 from .local_channel import LocalInputChannel, LocalPartitionRequestClient
 from .partition import ResultPartition, ResultPartitionManager
-from .pools import GateBuffersSpec, LocalBufferPool, NetworkBufferPool, input_gate_buffers_spec
+from .pools import LocalBufferPool, NetworkBufferPool
+from .sizing import GateBuffersSpec, input_gate_buffers_spec
 
 __all__ = ["BufferOrEvent", "SingleInputGate"]
 

@@ -19,7 +19,8 @@ from ..buffers.buffer import Buffer, BufferConsumer, ByteBufferBuilder
 from ..buffers.writer import ResultPartitionWriter
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
-from .pools import LocalBufferPool, NetworkBufferPool, PartitionType, SegmentRecycler, result_partition_pool_size
+from .pools import LocalBufferPool, NetworkBufferPool, SegmentRecycler
+from .sizing import PartitionType, result_partition_pool_size
 from .subpartition import (
     BufferAvailabilityListener,
     PipelinedSubpartition,

@@ -32,7 +32,8 @@ from ..buffers.writer import RecordWriter
 from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ..protocol.blocking_partition import BlockingResultPartition, StoredBuffer
-from ..protocol.pools import NetworkBufferPool, PartitionType, result_partition_pool_size
+from ..protocol.pools import NetworkBufferPool
+from ..protocol.sizing import PartitionType, result_partition_pool_size
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
 from .consumer import consume_partition
 
