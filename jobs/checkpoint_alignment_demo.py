@@ -30,34 +30,71 @@ def _label(credit: bool, unaligned: bool) -> str:
     return f"{'credits' if credit else 'no credits'}, {'unaligned' if unaligned else 'aligned'}"
 
 
-def simulated(interval_ms: int, slow_rate: float, duration: float) -> dict[tuple[bool, bool], dict[str, Any]]:
-    """Mean alignment time (ms) per checkpoint of the slow consumer and of the others, per case."""
+#: The simulated network, both flow-control models alike: a 10 Gbit/s link with 50 us one way (a LAN), and
+#: the socket send + receive buffers of each connection (Linux autotunes them between about 16 KiB and
+#: 4 MiB for sending, 6 MiB for receiving; 1 MiB is a middle value). The rest are Flink's defaults:
+#: 32 KiB buffers, 2 exclusive per channel and 8 floating per gate, 10 per subpartition, one checkpoint
+#: at a time.
+SIM_BANDWIDTH = 1.25e9
+SIM_LATENCY = 50e-6
+SIM_SOCKET_BUFFER = 1 << 20
+SWEEP_SOCKET_BUFFERS = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def simulate_case(
+    credit: bool,
+    unaligned: bool,
+    interval_ms: int,
+    slow_rate: float,
+    duration: float,
+    socket_buffer_bytes: int = SIM_SOCKET_BUFFER,
+) -> dict[str, Any]:
+    """One simulated run: mean alignment time and start delay (ms) per checkpoint of the slow consumer
+    (subtask 0) and of the others, and how many checkpoints each side completed."""
     from spark_credit_shuffle import NetworkConfig
     from spark_credit_shuffle.simulation import simulate
 
-    out = {}
-    for credit, unaligned in SIM_CASES:
-        config = NetworkConfig(credit_based=credit, checkpoint_interval_ms=interval_ms, unaligned_checkpoints=unaligned)
-        report = simulate(
-            config,
-            num_producers=4,
-            num_consumers=4,
-            producer_rate=[4 * slow_rate, 6 * slow_rate, 8 * slow_rate, 10 * slow_rate],
-            consumer_rate=[slow_rate] + [16 * slow_rate] * 3,
-            duration=duration,
-            producer_hosts=[0, 1, 2, 3],
-            consumer_hosts=[4, 4, 5, 5],
-        )
-        slow = [c.alignment_time_ns / 1e6 for c in report.consumers[0].checkpoints]
-        rest = [c.alignment_time_ns / 1e6 for s in report.consumers[1:] for c in s.checkpoints]
-        everyone = slow + rest
-        out[(credit, unaligned)] = {
-            "slow_ms": statistics.fmean(slow) if slow else 0.0,
-            "others_ms": statistics.fmean(rest) if rest else 0.0,
-            "all_ms": statistics.fmean(everyone) if everyone else 0.0,
-            "slow_checkpoints": len(slow),
-        }
-    return out
+    config = NetworkConfig(credit_based=credit, checkpoint_interval_ms=interval_ms, unaligned_checkpoints=unaligned)
+    report = simulate(
+        config,
+        num_producers=4,
+        num_consumers=4,
+        producer_rate=[4 * slow_rate, 6 * slow_rate, 8 * slow_rate, 10 * slow_rate],
+        consumer_rate=[slow_rate] + [16 * slow_rate] * 3,
+        duration=duration,
+        producer_hosts=[0, 1, 2, 3],
+        consumer_hosts=[4, 4, 5, 5],
+        latency=SIM_LATENCY,
+        bandwidth=SIM_BANDWIDTH,
+        socket_buffer_bytes=socket_buffer_bytes,
+    )
+    slow = report.consumers[0].checkpoints
+    rest = [c for s in report.consumers[1:] for c in s.checkpoints]
+    return {
+        "slow_ms": _mean([c.alignment_time_ns / 1e6 for c in slow]),
+        "others_ms": _mean([c.alignment_time_ns / 1e6 for c in rest]),
+        "all_ms": _mean([c.alignment_time_ns / 1e6 for c in (*slow, *rest)]),
+        "slow_start_delay_ms": _mean([c.start_delay_ns / 1e6 for c in slow]),
+        "slow_checkpoints": len(slow),
+        "connection_pauses": report.connection_pauses,
+    }
+
+
+def simulated(interval_ms: int, slow_rate: float, duration: float) -> dict[tuple[bool, bool], dict[str, Any]]:
+    """:func:`simulate_case` for credits / no credits x aligned / unaligned."""
+    return {case: simulate_case(*case, interval_ms, slow_rate, duration) for case in SIM_CASES}
+
+
+def socket_sweep(interval_ms: int, slow_rate: float, duration: float) -> dict[int, dict[bool, dict[str, Any]]]:
+    """Aligned checkpoints with and without credits for each socket buffer size of the sweep."""
+    return {
+        size: {credit: simulate_case(credit, False, interval_ms, slow_rate, duration, size) for credit in (True, False)}
+        for size in SWEEP_SOCKET_BUFFERS
+    }
 
 
 def checkpoint_times(ex: Any) -> dict[int, list[float]]:
@@ -76,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval-ms", type=positive_int, default=100, help="checkpoint interval, ms (100)")
     parser.add_argument("--repeat", type=positive_int, default=1, help="rounds of aligned and unaligned (1)")
     parser.add_argument("--segment-size", default="4kb", help="network buffer size (4kb)")
-    parser.add_argument("--sim-duration", type=float, default=5.0, help="virtual seconds per simulation (5)")
+    parser.add_argument("--sim-duration", type=float, default=60.0, help="virtual seconds per simulation (60)")
     parser.add_argument(
         "--sim-slow-rate", type=float, default=500_000.0, help="the simulated slow consumer, bytes/s (500,000)"
     )
@@ -93,13 +130,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sim-duration and --sim-slow-rate: allowed are values > 0")
 
     sim = simulated(args.interval_ms, args.sim_slow_rate, args.sim_duration)
-    print("simulation: mean checkpointAlignmentTime per checkpoint, ms (virtual time)")
-    print(f"{'case':<24} {'slow consumer':>14} {'others':>8} {'all':>8} {'slow done':>10}")
+    print(
+        f"simulation ({args.sim_duration:g} virtual s, socket buffers {SIM_SOCKET_BUFFER >> 10} KiB, 10 Gbit/s, "
+        "50 us): mean per checkpoint, ms"
+    )
+    print(
+        f"{'case':<24} {'alignment: slow':>15} {'others':>8} {'all':>8} {'start delay: slow':>18} "
+        f"{'slow done':>10} {'pauses':>7}"
+    )
     for case, values in sim.items():
         print(
-            f"{_label(*case):<24} {values['slow_ms']:>14.2f} {values['others_ms']:>8.2f} {values['all_ms']:>8.2f} "
-            f"{values['slow_checkpoints']:>10}"
+            f"{_label(*case):<24} {values['slow_ms']:>15.2f} {values['others_ms']:>8.2f} {values['all_ms']:>8.2f} "
+            f"{values['slow_start_delay_ms']:>18.1f} {values['slow_checkpoints']:>10} {values['connection_pauses']:>7}"
         )
+    sweep = socket_sweep(args.interval_ms, args.sim_slow_rate, args.sim_duration)
+    print()
+    print("simulation, aligned: the slow consumer's mean checkpointAlignmentTime (ms) by socket buffer size")
+    print(f"{'socket buffers':<15} {'credits':>9} {'no credits':>11} {'ratio':>7}")
+    for size, values in sweep.items():
+        with_credits, without = values[True]["slow_ms"], values[False]["slow_ms"]
+        ratio = f"{without / with_credits:>7.1f}" if with_credits else f"{'-':>7}"
+        print(f"{f'{size >> 10} KiB':<15} {with_credits:>9.2f} {without:>11.2f} {ratio}")
 
     spark_results: dict[str, list[dict[int, list[float]]]] = {"aligned": [], "unaligned": []}
     if not args.skip_spark:
@@ -173,8 +224,16 @@ def main(argv: list[str] | None = None) -> int:
         "sim_aligned_no_credits_ms": round(sim[(False, False)]["all_ms"], 3),
         "sim_unaligned_credits_ms": round(sim[(True, True)]["all_ms"], 3),
         "sim_unaligned_no_credits_ms": round(sim[(False, True)]["all_ms"], 3),
+        "sim_slow_aligned_credits_ms": round(sim[(True, False)]["slow_ms"], 3),
+        "sim_slow_aligned_no_credits_ms": round(sim[(False, False)]["slow_ms"], 3),
         "sim_slow_unaligned_credits_ms": round(sim[(True, True)]["slow_ms"], 3),
         "sim_slow_unaligned_no_credits_ms": round(sim[(False, True)]["slow_ms"], 3),
+        "sim_slow_start_delay_credits_ms": round(sim[(True, False)]["slow_start_delay_ms"], 1),
+        "sim_slow_start_delay_no_credits_ms": round(sim[(False, False)]["slow_start_delay_ms"], 1),
+        "sim_socket_sweep_slow_aligned_ms": {
+            size: [round(values[True]["slow_ms"], 3), round(values[False]["slow_ms"], 3)]
+            for size, values in sweep.items()
+        },
     }
     if not args.skip_spark:
         aligned_slow, unaligned_slow = mean_of("aligned", 0), mean_of("unaligned", 0)
@@ -211,13 +270,26 @@ def main(argv: list[str] | None = None) -> int:
             categories += ["spark aligned (consumer 0)", "spark unaligned (consumer 0)"]
             series["credits"] += [mean_of("aligned", 0), mean_of("unaligned", 0)]
             series["no credits (simulation only)"] += [0.0, 0.0]
-        plot.bar_chart(
-            categories,
-            series,
-            ylabel="alignment time per checkpoint, ms",
-            title="checkpointAlignmentTime behind one slow consumer",
-            path=args.png,
-        )
+        fig = plot._figure_class()(figsize=(11, 3.8), layout="constrained")
+        bars, lines = fig.subplots(1, 2, width_ratios=[3, 2])
+        width = 0.8 / len(series)
+        for k, (name, values) in enumerate(series.items()):
+            bars.bar([i + (k - 0.5) * width for i in range(len(categories))], values, width, label=name)
+        bars.set_xticks(range(len(categories)), categories, fontsize=7)
+        bars.set_ylabel("alignment time per checkpoint, ms")
+        bars.set_title("checkpointAlignmentTime, every consumer", fontsize=10)
+        bars.grid(True, axis="y", alpha=0.3)
+        bars.legend(fontsize=8)
+        sizes = [size >> 10 for size in sweep]
+        for credit, name in ((True, "credits"), (False, "no credits")):
+            lines.plot(sizes, [v[credit]["slow_ms"] for v in sweep.values()], marker="o", label=name)
+        lines.set_xscale("log", base=2)
+        lines.set_xlabel("socket send + receive buffers, KiB")
+        lines.set_ylabel("slow consumer, ms per checkpoint")
+        lines.set_title("simulation, aligned: by socket buffer size", fontsize=10)
+        lines.grid(True, alpha=0.3)
+        lines.legend(fontsize=8)
+        fig.savefig(args.png, dpi=110)
     print(json.dumps(headline))
     return 0
 

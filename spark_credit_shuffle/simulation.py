@@ -16,6 +16,11 @@ and for tests.
 The report gives per-channel and per-subtask bytes and throughput, the time producers spent back-pressured,
 and samples over virtual time of the Flink metrics (outPoolUsage, inPoolUsage, exclusive and floating
 buffer usage, backlog, queue lengths).
+
+With ``checkpoint_interval_ms`` > 0 a coordinator triggers checkpoint barriers in every producer, one
+checkpoint at a time, and each consumer aligns them with :class:`SingleCheckpointBarrierHandler` (its
+completed checkpoints are in :attr:`ConsumerStats.checkpoints`); without credits the alignment is the old
+model's (see :func:`_barrier_buffer`).
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ import hashlib
 import heapq
 import math
 import struct
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .buffers.buffer import Buffer, ByteBufferBuilder
-from .buffers.format import CheckpointBarrier, decode_event, encode_event
+from .buffers.buffer import Buffer, ByteBufferBuilder, DataType
+from .buffers.format import CheckpointBarrier, barrier_data_type, decode_event, encode_event
 from .config import NetworkConfig
 from .errors import ConfigError, SimulationStalledError
 from .protocol.channels import RemoteInputChannel
@@ -139,26 +145,20 @@ class _Producer:
         timeout = self.sim.config.buffer_timeout_ms
         if timeout > 0:
             clock.schedule(timeout / 1000.0, self._flush)
-        interval = self.sim.config.checkpoint_interval_ms
-        if interval > 0:
-            clock.schedule(interval / 1000.0, self._checkpoint)
 
-    def _checkpoint(self, now: float) -> None:
-        """Every producer injects barrier n at n intervals of virtual time (Flink's coordinator triggers
-        the sources together): open buffers finish, then the barrier goes into every subpartition."""
+    def inject_barrier(self, now: float, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was triggered at ``now``: open buffers finish, then the barrier goes
+        into every subpartition."""
         if self.finished:
             return
-        interval = self.sim.config.checkpoint_interval_ms
-        checkpoint_id = round(now * 1000 / interval)
         for k, builder in enumerate(self.builders):
             if builder is not None:
                 builder.finish()
                 self.partition.builder_finished(k)
                 self.builders[k] = None
-        barrier = CheckpointBarrier(checkpoint_id, int(now * 1000), self.sim.config.checkpoint_options)
+        barrier = CheckpointBarrier(checkpoint_id, round(now * 1000), self.sim.config.checkpoint_options)
         for k in range(self.n):
-            self.partition.add_event(k, encode_event(barrier))
-        self.sim.clock.schedule(now + interval / 1000.0, self._checkpoint)
+            self.partition.add_event(k, _barrier_buffer(barrier, self.sim.config.credit_based))
 
     def _flush(self, now: float) -> None:
         if self.finished:
@@ -269,8 +269,34 @@ class _Producer:
         self.finish_time = now
 
 
+# -- checkpoint barriers in the model without credits ---------------------------------------------------
+#
+# The model without credits is Flink's before credit-based flow control (<= 1.4, and 1.5-1.9 with
+# ``taskmanager.network.credit-model: false``). Its aligned checkpoints did not block upstream: a barrier
+# travelled as a plain event (the upstream-blocking ALIGNED_CHECKPOINT_BARRIER type and ResumeConsumption
+# came with credit-based blocking, after the old model was gone), the sender went on sending the channel,
+# and the consumer's BarrierBuffer kept reading every channel of the connection: the buffers of a channel
+# that had delivered the barrier were spilled (BufferSpiller: written aside, the network buffer recycled
+# at once) and replayed, in order, before any new input once the alignment ended. A receiver can stop one
+# channel there only by stopping the whole connection, so this is what the simulation does for
+# ``credit_based=False``; with credits the subpartition blocks itself at the barrier as in current Flink.
+
+
+def _barrier_buffer(barrier: CheckpointBarrier, credit_based: bool) -> Buffer:
+    """The buffer a producer adds for ``barrier``: an aligned barrier of the model without credits travels as
+    a plain event (its subpartition does not block)."""
+    buffer = encode_event(barrier)
+    if not credit_based and buffer.data_type.is_blocking_upstream:
+        return Buffer(DataType.EVENT_BUFFER, buffer.data)
+    return buffer
+
+
 class _Consumer:
-    """Reads its gate and spends ``size / rate`` virtual seconds on each data buffer before recycling it."""
+    """Reads its gate and spends ``size / rate`` virtual seconds on each data buffer before recycling it.
+
+    Without credits, aligned checkpoints align at the consumer (see :func:`_barrier_buffer`): what a
+    channel blocked by the pending alignment delivers is spilled (its network buffer recycled at once, the
+    spill assumed free) and replayed before new input when the alignment ends."""
 
     def __init__(self, sim: Simulation, index: int, gate: SingleInputGate, rate: float, producers: list[int]) -> None:
         self.sim = sim
@@ -287,6 +313,13 @@ class _Consumer:
         self.finish_time: float | None = None
         self.scheduled = False
         self.checkpoints = SingleCheckpointBarrierHandler(len(producers))
+        #: Model without credits: spilled (channel, buffer, sequence number) of blocked channels, and the
+        #: spilled items to replay before the gate.
+        self.aligns_by_spilling = not sim.config.credit_based
+        self.barrier_data_type = barrier_data_type(sim.config.checkpoint_options)
+        self.spilled: deque[tuple[int, Buffer, int]] = deque()
+        self.replay: deque[tuple[int, Buffer, int]] = deque()
+        self.spilled_bytes = 0
         gate.listener = self._on_data
 
     @property
@@ -301,32 +334,56 @@ class _Consumer:
     def consume(self, now: float) -> None:
         self.scheduled = False
         while not self.busy and not self.finished:
-            boe = self.gate.poll_next()
-            if boe is None:
-                return
-            buffer = boe.buffer
-            channel = boe.channel_index
-            if buffer.data_type.is_buffer:
+            if self.replay:
+                channel, buffer, sequence_number = self.replay.popleft()
+            else:
+                boe = self.gate.poll_next()
+                if boe is None:
+                    if self.gate.is_finished and not self.spilled:
+                        self._finish(now)
+                    return
+                buffer, channel, sequence_number = boe.buffer, boe.channel_index, boe.sequence_number
+            if self.aligns_by_spilling and self.checkpoints.is_blocked(channel):
+                self._spill(channel, buffer, sequence_number)
+                continue
+            data_type = buffer.data_type
+            if data_type.is_buffer:
                 size = buffer.size
-                self.checkpoints.process_buffer(channel, boe.sequence_number, size)
+                self.checkpoints.process_buffer(channel, sequence_number, size)
                 self.digests[channel].update(buffer.data)  # type: ignore[arg-type]
                 self.bytes_per_channel[channel] += size
                 self.buffers_per_channel[channel] += 1
                 self.busy = True
                 self.sim.clock.schedule(now + size / self.rate, lambda t, b=buffer: self._done(t, b))
                 return
-            event = decode_event(buffer.data_type, buffer.data)
+            if self.aligns_by_spilling and data_type is DataType.EVENT_BUFFER:
+                data_type = self.barrier_data_type  # an aligned barrier travels as a plain event here
+            event = decode_event(data_type, buffer.data)
             buffer.recycle()
-            now_ns = int(now * 1e9)
+            now_ns = round(now * 1e9)
             if isinstance(event, CheckpointBarrier):
-                for resumed in self.checkpoints.process_barrier(channel, event, now_ns, boe.sequence_number):
-                    self.gate.resume_consumption(resumed)
-            if self.gate.channels[channel].received_end_of_partition:  # type: ignore[union-attr]
+                self._resume(self.checkpoints.process_barrier(channel, event, now_ns, sequence_number))
+            elif data_type is DataType.END_OF_PARTITION:
                 self.channel_finish_time[channel] = now
-                for resumed in self.checkpoints.process_end_of_partition(channel, now_ns):
-                    self.gate.resume_consumption(resumed)
-            if self.gate.is_finished:
-                self._finish(now)
+                self._resume(self.checkpoints.process_end_of_partition(channel, now_ns))
+
+    def _resume(self, channels: tuple[int, ...]) -> None:
+        """The barrier handler released ``channels``: resume their subpartitions (with credits) or replay
+        what was spilled while they were blocked (without)."""
+        if not self.aligns_by_spilling:
+            for channel in channels:
+                self.gate.resume_consumption(channel)
+        elif self.spilled and not self.checkpoints.blocked_channels:
+            self.spilled.extend(self.replay)  # the newer spill first, then what was still to replay
+            self.replay, self.spilled = self.spilled, deque()
+
+    def _spill(self, channel: int, buffer: Buffer, sequence_number: int) -> None:
+        if buffer.data_type.is_buffer:
+            spilled = Buffer(buffer.data_type, bytes(buffer.data))  # type: ignore[arg-type]
+            self.spilled_bytes += spilled.size
+            buffer.recycle()
+            buffer = spilled
+        self.spilled.append((channel, buffer, sequence_number))
 
     def _done(self, now: float, buffer: Buffer) -> None:
         buffer.recycle()
@@ -588,6 +645,7 @@ class Simulation:
             self._channel_origin.append(origins)
             self.consumers.append(_Consumer(self, c, gate, consumer_rates[c], [p for p, _ in channels]))
         self.samples: list[dict] = []
+        self.checkpoints_triggered = 0
         self.steps = 0
         self.invariant_checks = 0
 
@@ -618,6 +676,22 @@ class Simulation:
 
     def _wake(self, now: float, connection: MemoryConnection) -> None:
         self._dirty[connection] = None
+
+    def _trigger_checkpoint(self, now: float) -> None:
+        """Flink's checkpoint coordinator with its defaults (``execution.checkpointing.max-concurrent-checkpoints``
+        1, no minimum pause): every ``checkpoint_interval_ms`` it triggers the next checkpoint in every
+        producer at once, unless the last one is still pending on some consumer; then it tries at the next
+        tick."""
+        last = self.checkpoints_triggered
+        if last == 0 or all(
+            c.finished or (c.checkpoints.current_checkpoint_id >= last and not c.checkpoints.is_checkpoint_pending)
+            for c in self.consumers
+        ):
+            self.checkpoints_triggered = last + 1
+            for producer in self.producers:
+                producer.inject_barrier(now, last + 1)
+        if not all(p.finished for p in self.producers):
+            self.clock.schedule(now + self.config.checkpoint_interval_ms / 1000.0, self._trigger_checkpoint)
 
     def _sample(self, now: float) -> None:
         for producer in self.producers:
@@ -713,6 +787,8 @@ class Simulation:
             consumer.gate.request_partitions()
         for producer in self.producers:
             producer.start()
+        if self.config.checkpoint_interval_ms > 0:
+            self.clock.schedule(self.config.checkpoint_interval_ms / 1000.0, self._trigger_checkpoint)
         for connection in self.connections.values():
             self._dirty[connection] = None
         if self.sample_interval:

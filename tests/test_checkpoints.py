@@ -4,6 +4,8 @@ state), rows out stay exactly rows in, and the checkpoints show in the metrics, 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
@@ -13,8 +15,10 @@ from test_blocking_runtime import run as run_blocking
 from test_pipelined import expected_placement, inputs, make_plan, metric, table
 
 import spark_credit_shuffle as scs
+from spark_credit_shuffle.buffers.format import CheckpointOptions
 from spark_credit_shuffle.errors import ConfigError
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
+from spark_credit_shuffle.runtime.checkpoints import CheckpointTrigger
 from spark_credit_shuffle.runtime.pipelined import run_in_threads
 from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
 
@@ -65,10 +69,14 @@ def test_pipelined_rows_are_conserved_and_checkpoints_complete_behind_a_slow_con
     per_checkpoint = metric(rows, CONSUMER, stat="checkpoint")
     unaligned = [r.value for r in per_checkpoint if r.metric == "unalignedCheckpoint"]
     persisted = sum(r.value for r in metric(rows, CONSUMER, "bytesPersistedDuringAlignment", "total"))
+    output_state = sum(r.value for r in metric(rows, PRODUCER, "resultSubpartitionStateBytes", "total"))
     if mode == "aligned":
         assert unaligned and not any(unaligned) and persisted == 0  # aligned: nothing captured
+        assert not metric(rows, PRODUCER, "resultSubpartitionStateBytes")
     elif mode == "unaligned":
         assert unaligned and all(unaligned) and persisted > 0  # overtaken buffers were captured
+        # on both sides: the buffers queued for the slow consumer when a barrier overtook them
+        assert output_state > 0
     assert all(r.value >= 0 for r in per_checkpoint if r.metric == "checkpointAlignmentTime")
     timeline = [r for r in rows if r.metric == "checkpointBarrier"]
     assert {r.side for r in timeline} == {PRODUCER, CONSUMER} and all(r.time_ms for r in timeline)
@@ -113,3 +121,18 @@ def test_rows_out_are_rows_in_with_checkpoints_on_spark(spark, mode):
     assert all(r.alignment == "unaligned" and r.alignment_time_ms >= 0 for r in checkpoints)
     if mode == "blocking":
         assert sorted(r.subtask for r in checkpoints) == [0, 1, 2]  # one checkpoint per consumer subtask
+
+
+def test_producers_armed_with_the_same_start_agree_on_their_first_checkpoint():
+    # given two producers' triggers, one armed later than the other, with the latest start any task announced
+    started_ms = time.time_ns() // 1_000_000
+    first, second = (CheckpointTrigger(subtask, 60_000, CheckpointOptions()) for subtask in (0, 1))
+    assert not first.is_due()  # not armed: no barrier, whatever the time
+    first.arm(started_ms)
+    time.sleep(0.01)
+    second.arm(started_ms)
+    # then neither fires before the instant of their first checkpoint, the second after the last start
+    assert not first.is_due() and not second.is_due()
+    assert first.seconds_until_next() > 60 and second.seconds_until_next() > 60
+    # and both name it alike: late timers inject the checkpoint they woke for
+    assert first.next_barrier().id == second.next_barrier().id == started_ms // 60_000 + 2

@@ -89,7 +89,7 @@ def test_multiplexing_demo_shows_what_credits_do(tmp_path, capsys):
 def test_checkpoint_alignment_demo_measures_both_models_and_both_barrier_kinds(spark, tmp_path, capsys):
     demo = load_job("checkpoint_alignment_demo")
     png = tmp_path / "alignment.png"
-    argv = ["--rows", "1500", "--delay-ms", "0.3", "--png", str(png)]
+    argv = ["--rows", "1500", "--delay-ms", "0.3", "--sim-duration", "20", "--png", str(png)]
     assert demo.main(argv) == 0
     out = capsys.readouterr().out
     assert [line[:5] for line in out.splitlines() if line.startswith("[")] == ["[1/2]", "[2/2]"]
@@ -98,6 +98,10 @@ def test_checkpoint_alignment_demo_measures_both_models_and_both_barrier_kinds(s
     # overtakes (virtual time: deterministic)
     assert headline["sim_unaligned_credits_ms"] < headline["sim_unaligned_no_credits_ms"]
     assert headline["sim_slow_unaligned_credits_ms"] < headline["sim_slow_unaligned_no_credits_ms"]
+    # aligned: without credits the data ahead of the barriers fills the connection
+    assert headline["sim_slow_aligned_credits_ms"] < headline["sim_slow_aligned_no_credits_ms"]
+    sweep = list(headline["sim_socket_sweep_slow_aligned_ms"].values())
+    assert all(credit < no_credit for credit, no_credit in sweep)
     for key in ("spark_aligned_slow_ms", "spark_unaligned_slow_ms"):
         assert headline[key] >= 0
     assert png.read_bytes().startswith(PNG)

@@ -132,7 +132,7 @@ def test_notebooks_and_their_databricks_versions_run(request, monkeypatch, sessi
     assert "runs the exchange in pipelined mode" in backpressure  # local[2]: two slots
     assert "consumer 0 slowed: 4000 rows" in backpressure
     assert "adaptive,    consumer 0 slowed: {0: (" in backpressure
-    assert "aligned: consumer 0 completed" in backpressure and "virtual clock, unaligned, no credits" in backpressure
+    assert "aligned: consumer 0 completed" in backpressure and "virtual clock, aligned, no credits" in backpressure
     # the pool usage bars, the exchange's timeline and its producers' queues per consumer (pipelined mode),
     # the virtual-clock timeline
     assert pictures("backpressure") >= 4

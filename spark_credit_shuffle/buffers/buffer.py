@@ -112,6 +112,9 @@ class Buffer:
     def is_data_available(self) -> bool:
         return len(self.data) > 0
 
+    def unread_bytes(self) -> int:
+        return len(self.data)
+
     def build(self) -> Buffer:
         """The buffer itself (a queue builds a finished consumer once, then drops it)."""
         return self
@@ -136,6 +139,9 @@ class BufferConsumer(Protocol):
 
     def is_data_available(self) -> bool:
         """Bytes were written that no ``build()`` has returned yet."""
+
+    def unread_bytes(self) -> int:
+        """How many bytes that is (what an unaligned barrier overtaking this consumer persists)."""
 
     def build(self) -> Buffer:
         """A slice with the bytes written since the last ``build()``; it may be empty (size 0)."""
@@ -246,6 +252,9 @@ class _ByteConsumer:
 
     def is_data_available(self) -> bool:
         return self._builder.written > self._read
+
+    def unread_bytes(self) -> int:
+        return self._builder.written - self._read
 
     def build(self) -> Buffer:
         end = self._builder.written

@@ -235,6 +235,13 @@ class _RecordConsumer:
         builder = self._builder
         return bool(builder._pending) or len(builder._chunks) > self._next
 
+    def unread_bytes(self) -> int:
+        builder = self._builder
+        with builder._lock:
+            if builder._pending:
+                builder._materialise()
+            return sum(len(chunk) for chunk in builder._chunks[self._next :])
+
     def build(self) -> Buffer:
         builder = self._builder
         with builder._lock:

@@ -23,6 +23,7 @@ from .pools import LocalBufferPool, NetworkBufferPool, SegmentRecycler
 from .sizing import PartitionType, result_partition_pool_size
 from .subpartition import (
     BufferAvailabilityListener,
+    OutputChannelStateWriter,
     PipelinedSubpartition,
     PipelinedSubpartitionView,
     ResultSubpartitionView,
@@ -233,6 +234,19 @@ class PipelinedResultPartition(ResultPartition):
         self._check_in_produce_state()
         self.num_events_out += 1
         self.subpartitions[subpartition].add(buffer)
+
+    def set_channel_state_writer(self, writer: OutputChannelStateWriter | None) -> None:
+        """Where every subpartition's output channel state goes (see :class:`PipelinedSubpartition`)."""
+        for subpartition in self.subpartitions:
+            subpartition.channel_state_writer = writer
+
+    def aligned_barrier_timeout(self, checkpoint_id: int) -> None:
+        """Flink's ``ResultPartition.alignedBarrierTimeout``: each subpartition still holding the timeoutable
+        barrier of ``checkpoint_id`` makes it an unaligned priority barrier."""
+        if self.is_released:
+            return
+        for subpartition in self.subpartitions:
+            subpartition.aligned_barrier_timeout(checkpoint_id)
 
     def flush(self, subpartition: int) -> None:
         self.subpartitions[subpartition].flush()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..buffers.buffer import Buffer, BufferConsumer, DataType
+from ..buffers.format import CheckpointBarrier, MalformedPayload, decode_event_payload, encode_event
 from ..errors import PartitionStateError
 from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER, IS_EVENT
 
@@ -27,6 +28,7 @@ __all__ = [
     "AvailabilityWithBacklog",
     "BufferAndBacklog",
     "BufferAvailabilityListener",
+    "OutputChannelStateWriter",
     "PipelinedSubpartition",
     "PipelinedSubpartitionView",
     "ResultSubpartitionView",
@@ -111,6 +113,23 @@ def end_of_partition() -> Buffer:
     return Buffer(DataType.END_OF_PARTITION, b"")
 
 
+#: Flink's ``ChannelStateWriter.addOutputData`` for the output side: called with (checkpoint id,
+#: subpartition index, the sizes in bytes of the data buffers an unaligned barrier overtook there, in queue
+#: order). The output channel state is counted, not stored.
+OutputChannelStateWriter = Callable[[int, int, list[int]], None]
+
+
+def _checkpoint_barrier(consumer: BufferConsumer) -> CheckpointBarrier | None:
+    """The checkpoint barrier a queued event carries, or None (another event, or bytes that do not decode)."""
+    if not isinstance(consumer, Buffer):  # events are complete buffers; a builder's consumer holds data
+        return None
+    try:
+        event = decode_event_payload(consumer.data_type, consumer.data)
+    except MalformedPayload:
+        return None
+    return event if isinstance(event, CheckpointBarrier) else None
+
+
 # -- pipelined subpartition -----------------------------------------------------------------------------
 
 
@@ -140,6 +159,8 @@ class PipelinedSubpartition:
         self._buffer_size = DEFAULT_BUFFER_SIZE
         self._view: PipelinedSubpartitionView | None = None
         self._view_created = False
+        #: Where the data buffers an unaligned barrier overtakes go (output channel state); None: not kept.
+        self.channel_state_writer: OutputChannelStateWriter | None = None
 
     # -- writing --
 
@@ -154,6 +175,10 @@ class PipelinedSubpartition:
         buffers = self._buffers
         if HAS_PRIORITY[data_type]:
             self._insert_priority(consumer)
+            if self.channel_state_writer is not None and data_type is DataType.PRIORITIZED_EVENT_BUFFER:
+                barrier = _checkpoint_barrier(consumer)
+                if barrier is not None:  # an unaligned barrier: what it overtook is output channel state
+                    self._persist_overtaken(barrier.id, len(buffers))
         else:
             buffers.append(consumer)
             self._tail_known_finished = type(consumer) is Buffer
@@ -180,6 +205,41 @@ class PipelinedSubpartition:
             self._tail_known_finished = True
         if self._num_priority == 1 and not self.is_blocked and self._view is not None:
             self._view.notify_priority_event(self._sequence_number)
+
+    def _persist_overtaken(self, checkpoint_id: int, end: int) -> list[int]:
+        """Hand the sizes of the data buffers queued between the priority elements and position ``end`` to
+        the channel state writer (Flink's ``addOutputData`` in ``processPriorityBuffer``); returns them."""
+        buffers = self._buffers
+        sizes = [
+            size
+            for k in range(self._num_priority, end)
+            if IS_BUFFER[buffers[k].data_type] and (size := buffers[k].unread_bytes())
+        ]
+        if sizes and self.channel_state_writer is not None:
+            self.channel_state_writer(checkpoint_id, self.index, sizes)
+        return sizes
+
+    def aligned_barrier_timeout(self, checkpoint_id: int) -> list[int] | None:
+        """The aligned checkpoint ``checkpoint_id`` timed out (Flink's ``alignedBarrierTimeout``): if its
+        timeoutable barrier is still queued here, it becomes an unaligned barrier at the head, as a priority
+        event, and the data buffers it overtook are output channel state (their sizes are returned and
+        written). None if the barrier was already sent (or never added): nothing changes."""
+        buffers = self._buffers
+        for position in range(self._num_priority, len(buffers)):
+            consumer = buffers[position]
+            if consumer.data_type is DataType.TIMEOUTABLE_ALIGNED_CHECKPOINT_BARRIER:
+                barrier = _checkpoint_barrier(consumer)
+                if barrier is not None and barrier.id == checkpoint_id:
+                    break
+        else:
+            return None
+        sizes = self._persist_overtaken(checkpoint_id, position)
+        del buffers[position]
+        if position == len(buffers):  # it was the tail; what preceded it was finished before it was added
+            self._tail_known_finished = True
+        unaligned = CheckpointBarrier(barrier.id, barrier.timestamp, barrier.options.to_unaligned())
+        self._insert_priority(encode_event(unaligned))
+        return sizes
 
     def _finished_count(self) -> int:
         n = len(self._buffers)

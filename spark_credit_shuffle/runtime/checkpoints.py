@@ -34,8 +34,16 @@ class CheckpointTrigger:
 
     Flink's checkpoint coordinator triggers every source at once; here each producer's timer fires at the
     same wall-clock instants, the multiples of ``interval_ms`` since the epoch, and names the checkpoint
-    after the instant (id = epoch ms // interval), so that all producers' barrier *n* start together and a
-    producer that starts later joins at a later id (the consumers abort the checkpoints it missed).
+    after the instant (id = epoch ms // interval), so that all producers' barrier *n* start together.
+
+    Like Flink's coordinator, which triggers a checkpoint only once every task runs, a trigger fires only
+    once armed (:meth:`arm`): the runtime arms it when the address exchange returned, i.e. every task of the
+    exchange has started, with the latest start any task announced, so that all producers agree on the
+    first checkpoint: the one of the second instant after that start. Without that, barriers of producers
+    that started early would block their channels at every consumer until the last producer started and
+    injected its first barrier. A timer that wakes late (a busy machine) still injects the checkpoint it
+    woke for, unless it is late by a whole interval: rounding to the nearest instant would skip one, and
+    the consumers would abort it.
     """
 
     def __init__(self, subtask: int, interval_ms: int, options: CheckpointOptions) -> None:
@@ -44,12 +52,32 @@ class CheckpointTrigger:
         self.interval = interval_ms / 1000.0
         self.options = options
         self.last_id = 0
+        self.armed = False
         self.num_barriers = 0
         self.rows: list[MetricRow] = []
+        #: ``time.monotonic()`` at which the last timeoutable barrier's alignment times out (inf: none due).
+        self.timeout_at = float("inf")
+        #: Output channel state: the data buffers unaligned barriers overtook in the subpartitions, and bytes.
+        self.persisted_output_buffers = 0
+        self.persisted_output_bytes = 0
 
     @property
     def enabled(self) -> bool:
         return self.interval_ms > 0
+
+    def arm(self, started_ms: int) -> None:
+        """Every task runs, the last started at ``started_ms`` (epoch ms): fire from the second instant
+        after that on."""
+        if self.enabled:
+            self.last_id = max(self.last_id, started_ms // self.interval_ms + 1)
+        self.armed = True
+
+    def is_due(self) -> bool:
+        """The timer woke at an instant: inject a barrier now? Only once armed, and at the instant of the next
+        checkpoint (half an interval early at most: a timer may wake a little early), not at an earlier one."""
+        if not (self.armed and self.enabled):
+            return False
+        return time.time_ns() / 1e6 >= (self.last_id + 0.5) * self.interval_ms
 
     def seconds_until_next(self) -> float:
         """Wall-clock seconds until the instant of the next checkpoint not yet injected."""
@@ -58,19 +86,43 @@ class CheckpointTrigger:
         return (next_id * self.interval_ms - now_ms) / 1000.0
 
     def next_barrier(self) -> CheckpointBarrier:
-        """The barrier of the checkpoint due now (the instant nearest to now: a timer may wake a little
-        early or late), stamped now; a timeline row records it."""
+        """The barrier of the checkpoint due now (the next one; a later one only if its instant passed too),
+        stamped now; a timeline row records it."""
         now_ms = time.time_ns() // 1_000_000
-        self.last_id = max(self.last_id + 1, round(now_ms / self.interval_ms))
+        self.last_id = max(self.last_id + 1, now_ms // self.interval_ms)
         self.num_barriers += 1
+        if self.options.is_timeoutable:
+            self.timeout_at = time.monotonic() + self.options.aligned_checkpoint_timeout_ms / 1000.0
         if len(self.rows) < _MAX_BARRIER_ROWS:
             self.rows.append(
                 MetricRow(PRODUCER, self.subtask, None, "checkpointBarrier", SAMPLE, float(self.last_id), float(now_ms))
             )
         return CheckpointBarrier(self.last_id, now_ms, self.options)
 
+    def timed_out(self, now: float) -> int | None:
+        """The checkpoint whose aligned barrier timed out by ``now`` (``time.monotonic()``), once: the
+        producer then makes it unaligned where it is still queued (Flink's ``alignedBarrierTimeout``)."""
+        if now < self.timeout_at:
+            return None
+        self.timeout_at = float("inf")
+        return self.last_id
+
+    def persist_output(self, checkpoint_id: int, subpartition: int, sizes: list[int]) -> None:
+        """The partition's output channel state writer: counts what unaligned barriers overtook."""
+        self.persisted_output_buffers += len(sizes)
+        self.persisted_output_bytes += sum(sizes)
+
     def metric_rows(self) -> list[MetricRow]:
-        return [MetricRow(PRODUCER, self.subtask, None, "numCheckpointBarriersOut", "total", float(self.num_barriers))]
+        """``numCheckpointBarriersOut``; with unaligned barriers, the output channel state they persisted
+        (``resultSubpartitionStateBuffers`` and ``...Bytes``, after Flink's ``ResultSubpartitionStateHandle``)."""
+        rows = [MetricRow(PRODUCER, self.subtask, None, "numCheckpointBarriersOut", "total", float(self.num_barriers))]
+        if self.options.is_unaligned or self.options.is_timeoutable:
+            for metric, value in (
+                ("resultSubpartitionStateBuffers", self.persisted_output_buffers),
+                ("resultSubpartitionStateBytes", self.persisted_output_bytes),
+            ):
+                rows.append(MetricRow(PRODUCER, self.subtask, None, metric, "total", float(value)))
+        return rows
 
 
 class ConsumerCheckpoints:

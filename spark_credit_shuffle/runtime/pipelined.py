@@ -640,6 +640,8 @@ class PipelinedTask:
             self.network, n, config, partition_id=self.partition_id, bounded=True
         )
         self.partition.buffer_pool.add_availability_listener(self._notify)
+        if self.checkpoint_trigger.enabled:  # what unaligned barriers overtake: output channel state
+            self.partition.set_channel_state_writer(self.checkpoint_trigger.persist_output)
         self.manager.register_partition(self.partition)
         selector = plan.partitioner.selector(index, plan.num_producers, plan.num_consumers, plan.max_parallelism)
         self.writer = RecordWriter(
@@ -742,10 +744,13 @@ class PipelinedTask:
                         "host": self.transport.address[0],
                         "port": self.transport.address[1],
                         "partition": self.partition_id,
+                        "started_ms": time.time_ns() // 1_000_000,
                     }
                 )
             )
-            self._connect([json.loads(m) for m in messages])
+            peers = [json.loads(m) for m in messages]
+            self._connect(peers)
+            self.checkpoint_trigger.arm(max(int(p.get("started_ms", 0)) for p in peers))  # every task runs now
             injection = self.plan.injection
             if injection is not None and self.is_consumer:
                 injection.maybe_fail(CONSUMER, self.index)
@@ -1100,7 +1105,11 @@ class PipelinedTask:
                     (
                         next_sample,
                         next_timeline,
-                        *((next_flush, next_heartbeat, next_marker, next_checkpoint) if producing else ()),
+                        *(
+                            (next_flush, next_heartbeat, next_marker, next_checkpoint, trigger.timeout_at)
+                            if producing
+                            else ()
+                        ),
                     )
                 )
                 if due == float("inf"):
@@ -1131,8 +1140,13 @@ class PipelinedTask:
                         writer.emit_latency_marker(LatencyMarker(time.time_ns(), self.index), sp)
                         next_marker = max(next_marker + marker_every, now)  # type: ignore[operator]
                     if now >= next_checkpoint:
-                        self._inject_barrier()
+                        if trigger.is_due():
+                            self._inject_barrier()
                         next_checkpoint = now + trigger.seconds_until_next()
+                    timed_out = trigger.timed_out(now)
+                    if timed_out is not None:  # a barrier still queued overtakes as unaligned
+                        with self.lock:
+                            self.partition.aligned_barrier_timeout(timed_out)  # type: ignore[union-attr]
         except BaseException as exc:
             self._fail(exc)
 

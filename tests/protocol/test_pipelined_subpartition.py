@@ -13,6 +13,14 @@ from protocol_helpers import (
 )
 
 from spark_credit_shuffle.buffers.buffer import DataType
+from spark_credit_shuffle.buffers.format import (
+    AlignmentType,
+    CheckpointBarrier,
+    CheckpointOptions,
+    KeepAlive,
+    decode_event,
+    encode_event,
+)
 from spark_credit_shuffle.errors import PartitionStateError
 from spark_credit_shuffle.protocol.subpartition import (
     ADD_BUFFER_ERROR_CODE,
@@ -156,8 +164,7 @@ def test_backlog_consistent_with_number_of_consumable_buffers(flushed, finished)
 def test_barrier_overtaking(setup):
     """Priority events (unaligned barriers) overtake queued data; poll order and notifications as Flink's test.
 
-    Flink also hands copies of the overtaken data buffers to its ChannelStateWriter; the protocol core has no
-    channel state, so that part of the Flink test does not apply.
+    The channel state part of Flink's test: test_barrier_overtaking_persists_the_overtaken_data_buffers.
     """
     subpartition, listener, view = setup
     subpartition.add(filled_finished_consumer(1))
@@ -304,3 +311,72 @@ def test_backlog_counts_down_for_complete_buffers():
     assert backlogs == [2, 1, 0, 0]
     assert subpartition.buffers_in_backlog == 0
     assert subpartition.get_buffers_in_backlog() == 0
+
+
+class ChannelStateRecorder:
+    """An output channel state writer that records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, list[int]]] = []
+
+    def __call__(self, checkpoint_id: int, subpartition: int, sizes: list[int]) -> None:
+        self.calls.append((checkpoint_id, subpartition, sizes))
+
+
+def barrier(checkpoint_id: int, options: CheckpointOptions):
+    return encode_event(CheckpointBarrier(checkpoint_id, 1_000, options))
+
+
+TIMEOUTABLE = CheckpointOptions(AlignmentType.ALIGNED, 10)
+UNALIGNED = CheckpointOptions(AlignmentType.UNALIGNED)
+
+
+def test_barrier_overtaking_persists_the_overtaken_data_buffers(setup):
+    """testBarrierOvertaking, its channel-state part: the writer gets the overtaken data buffers, once."""
+    subpartition, listener, _ = setup
+    writer = subpartition.channel_state_writer = ChannelStateRecorder()
+    subpartition.add(filled_finished_consumer(1))
+    subpartition.add(filled_finished_consumer(2))
+    subpartition.add(event_consumer(payload=b"superstep"))
+    subpartition.add(filled_finished_consumer(4))
+    subpartition.add(event_consumer(DataType.PRIORITIZED_EVENT_BUFFER, encode_event(KeepAlive()).data))
+    assert writer.calls == []  # a priority event that is no barrier persists nothing
+    subpartition.add(barrier(7, UNALIGNED))
+    assert writer.calls == [(7, 0, [1, 2, 4])]  # the data buffers, in order; not the events
+    assert listener.num_priority_events == 1
+
+
+def test_timeout_aligned_to_unaligned_barrier(setup):
+    """Given a timeoutable aligned barrier still queued behind data, when its alignment times out, then it
+    moves to the head as an unaligned priority barrier and the data it overtook is output channel state."""
+    subpartition, listener, view = setup
+    writer = subpartition.channel_state_writer = ChannelStateRecorder()
+    subpartition.add(filled_finished_consumer(1))
+    subpartition.add(filled_finished_consumer(2))
+    subpartition.add(barrier(5, TIMEOUTABLE))
+    subpartition.add(filled_finished_consumer(4))
+    assert listener.num_priority_events == 0
+    assert subpartition.aligned_barrier_timeout(4) is None  # another checkpoint's: nothing happens
+    assert subpartition.aligned_barrier_timeout(5) == [1, 2]
+    assert writer.calls == [(5, 0, [1, 2])]
+    assert listener.num_priority_events == 1
+    nxt = view.get_next_buffer()
+    assert nxt.buffer.data_type is DataType.PRIORITIZED_EVENT_BUFFER
+    moved = decode_event(nxt.buffer.data_type, nxt.buffer.data)
+    assert (moved.id, moved.timestamp, moved.options.is_unaligned) == (5, 1_000, True)
+    assert [view.get_next_buffer().buffer.size for _ in range(3)] == [1, 2, 4]
+    assert not subpartition.is_blocked  # an unaligned barrier blocks nothing
+    assert view.get_next_buffer() is None
+
+
+def test_timeout_after_the_barrier_was_sent_changes_nothing(setup):
+    """Given a timeoutable barrier already polled (the subpartition blocked behind it), when its alignment
+    times out, then nothing moves, nothing is persisted and the subpartition stays blocked."""
+    subpartition, listener, view = setup
+    writer = subpartition.channel_state_writer = ChannelStateRecorder()
+    subpartition.add(barrier(5, TIMEOUTABLE))
+    subpartition.add(filled_finished_consumer(3))
+    assert view.get_next_buffer().buffer.data_type is DataType.TIMEOUTABLE_ALIGNED_CHECKPOINT_BARRIER
+    assert subpartition.is_blocked
+    assert subpartition.aligned_barrier_timeout(5) is None
+    assert writer.calls == [] and listener.num_priority_events == 0 and subpartition.is_blocked
