@@ -8,6 +8,9 @@ The partitions that own subpartitions are in :mod:`spark_credit_shuffle.protocol
 partition's subpartitions are read through the same view interface
 (:mod:`spark_credit_shuffle.protocol.blocking_partition`).
 
+One Flink class, :class:`PipelinedSubpartition` with its backlog, flush, priority-event and
+barrier-timeout rules, makes this module a little over 500 lines.
+
 Not thread-safe: callers serialise access (one lock per task in a threaded runtime).
 """
 
