@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .metrics import SAMPLE, MetricRow, rows_to_pandas
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,7 +45,6 @@ DEFAULT_TIMELINE_METRICS = (
     "credit",
     "numRecordsInPerSecond",
 )
-_COLUMNS = ["side", "subtask", "channel", "metric", "stat", "value"]
 
 
 _FIGURE_CLASS: list[type] = []
@@ -81,21 +81,19 @@ def to_pandas(data: Any, *, timeline: bool | None = None) -> pd.DataFrame:
 
     if hasattr(data, "timeline_rows") and hasattr(data, "metric_rows"):  # an Exchange
         rows = data.timeline_rows() if timeline else data.metric_rows()
-        return pd.DataFrame([r.__dict__ for r in rows], columns=[*_COLUMNS, "time_ms"])
+        return rows_to_pandas(rows)
     if hasattr(data, "toPandas"):  # a Spark DataFrame
         return data.toPandas()
     if isinstance(data, pd.DataFrame):
         return data
     if isinstance(data, Sequence):
-        return pd.DataFrame([r.__dict__ for r in data], columns=[*_COLUMNS, "time_ms"])
+        return rows_to_pandas(data)
     raise ConfigError("data", type(data).__name__, "an Exchange, a Spark or pandas DataFrame, or MetricRows")
 
 
 def timeline_from_simulation(report: Any) -> list[Any]:
     """The samples of a :class:`~spark_credit_shuffle.simulation.SimulationReport` as timeline rows
     (``time_ms`` in virtual milliseconds), ready for :func:`plot_timeline`."""
-    from .metrics import SAMPLE, MetricRow
-
     rows = []
     for sample in report.samples:
         stamp = float(sample["time"]) * 1000.0

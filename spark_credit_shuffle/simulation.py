@@ -34,14 +34,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .buffers.buffer import Buffer, ByteBufferBuilder, DataType
-from .buffers.format import CheckpointBarrier, decode_event, encode_event
+from .buffers.format import CheckpointBarrier, barrier_data_type, decode_event, encode_event
 from .config import NetworkConfig
 from .errors import ConfigError, SimulationStalledError
+from .protocol.channels import RemoteInputChannel
 from .protocol.checkpointing import CompletedCheckpoint, SingleCheckpointBarrierHandler
+from .protocol.client import CreditBasedPartitionRequestClientHandler
+from .protocol.gate import SingleInputGate
 from .protocol.partition import PipelinedResultPartition, ResultPartitionManager
-from .protocol.pools import NetworkBufferPool, input_gate_buffers_spec, result_partition_pool_size
-from .protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
+from .protocol.pools import NetworkBufferPool
 from .protocol.sender import PartitionRequestServerHandler
+from .protocol.sizing import input_gate_buffers_spec, result_partition_pool_size
 from .transport.memory import MemoryConnection
 
 __all__ = [
@@ -313,7 +316,7 @@ class _Consumer:
         #: Model without credits: spilled (channel, buffer, sequence number) of blocked channels, and the
         #: spilled items to replay before the gate.
         self.aligns_by_spilling = not sim.config.credit_based
-        self.barrier_data_type = sim.config.checkpoint_options.data_type
+        self.barrier_data_type = barrier_data_type(sim.config.checkpoint_options)
         self.spilled: deque[tuple[int, Buffer, int]] = deque()
         self.replay: deque[tuple[int, Buffer, int]] = deque()
         self.spilled_bytes = 0

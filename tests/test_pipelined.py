@@ -26,11 +26,11 @@ from test_blocking_runtime import run as run_blocking
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError, ExchangeTimeoutError, InsufficientSlotsError
-from spark_credit_shuffle.exchange import ExchangePlan, Injection
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
 from spark_credit_shuffle.protocol import Hello, encode_to_bytes
 from spark_credit_shuffle.runtime import pipelined
 from spark_credit_shuffle.runtime.pipelined import PipelinedTask, TaskOptions, run_in_threads
+from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
 
 pytestmark = pytest.mark.timeout(120)
 

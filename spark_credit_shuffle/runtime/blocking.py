@@ -31,15 +31,16 @@ from ..buffers.format import CheckpointBarrier
 from ..buffers.writer import RecordWriter
 from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
-from ..protocol.partition import BlockingResultPartition, StoredBuffer
-from ..protocol.pools import NetworkBufferPool, PartitionType, result_partition_pool_size
+from ..protocol.blocking_partition import BlockingResultPartition, StoredBuffer
+from ..protocol.pools import NetworkBufferPool
+from ..protocol.sizing import PartitionType, result_partition_pool_size
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
 from .consumer import consume_partition
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = ["STORAGE_SCHEMA", "build", "consume_partition", "produce_partition"]
 
@@ -158,11 +159,6 @@ def produce_partition(
     out.append((consumers[0], producer, -1, METRICS_TYPE, json.dumps(rows).encode()))
     yield _storage_batch(out)
     partition.release()
-
-
-def _producer_metrics(payload: bytes) -> list[MetricRow]:
-    """The metric rows a producer shipped (JSON lists of the MetricRow fields in order)."""
-    return [MetricRow(*row) for row in json.loads(payload)]
 
 
 def build(

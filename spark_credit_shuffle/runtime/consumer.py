@@ -19,17 +19,19 @@ import numpy as np
 import pyarrow as pa
 
 from ..buffers import DataType
+from ..buffers.format import Event
 from ..buffers.reader import RecordReader
 from ..errors import ProtocolError
 from ..metrics import CONSUMER, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ..protocol.channels import RemoteInputChannel
+from ..protocol.gate import SingleInputGate
 from ..protocol.pools import NetworkBufferPool
-from ..protocol.receiver import RemoteInputChannel, SingleInputGate
 from ..transport.memory import StoredBuffersExchange
 from .checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport, combine
 
 if TYPE_CHECKING:
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = ["consume_partition"]
 
@@ -79,16 +81,16 @@ def consume_partition(
             yield name, None, value
         yield "numRecordsInPerSecond", None, records_in.rate(sum(r.num_records_in for r in readers))
         for index, (channel, p) in enumerate(zip(gate.channels, producers)):
+            assert isinstance(channel, RemoteInputChannel)  # the replay reads every producer as a remote channel
             yield "credit", p, float(replay.sender_credit(index))
-            yield "unannouncedCredit", p, float(channel.unannounced_credit)  # type: ignore[union-attr]
-            yield "backlog", p, float(max(0, channel.sender_backlog))  # type: ignore[union-attr]
-            yield "inputQueueLength", p, float(channel.queue_length())  # type: ignore[union-attr]
+            yield "unannouncedCredit", p, float(channel.unannounced_credit)
+            yield "backlog", p, float(max(0, channel.sender_backlog))
+            yield "inputQueueLength", p, float(channel.queue_length())
 
     timeline.record(gauges)
 
     poll = replay.poll
     due = timeline.due
-    record_batch = pa.RecordBatch
 
     def pump() -> Iterator[pa.RecordBatch]:
         nonlocal pending_bytes
@@ -103,11 +105,12 @@ def consume_partition(
                 if checkpoints is not None and item.buffer.is_buffer:
                     checkpoints.handler.process_buffer(channel, item.sequence_number, len(item.buffer.data))
                 for out in readers[channel].feed(item.buffer, item.sequence_number):
-                    if type(out) is record_batch and out.num_rows:
-                        if delay:
-                            time.sleep(delay * out.num_rows)
-                        pending.append(out)
-                        pending_bytes += out.get_total_buffer_size()  # nbytes costs ~15 µs a call
+                    if not isinstance(out, Event):  # a record batch
+                        if out.num_rows:
+                            if delay:
+                                time.sleep(delay * out.num_rows)
+                            pending.append(out)
+                            pending_bytes += out.get_total_buffer_size()  # nbytes costs ~15 µs a call
                     elif checkpoints is not None and isinstance(out, CHECKPOINT_EVENTS):
                         for resumed in checkpoints.on_event(channel, out, item.sequence_number):
                             gate.resume_consumption(resumed)
