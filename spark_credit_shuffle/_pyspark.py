@@ -3,7 +3,9 @@
 pyspark is optional (runtimes such as Databricks ship their own): without it the pure-Python parts (key
 groups, the protocol core, the planner, the simulation) work. With a pyspark older than
 :data:`MIN_PYSPARK`, importing the package raises ImportError naming both versions, instead of failing
-later inside a Spark job.
+later inside a Spark job. :func:`is_connect` and :func:`spark_context` tell a classic session from a Spark
+Connect one without touching the JVM; they sit here, in the bottom layer, because the config reads a
+session's conf too.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import re
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["MIN_PYSPARK", "check_pyspark", "installed_pyspark_version"]
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+__all__ = ["MIN_PYSPARK", "check_pyspark", "installed_pyspark_version", "is_connect", "spark_context"]
 
 #: The oldest pyspark the package runs on (``mapInArrow(..., barrier=True)``, Arrow's time zone and large
 #: type options, the identity placement of :func:`~spark_credit_shuffle.runtime.common.place_by`).
@@ -47,6 +53,20 @@ def check_pyspark(version: str | None) -> None:
             f"spark_credit_shuffle needs pyspark >= {minimum}, but pyspark {version} is installed: install "
             f"pyspark>={minimum} (pip install 'spark-credit-shuffle[spark]') or use a Spark {MIN_PYSPARK[0]} runtime"
         )
+
+
+def is_connect(spark: Any) -> bool:
+    """True if ``spark`` (a SparkSession) is a Spark Connect session, False for a classic one.
+
+    Decided by the session's class (``pyspark.sql.connect.session.SparkSession``), not by the process's
+    environment: a process may hold a classic session and a Connect session at the same time.
+    """
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def spark_context(spark: Any) -> SparkContext | None:
+    """The SparkContext of a classic session; None on Spark Connect, which has none."""
+    return None if is_connect(spark) else spark.sparkContext
 
 
 check_pyspark(installed_pyspark_version())

@@ -10,21 +10,23 @@ naming the setting, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, SupportsIndex
 
+from ._pyspark import spark_context
 from .errors import ConfigError, UnknownSettingError
-
-if TYPE_CHECKING:
-    from .buffers.format import CheckpointOptions
 
 __all__ = [
     "CONF_PREFIX",
+    "DEFAULT_SEGMENT_SIZE",
     "MAX_PARALLELISM_UPPER_BOUND",
     "MIN_SEGMENT_SIZE",
+    "AlignmentType",
+    "CheckpointOptions",
     "NetworkConfig",
     "check_operator_parallelism",
     "default_max_parallelism",
@@ -33,6 +35,9 @@ __all__ = [
 ]
 
 CONF_PREFIX = "spark.creditShuffle."
+#: Flink's default memory segment size (``taskmanager.memory.segment-size``: 32 KiB), the size of a network
+#: buffer unless ``segment_size`` says otherwise.
+DEFAULT_SEGMENT_SIZE = 32 * 1024
 #: Flink's smallest memory segment (``MemoryManager.MIN_PAGE_SIZE``).
 MIN_SEGMENT_SIZE = 4096
 #: Flink's ``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``.
@@ -84,12 +89,9 @@ def parse_duration_ms(value: int | str, setting: str = "duration") -> int:
 
 def check_count(value: object, setting: str) -> int:
     """``value`` as an int >= 1 (a parallelism, a number of tasks), or a ConfigError naming ``setting``."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise ConfigError(setting, value, "an integer >= 1")
-    try:
-        count = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigError(setting, value, "an integer >= 1") from None
+    count = operator.index(value)
     if count < 1:
         raise ConfigError(setting, value, "an integer >= 1")
     return count
@@ -186,6 +188,42 @@ def default_max_parallelism(parallelism: int) -> int:
     return min(max(rounded, _MAX_PARALLELISM_LOWER_BOUND), MAX_PARALLELISM_UPPER_BOUND)
 
 
+# -- checkpoint options --------------------------------------------------------------------------------
+# Flink builds CheckpointOptions from its checkpoint config; here they follow from NetworkConfig's
+# checkpoint settings (:attr:`NetworkConfig.checkpoint_options`), and the buffer format encodes them.
+
+
+class AlignmentType(enum.IntEnum):
+    """Flink's ``CheckpointOptions.AlignmentType``: how consumers align a checkpoint's barriers."""
+
+    AT_LEAST_ONCE = 0
+    ALIGNED = 1
+    UNALIGNED = 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckpointOptions:
+    """Flink's ``CheckpointOptions`` as far as the network sees them: the alignment, and for an aligned
+    barrier the ``aligned_checkpoint_timeout_ms`` after which alignment switches to unaligned (-1: never;
+    Flink's ``execution.checkpointing.aligned-checkpoint-timeout``)."""
+
+    alignment: AlignmentType = AlignmentType.ALIGNED
+    aligned_checkpoint_timeout_ms: int = -1
+
+    @property
+    def is_timeoutable(self) -> bool:
+        """An aligned barrier that may time out to unaligned (Flink's ``isTimeoutable``)."""
+        return self.alignment is AlignmentType.ALIGNED and self.aligned_checkpoint_timeout_ms >= 0
+
+    @property
+    def is_unaligned(self) -> bool:
+        return self.alignment is AlignmentType.UNALIGNED
+
+    def to_unaligned(self) -> CheckpointOptions:
+        """The options of an aligned barrier whose alignment timed out (Flink's ``toUnaligned``)."""
+        return CheckpointOptions(AlignmentType.UNALIGNED, -1)
+
+
 def _setting(default: Any, flink: str, parse: Callable[[Any, str], Any], doc: str) -> Any:
     return field(default=default, metadata={"flink": flink, "parse": parse, "doc": doc})
 
@@ -200,7 +238,7 @@ class NetworkConfig:
     """
 
     segment_size: int = _setting(
-        32 * 1024, "taskmanager.memory.segment-size", parse_size,
+        DEFAULT_SEGMENT_SIZE, "taskmanager.memory.segment-size", parse_size,
         "bytes in one network buffer; a power of two, at least 4 KiB",
     )  # fmt: skip
     buffers_per_channel: int = _setting(
@@ -394,8 +432,6 @@ class NetworkConfig:
         try:  # every key of the session, also those set with spark.conf.set (Spark 4: a property, also on Connect)
             all_conf = list(dict(spark.conf.getAll).items())
         except Exception:
-            from .runtime.session import spark_context
-
             sc = spark_context(spark)  # older sessions: the SparkContext's conf (classic only)
             all_conf = sc.getConf().getAll() if sc is not None else []
         for key, value in all_conf:
@@ -415,8 +451,6 @@ class NetworkConfig:
     @property
     def checkpoint_options(self) -> CheckpointOptions:
         """The options of the barriers producers inject: aligned, unaligned, or aligned with a timeout."""
-        from .buffers.format import AlignmentType, CheckpointOptions
-
         if not self.unaligned_checkpoints:
             return CheckpointOptions(AlignmentType.ALIGNED)
         if self.aligned_checkpoint_timeout_ms > 0:

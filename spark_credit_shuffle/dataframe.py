@@ -25,7 +25,7 @@ from .config import NetworkConfig, check_count
 from .errors import ConfigError, PartitionerError, UnsupportedKeyTypeError
 from .partitioners import SUPPORTED_KEY_TYPES, CustomPartitionerWrapper, KeyGroupStreamPartitioner, Partitioner
 from .partitioners.partitioner import identifier_parts
-from .runtime.session import num_partitions
+from .runtime.session import num_partitions, task_partition_id
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -65,7 +65,7 @@ def _key_columns_of(partitioner: Partitioner) -> tuple[Any, ...]:
     return ()
 
 
-def _conf_max_parallelism(conf_value: object, max_parallelism: int | None) -> int | None:
+def _conf_max_parallelism(conf_value: str | None, max_parallelism: int | None) -> int | None:
     """``max_parallelism`` if given, else the ``spark.creditShuffle.maxParallelism`` value (checked)."""
     if max_parallelism is not None:
         return NetworkConfig(max_parallelism=max_parallelism).max_parallelism
@@ -169,7 +169,7 @@ def resolve_key_columns(df: DataFrame, partitioner: Partitioner) -> Partitioner:
             )
     if tuple(resolved) == tuple(columns):
         return partitioner
-    return dataclasses.replace(partitioner, columns=tuple(resolved))  # type: ignore[type-var]
+    return dataclasses.replace(partitioner, columns=tuple(resolved))  # type: ignore[type-var]  # keyed partitioners are dataclasses
 
 
 def _plain_names(names: list[str]) -> list[str]:
@@ -192,7 +192,7 @@ def _renamed_keys(partitioner: Partitioner, renamed: dict[str, str]) -> Partitio
     if not columns:
         return partitioner
     keys = tuple(renamed.get(c, c) if isinstance(c, str) else c for c in columns)
-    return dataclasses.replace(partitioner, columns=keys)  # type: ignore[type-var]
+    return dataclasses.replace(partitioner, columns=keys)  # type: ignore[type-var]  # keyed partitioners are dataclasses
 
 
 def _top_level_field(fields: Sequence[Any], column: str) -> Any:
@@ -230,7 +230,6 @@ def with_channel(
     a classic session (with adaptive query execution Spark may then run the stages that produce ``df``),
     with one small Spark job on Spark Connect (see :func:`~spark_credit_shuffle.runtime.session.num_partitions`).
     """
-    from pyspark import TaskContext
     from pyspark.sql.types import IntegerType, StructField, StructType
 
     df = check_dataframe(df)
@@ -256,7 +255,7 @@ def with_channel(
     field = pa.field(column, pa.int32(), nullable=False)
 
     def add_channels(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        producer = TaskContext.get().partitionId()
+        producer = task_partition_id()
         subpartition_consumers, selector = _channel_plan(partitioner, producer, producers, consumers, max_p)
         for batch in batches:
             if partitioner.is_broadcast:
@@ -322,7 +321,7 @@ def rdd_with_channel(
     producers, consumers = _resolve_counts(partitioner, num_producers, parallelism, max_p)
     names = tuple(str(c) for c in columns)
     # the selector reads the key batch built below, whose columns are named str(column)
-    by_name = dataclasses.replace(partitioner, columns=names) if columns else partitioner  # type: ignore[type-var]
+    by_name = dataclasses.replace(partitioner, columns=names) if columns else partitioner  # type: ignore[type-var]  # keyed partitioners are dataclasses
     getters = [_getter(c) for c in columns]
     types = key_types or [None] * len(columns)
 

@@ -14,7 +14,6 @@ import itertools
 import logging
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -25,6 +24,7 @@ from .errors import ConfigError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
 from .runtime.checkpoints import CHECKPOINT_STAT
+from .runtime.plan import ExchangePlan, Injection
 from .runtime.session import num_partitions
 
 if TYPE_CHECKING:
@@ -46,60 +46,6 @@ CHECKPOINTS_DDL = (
     "subtask int, checkpoint_id long, alignment string, timed_out boolean, alignment_time_ms double, "
     "start_delay_ms double, persisted_bytes long, end_ms double"
 )
-
-
-@dataclass(frozen=True)
-class Injection:
-    """Faults and slowness injected into an exchange, for tests and demos.
-
-    ``consumer_delay_s``: seconds a consumer subtask sleeps per record it receives, by subtask
-    index (``{0: 0.001}`` makes subtask 0 a slow receiver). ``fail_once``: (side, subtask) whose
-    first attempt raises; the marker file in ``marker_dir`` remembers that it failed, so the
-    retried attempt runs normally.
-    """
-
-    consumer_delay_s: tuple[tuple[int, float], ...] = ()
-    fail_once: tuple[str, int] | None = None
-    marker_dir: str | None = None
-
-    def delay_of(self, consumer: int) -> float:
-        return dict(self.consumer_delay_s).get(consumer, 0.0)
-
-    def maybe_fail(self, side: str, subtask: int) -> None:
-        """Raise on the first attempt of the configured (side, subtask); do nothing after that."""
-        if self.fail_once is None or self.fail_once != (side, subtask) or self.marker_dir is None:
-            return
-        import os
-
-        marker = os.path.join(self.marker_dir, f"failed-{side}-{subtask}")
-        if not os.path.exists(marker):
-            with open(marker, "w") as f:
-                f.write("failed once\n")
-            raise RuntimeError(f"injected failure of {side} subtask {subtask} (first attempt)")
-
-
-@dataclass(frozen=True)
-class ExchangePlan:
-    """Everything a task needs to play its part; built and checked on the driver, shipped to tasks."""
-
-    name: str
-    mode: str
-    partitioner: Partitioner
-    num_producers: int
-    num_consumers: int
-    max_parallelism: int
-    config: NetworkConfig
-    schema: pa.Schema
-    injection: Injection | None = None
-    #: Pipelined mode: place the output with an identity shuffle after the barrier stage (True, the
-    #: default when None), or stream it straight into what follows (False). Blocking output always is.
-    retryable: bool | None = None
-
-    def describe(self) -> str:
-        return (
-            f"credit shuffle {self.name}: {self.partitioner.name} {self.mode} exchange, "
-            f"{self.num_producers} -> {self.num_consumers} subtasks"
-        )
 
 
 class Exchange:
@@ -132,7 +78,7 @@ class Exchange:
 
     def timeline_rows(self) -> list[MetricRow]:
         """The timeline samples of the first action that ran ``df`` (``stat == "sample"``), by time."""
-        return sorted((r for r in self._all_metric_rows() if r.time_ms is not None), key=lambda r: r.time_ms)
+        return sorted((r for r in self._all_metric_rows() if r.time_ms is not None), key=lambda r: r.time_ms or 0.0)
 
     def timeline(self) -> DataFrame:
         """Pool usage, backlog, credits and backpressure per subtask over time, sampled every
@@ -201,7 +147,7 @@ class Exchange:
         spark = self.df.sparkSession
         sc = spark_context(spark)
         if sc is None:
-            tag = job_label(self.plan)
+            tag = re.sub(r"[^A-Za-z0-9_]", "_", f"credit_shuffle_{self.plan.name}")
             spark.addTag(tag)
             try:
                 yield self
@@ -213,7 +159,7 @@ class Exchange:
         try:
             yield self
         finally:
-            sc.setLocalProperty("spark.job.description", previous)  # type: ignore[arg-type]
+            sc.setLocalProperty("spark.job.description", previous)  # type: ignore[arg-type]  # None unsets it
 
     def __repr__(self) -> str:
         return f"Exchange({self.plan.describe()})"
@@ -431,8 +377,3 @@ def exchanged(
         return exchange(df, partitioner, parallelism, mode, **kwargs).df
 
     return step
-
-
-def job_label(plan: ExchangePlan) -> str:
-    """The label of the Spark jobs that run ``plan``; also names the stages' Python functions."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", f"credit_shuffle_{plan.name}")

@@ -65,14 +65,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql.types import StructType
 
 __all__ = [
     "CONSUMER",
     "MAX_TIMELINE_POINTS",
     "METRICS_DDL",
+    "METRIC_ROW_FIELDS",
     "METRIC_ROW_TYPE",
     "PRODUCER",
     "SAMPLE",
@@ -82,6 +88,9 @@ __all__ = [
     "RateMeter",
     "TaskMetrics",
     "TimelineSampler",
+    "metric_row_spark_type",
+    "rows_to_arrow",
+    "rows_to_pandas",
 ]
 
 PRODUCER = "producer"
@@ -90,26 +99,6 @@ CONSUMER = "consumer"
 SAMPLE = "sample"
 #: Sample times a task keeps before it thins them out (every other one) and doubles its interval.
 MAX_TIMELINE_POINTS = 1000
-
-METRIC_ROW_TYPE = pa.struct(
-    [
-        ("side", pa.string()),
-        ("subtask", pa.int32()),
-        ("channel", pa.int32()),
-        ("metric", pa.string()),
-        ("stat", pa.string()),
-        ("value", pa.float64()),
-        ("time_ms", pa.float64()),
-    ]
-)
-#: Spark DDL of one metric row, as carried inside an exchange.
-METRIC_ROW_DDL = "struct<side:string,subtask:int,channel:int,metric:string,stat:string,value:double,time_ms:double>"
-#: Spark DDL of the metrics DataFrame.
-METRICS_DDL = (
-    "exchange string, mode string, side string, subtask int, channel int, metric string, stat string, value double"
-)
-#: Spark DDL of the timeline DataFrame: the metrics columns, then ``time_ms``.
-TIMELINE_DDL = METRICS_DDL + ", time_ms double"
 
 
 @dataclass(frozen=True)
@@ -121,6 +110,53 @@ class MetricRow:
     stat: str
     value: float
     time_ms: float | None = None  # set on timeline samples only
+
+
+# -- the row's other forms, all derived from MetricRow's fields -------------------------------------------
+
+#: The Arrow type of each annotation a MetricRow field may have (a missing one fails at import).
+_ARROW_TYPES = {
+    "str": pa.string(),
+    "int": pa.int32(),
+    "int | None": pa.int32(),
+    "float": pa.float64(),
+    "float | None": pa.float64(),
+}
+#: The names of a metric row's fields, in order (also the order of a row's JSON list).
+METRIC_ROW_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(MetricRow))
+#: One metric row as carried inside an exchange: an Arrow struct of MetricRow's fields.
+METRIC_ROW_TYPE = pa.struct([(f.name, _ARROW_TYPES[str(f.type)]) for f in fields(MetricRow)])
+#: The columns that name the exchange in the metrics and timeline DataFrames, before the row's.
+_EXCHANGE_FIELDS = (("exchange", pa.string()), ("mode", pa.string()))
+_SPARK_DDL_TYPES = {pa.string(): "string", pa.int32(): "int", pa.float64(): "double"}
+
+
+def _ddl(columns: Iterable[tuple[str, pa.DataType]]) -> str:
+    return ", ".join(f"{name} {_SPARK_DDL_TYPES[arrow_type]}" for name, arrow_type in columns)
+
+
+_ROW_COLUMNS = [(f.name, f.type) for f in METRIC_ROW_TYPE]
+#: Spark DDL of the metrics DataFrame: the exchange, then every field of a row but ``time_ms``.
+METRICS_DDL = _ddl([*_EXCHANGE_FIELDS, *(c for c in _ROW_COLUMNS if c[0] != "time_ms")])
+#: Spark DDL of the timeline DataFrame: the metrics columns, then ``time_ms``.
+TIMELINE_DDL = _ddl([*_EXCHANGE_FIELDS, *_ROW_COLUMNS])
+
+
+def metric_row_spark_type() -> StructType:
+    """The Spark type of one metric row (a struct of MetricRow's fields), for a column of rows."""
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructType
+
+    spark_type = from_arrow_type(METRIC_ROW_TYPE)
+    assert isinstance(spark_type, StructType)  # an Arrow struct converts to a StructType
+    return spark_type
+
+
+def rows_to_pandas(rows: Iterable[MetricRow]) -> pd.DataFrame:
+    """Metric rows as a pandas DataFrame with one column per field, typed as the Arrow struct says
+    (``channel`` and ``time_ms`` hold NaN where a row has none)."""
+    table = pa.Table.from_struct_array(rows_to_arrow([list(rows)]).flatten())
+    return table.to_pandas()
 
 
 @dataclass
@@ -171,32 +207,15 @@ class TaskMetrics:
             yield MetricRow(self.side, self.subtask, None, metric, "max", float(stats.peak))
             yield MetricRow(self.side, self.subtask, None, metric, "mean", float(stats.mean))
 
-    def to_arrow(self) -> pa.Array:
-        """This task's rows as one Arrow ``list<struct>`` value (the hidden metrics cell)."""
-        return rows_to_arrow([list(self.rows())])
-
 
 def rows_to_arrow(groups: Iterable[list[MetricRow] | None]) -> pa.Array:
     """A ``list<METRIC_ROW_TYPE>`` array with one list per group (None gives a null list)."""
-    values = []
+    values: list[list[dict[str, object]] | None] = []
     for group in groups:
         if group is None:
             values.append(None)
         else:
-            values.append(
-                [
-                    {
-                        "side": r.side,
-                        "subtask": r.subtask,
-                        "channel": r.channel,
-                        "metric": r.metric,
-                        "stat": r.stat,
-                        "value": r.value,
-                        "time_ms": r.time_ms,
-                    }
-                    for r in group
-                ]
-            )
+            values.append([{name: getattr(r, name) for name in METRIC_ROW_FIELDS} for r in group])
     return pa.array(values, type=pa.list_(METRIC_ROW_TYPE))
 
 

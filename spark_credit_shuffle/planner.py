@@ -37,10 +37,7 @@ other, so an executor's requirement is that of its busiest stage.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -58,19 +55,20 @@ from .partitioners import (
     rescale,
     shuffle,
 )
-from .protocol.pools import (
-    NETWORK_MEMORY_SETTING,
+from .protocol.pools import NETWORK_MEMORY_SETTING
+from .protocol.sizing import (
     PartitionType,
     input_gate_buffers_spec,
     network_buffers_for_announcing,
     result_partition_pool_size,
 )
+from .runtime.session import configured_executors, executor_slots
 
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-    from .exchange import ExchangePlan
+    from .runtime.plan import ExchangePlan
 
 __all__ = [
     "PATTERNS",
@@ -82,7 +80,6 @@ __all__ = [
     "TaskPlan",
     "check_fits",
     "consumer_buffers",
-    "executor_slots",
     "executors_from_spark",
     "partition_type",
     "plan_dataframe",
@@ -92,7 +89,6 @@ __all__ = [
     "task_buffers",
 ]
 
-_LOCAL = re.compile(r"^local(?:-cluster)?\[(\*|\d+)(?:\s*,\s*\d+)?\]$|^local$")
 _MODES = ("blocking", "pipelined")
 
 
@@ -273,7 +269,7 @@ class ExchangeSpec:
             producers, consumers = int(parts[0]), int(parts[1])
         except ValueError:
             raise ConfigError("exchange", text, "integer producer and consumer counts, e.g. 4:4:hash") from None
-        return cls(producers, consumers, *(parts[2:]))  # type: ignore[arg-type]
+        return cls(producers, consumers, *(parts[2:]))
 
 
 @dataclass(frozen=True)
@@ -663,21 +659,21 @@ def _stage(
         worst = (-1, 0, 0, plans, None)
         largest_max = 0
         for placement in placements:
-            if len(placement) != len(plans):  # type: ignore[arg-type]
+            if len(placement) != len(plans):
                 raise ConfigError(
                     "placement", placement, f"one executor per task of stage '{name}' ({len(plans)} tasks)"
                 )
             tasks = task_plans(placement)
             by_executor: dict[int, list[TaskPlan]] = {}
-            for task, executor in zip(tasks, placement):  # type: ignore[arg-type]
+            for task, executor in zip(tasks, placement):
                 by_executor.setdefault(executor, []).append(task)
             for group in by_executor.values():
                 required = sum(t.required for t in group)
                 largest_max = max(largest_max, sum(t.maximum for t in group))
                 if required > worst[0]:
-                    worst = (required, 0, len(group), tasks, tuple(placement))  # type: ignore[arg-type]
-        worst = (worst[0], largest_max, *worst[2:])
-    required, maximum, at_once, plans, placement = worst
+                    worst = (required, 0, len(group), tasks, tuple(placement))
+        worst = (worst[0], largest_max, worst[2], worst[3], worst[4])
+    required, maximum, at_once, plans, worst_placement = worst
     return StagePlan(
         name=name,
         mode=mode,
@@ -689,7 +685,7 @@ def _stage(
         segment_size=config.segment_size,
         all_at_once=barrier,
         total_slots=executors.total_slots,
-        placement=placement,
+        placement=worst_placement,
     )
 
 
@@ -799,31 +795,10 @@ def plan_dataframe(
 # -- the Spark session's executors ---------------------------------------------------------------------
 
 
-def executor_slots(spark: Any) -> int:
-    """Tasks one executor runs at once: ``local[N]`` gives N; otherwise executor cores / task cpus."""
-    conf = spark.conf
-    master = conf.get("spark.master", "local[*]") or "local[*]"
-    task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
-    match = _LOCAL.match(master.strip())
-    if match:
-        n = match.group(1)
-        cores = (os.cpu_count() or 1) if n in (None, "*") else int(n)
-    else:
-        cores = int(conf.get("spark.executor.cores", "1") or 1)
-    return max(1, cores // task_cpus)
-
-
 def executors_from_spark(spark: Any) -> Executors:
-    """The session's executors: local mode is one executor; a cluster counts ``spark.executor.instances``."""
-    master = (spark.conf.get("spark.master", "local[*]") or "local[*]").strip()
-    count = 1
-    if master.startswith("local-cluster["):
-        with contextlib.suppress(ValueError, IndexError):
-            count = int(master[len("local-cluster[") :].split(",")[0])
-    elif not master.startswith("local"):
-        with contextlib.suppress(Exception):
-            count = max(1, int(spark.conf.get("spark.executor.instances", "1") or 1))
-    return Executors(count, executor_slots(spark))
+    """The session's executors (:mod:`~spark_credit_shuffle.runtime.session`): how many it is configured
+    with (1 when unknown) and the task slots of each."""
+    return Executors(configured_executors(spark) or 1, executor_slots(spark))
 
 
 def check_fits(plan: ExchangePlan, spark: Any) -> None:

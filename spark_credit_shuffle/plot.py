@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .metrics import rows_to_pandas
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,7 +45,6 @@ DEFAULT_TIMELINE_METRICS = (
     "credit",
     "numRecordsInPerSecond",
 )
-_COLUMNS = ["side", "subtask", "channel", "metric", "stat", "value"]
 
 
 _FIGURE_CLASS: list[type] = []
@@ -81,13 +81,13 @@ def to_pandas(data: Any, *, timeline: bool | None = None) -> pd.DataFrame:
 
     if hasattr(data, "timeline_rows") and hasattr(data, "metric_rows"):  # an Exchange
         rows = data.timeline_rows() if timeline else data.metric_rows()
-        return pd.DataFrame([r.__dict__ for r in rows], columns=[*_COLUMNS, "time_ms"])
+        return rows_to_pandas(rows)
     if hasattr(data, "toPandas"):  # a Spark DataFrame
         return data.toPandas()
     if isinstance(data, pd.DataFrame):
         return data
     if isinstance(data, Sequence):
-        return pd.DataFrame([r.__dict__ for r in data], columns=[*_COLUMNS, "time_ms"])
+        return rows_to_pandas(data)
     raise ConfigError("data", type(data).__name__, "an Exchange, a Spark or pandas DataFrame, or MetricRows")
 
 

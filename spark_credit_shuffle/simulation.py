@@ -35,15 +35,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .buffers.buffer import Buffer, ByteBufferBuilder, DataType
-from .buffers.format import CheckpointBarrier, decode_event, encode_event
+from .buffers.format import CheckpointBarrier, barrier_data_type, decode_event, encode_event
 from .config import NetworkConfig
 from .errors import ConfigError, SimulationStalledError
 from .metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow, TaskMetrics
 from .planner import consumer_buffers, producer_buffers
+from .protocol.channels import RemoteInputChannel
 from .protocol.checkpointing import CompletedCheckpoint, SingleCheckpointBarrierHandler
+from .protocol.client import CreditBasedPartitionRequestClientHandler
+from .protocol.gate import SingleInputGate
 from .protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from .protocol.pools import NetworkBufferPool
-from .protocol.receiver import CreditBasedPartitionRequestClientHandler, RemoteInputChannel, SingleInputGate
 from .protocol.sender import PartitionRequestServerHandler
 from .runtime.engine import Flusher, GateGauges, Settings, channel_gauges, subpartition_gauges
 from .transport.memory import MemoryConnection, MemoryNetwork
@@ -318,7 +320,7 @@ class _Consumer:
         #: Model without credits: spilled (channel, buffer, sequence number) of blocked channels, and the
         #: spilled items to replay before the gate.
         self.aligns_by_spilling = not sim.config.credit_based
-        self.barrier_data_type = sim.config.checkpoint_options.data_type
+        self.barrier_data_type = barrier_data_type(sim.config.checkpoint_options)
         self.spilled: deque[tuple[int, Buffer, int]] = deque()
         self.replay: deque[tuple[int, Buffer, int]] = deque()
         self.spilled_bytes = 0
@@ -352,7 +354,7 @@ class _Consumer:
             if data_type.is_buffer:
                 size = buffer.size
                 self.checkpoints.process_buffer(channel, sequence_number, size)
-                self.digests[channel].update(buffer.data)  # type: ignore[arg-type]
+                self.digests[channel].update(buffer.data)
                 self.bytes_per_channel[channel] += size
                 self.buffers_per_channel[channel] += 1
                 self.busy = True
@@ -381,7 +383,7 @@ class _Consumer:
 
     def _spill(self, channel: int, buffer: Buffer, sequence_number: int) -> None:
         if buffer.data_type.is_buffer:
-            spilled = Buffer(buffer.data_type, bytes(buffer.data))  # type: ignore[call-overload]  # Buffer.data is typed object
+            spilled = Buffer(buffer.data_type, bytes(buffer.data))
             self.spilled_bytes += spilled.size
             buffer.recycle()
             buffer = spilled
@@ -654,7 +656,7 @@ class Simulation:
                 if connection is None:
                     client = CreditBasedPartitionRequestClientHandler(credit_based=config.credit_based)
                     server = PartitionRequestServerHandler(
-                        self.managers[producer_host],  # type: ignore[arg-type]  # PartitionProvider's listener: object
+                        self.managers[producer_host],
                         credit_based=config.credit_based,
                     )
                     connection = self.network.connect(client, server, **link)

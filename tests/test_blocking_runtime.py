@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.buffers import DataType
 from spark_credit_shuffle.errors import ProtocolError
-from spark_credit_shuffle.exchange import ExchangePlan
 from spark_credit_shuffle.metrics import CONSUMER, TaskMetrics
 from spark_credit_shuffle.runtime.blocking import STORAGE_SCHEMA, produce_partition
 from spark_credit_shuffle.runtime.common import METRICS_COLUMN
 from spark_credit_shuffle.runtime.consumer import GateGauges, consume_partition, stored_buffers
+from spark_credit_shuffle.runtime.plan import ExchangePlan
 from spark_credit_shuffle.transport.memory import StoredBuffersExchange
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("s", pa.string())])

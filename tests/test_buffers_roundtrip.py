@@ -30,7 +30,8 @@ from spark_credit_shuffle.buffers import (
     RecordReader,
     RecordWriter,
 )
-from spark_credit_shuffle.buffers.format import CHUNK_HEADER, compact
+from spark_credit_shuffle.buffers.format import CHUNK_HEADER
+from spark_credit_shuffle.buffers.size_model import compact
 from spark_credit_shuffle.partitioners import ConstantSelector, RoundRobinSelector, ShuffleSelector
 
 SEGMENTS = st.one_of(st.sampled_from([4096, 8192, 16384, 32768, 65536]), st.integers(4096, 70_000))

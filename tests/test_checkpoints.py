@@ -17,10 +17,10 @@ from test_pipelined import expected_placement, inputs, make_plan, metric, table
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.buffers.format import CheckpointOptions
 from spark_credit_shuffle.errors import ConfigError
-from spark_credit_shuffle.exchange import ExchangePlan, Injection
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
 from spark_credit_shuffle.runtime.checkpoints import CheckpointTrigger
 from spark_credit_shuffle.runtime.pipelined import run_in_threads
+from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
 
 MODES = {
     "aligned": {},

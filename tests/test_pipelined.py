@@ -26,11 +26,11 @@ from test_blocking_runtime import run as run_blocking
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError, ExchangeTimeoutError, InsufficientSlotsError
-from spark_credit_shuffle.exchange import ExchangePlan, Injection
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
 from spark_credit_shuffle.protocol import Hello, encode_to_bytes
 from spark_credit_shuffle.runtime import pipelined
 from spark_credit_shuffle.runtime.pipelined import PipelinedTask, TaskOptions, run_in_threads
+from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -546,9 +546,11 @@ def test_a_slow_consumer_shows_as_backpressure_in_the_metrics(spark):
 @pytest.mark.spark
 def test_a_stalled_consumer_fails_the_stage_with_a_named_timeout(spark):
     df = spark_rows(spark, 20_000, 2)
-    injection = scs.Injection(consumer_delay_s=((1, 0.02),))  # consumer 1 sleeps ~2 s on its first buffer
+    # consumer 1 sleeps ~5 s on its first buffer; the timeout is long enough that a busy machine does not make
+    # a healthy consumer look stalled first
+    injection = scs.Injection(consumer_delay_s=((1, 0.05),))
     ex = scs.exchange(
-        df, scs.key_by("k"), mode="pipelined", injection=injection, segment_size=4096, buffers_request_timeout_ms=300
+        df, scs.key_by("k"), mode="pipelined", injection=injection, segment_size=4096, buffers_request_timeout_ms=1500
     )
     out, _ = pipelined.build(ex.plan, df, retryable=False)  # no stage retry: fail once, fast
     with pytest.raises(Exception, match="ExchangeTimeoutError") as err:

@@ -15,7 +15,6 @@ import spark_credit_shuffle as scs
 from spark_credit_shuffle.__main__ import main as cli_main
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError, InsufficientNetworkBuffersError, PartitionerError
-from spark_credit_shuffle.exchange import ExchangePlan
 from spark_credit_shuffle.planner import (
     ExchangeSpec,
     Executors,
@@ -24,9 +23,11 @@ from spark_credit_shuffle.planner import (
     plan_network,
     plan_table,
 )
-from spark_credit_shuffle.protocol.pools import UNBOUNDED, NetworkBufferPool
+from spark_credit_shuffle.protocol.pools import NetworkBufferPool
+from spark_credit_shuffle.protocol.sizing import UNBOUNDED
 from spark_credit_shuffle.runtime.blocking import produce_partition
 from spark_credit_shuffle.runtime.consumer import consume_partition
+from spark_credit_shuffle.runtime.plan import ExchangePlan
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("s", pa.string())])
 

@@ -13,11 +13,11 @@ from pyspark.sql import functions as F
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError
-from spark_credit_shuffle.exchange import ExchangePlan, Injection
 from spark_credit_shuffle.metrics import MAX_TIMELINE_POINTS, SAMPLE, MetricRow, TimelineSampler
 from spark_credit_shuffle.plot import bar_chart, line_chart, plot_metrics, plot_timeline, plot_timeout_sweep
 from spark_credit_shuffle.runtime.blocking import produce_partition
 from spark_credit_shuffle.runtime.consumer import consume_partition
+from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32())])
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .buffer import Buffer, BufferConsumer, ByteBufferBuilder, DataType, SegmentLease
+from .builder import BufferBuilder
 from .format import (
     AlignmentType,
     CancelCheckpointMarker,
@@ -10,7 +11,6 @@ from .format import (
     CheckpointOptions,
     EndOfPartition,
     Event,
-    IpcSizeModel,
     KeepAlive,
     LatencyMarker,
     SchemaEvent,
@@ -18,7 +18,8 @@ from .format import (
     encode_event,
 )
 from .reader import RecordReader
-from .writer import BufferBuilder, RecordWriter
+from .size_model import IpcSizeModel
+from .writer import RecordWriter
 
 __all__ = [
     "AlignmentType",

@@ -17,17 +17,24 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "Buffer",
     "BufferConsumer",
     "ByteBufferBuilder",
     "DataType",
+    "Payload",
     "SegmentLease",
 ]
 
 Recycler = Callable[[], None]
+#: The bytes of a buffer: any bytes-like object, never copied on the way (an Arrow buffer of a record batch,
+#: a slice of a segment, the bytes a socket read).
+Payload: TypeAlias = "bytes | bytearray | memoryview | pa.Buffer"
 
 
 class DataType(enum.IntEnum):
@@ -78,14 +85,14 @@ class Buffer:
 
     __slots__ = ("_recycler", "data", "data_type")
 
-    def __init__(self, data_type: DataType, data: object, recycler: Recycler | None = None) -> None:
+    def __init__(self, data_type: DataType, data: Payload, recycler: Recycler | None = None) -> None:
         self.data_type = data_type
         self.data = data
         self._recycler = recycler
 
     @property
     def size(self) -> int:
-        return len(self.data)  # type: ignore[arg-type]
+        return len(self.data)
 
     @property
     def is_buffer(self) -> bool:
@@ -103,10 +110,10 @@ class Buffer:
         return True
 
     def is_data_available(self) -> bool:
-        return len(self.data) > 0  # type: ignore[arg-type]
+        return len(self.data) > 0
 
     def unread_bytes(self) -> int:
-        return len(self.data)  # type: ignore[arg-type]
+        return len(self.data)
 
     def build(self) -> Buffer:
         """The buffer itself (a queue builds a finished consumer once, then drops it)."""
@@ -192,7 +199,7 @@ class ByteBufferBuilder:
         self._consumer: _ByteConsumer | None = None
         self._data_type = data_type
 
-    def append(self, data: bytes) -> int:
+    def append(self, data: bytes | bytearray | memoryview) -> int:
         """Copy as much of ``data`` as fits; return the number of bytes taken."""
         if self._finished:
             raise RuntimeError("append to a finished BufferBuilder")

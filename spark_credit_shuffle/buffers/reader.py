@@ -23,7 +23,7 @@ import struct
 import pyarrow as pa
 
 from ..errors import BufferDecodeError
-from .buffer import Buffer, DataType
+from .buffer import Buffer, DataType, Payload
 from .format import (
     CHUNK_HEADER,
     FORMAT_VERSION,
@@ -36,9 +36,8 @@ from .format import (
     SchemaEvent,
     check_magic,
     decode_event_payload,
-    measure_metadata,
-    unsupported_type,
 )
+from .size_model import measure_metadata, unsupported_type
 
 __all__ = ["RecordReader"]
 
@@ -98,7 +97,7 @@ class RecordReader:
                 raise MalformedPayload(f"{buffer.data_type.name} buffer after the end of partition")
             data_type = buffer.data_type
             data = buffer.data
-            size = len(data)  # type: ignore[arg-type]
+            size = len(data)
             self.num_buffers_in += 1
             self.num_bytes_in += size
             if data_type is _DATA or data_type is _DATA_CLEAR_END:
@@ -227,7 +226,7 @@ class RecordReader:
         return batch
 
 
-def _immutable(data: object) -> pa.Buffer:
+def _immutable(data: Payload) -> pa.Buffer:
     """``data`` as a pyarrow buffer, zero-copy when nobody can change it after recycling."""
     if isinstance(data, bytes):
         return pa.py_buffer(data)
@@ -235,7 +234,7 @@ def _immutable(data: object) -> pa.Buffer:
         return data
     if isinstance(data, memoryview) and isinstance(data.obj, bytes):
         return pa.py_buffer(data)
-    return pa.py_buffer(bytes(data))  # type: ignore[call-overload]
+    return pa.py_buffer(bytes(data))
 
 
 def _bad_header(magic: int, version: int, flags: int, reserved: int, offset: int) -> None:

@@ -3,7 +3,7 @@
 One :class:`RecordWriter` per producer subtask and output. ``emit(batch)`` routes every row with the
 channel selector, groups the rows per subpartition (one stable ``take``), and appends each group to
 the open :class:`BufferBuilder` of its subpartition. Buffers are cut where the next row would not
-fit, from a vectorised per-row size model (:class:`~.format.IpcSizeModel`), so no payload ever
+fit, from a vectorised per-row size model (:class:`~.size_model.IpcSizeModel`), so no payload ever
 exceeds the segment. As in Flink (``BufferWritingResultPartition``):
 
 - a builder is *finished* when the next row does not fit, before an event, when the writing mode
@@ -23,23 +23,24 @@ Per input batch the work is vectorised: one ``take`` groups the rows, the size m
 bits give every cut, and a run of rows that fills a fresh segment is serialised straight into a
 finished buffer (no builder object), so Python does a few calls per buffer and Arrow does the rest.
 
-The builder is the only state shared with the consumer side; it takes a lock around its pending
-rows, so a subpartition may build slices from another thread while the writer appends.
+The builder (:mod:`spark_credit_shuffle.buffers.builder`) is the only state shared with the consumer side.
+One Flink class, the RecordWriter, with its cutting, flushing, broadcast, spanning and resumable paths, makes
+this module longer than the others.
 """
 
 from __future__ import annotations
 
 import collections
-import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from ..config import MIN_SEGMENT_SIZE
 from ..errors import ConfigError
-from .buffer import Buffer, BufferConsumer, DataType
+from .buffer import Buffer, BufferConsumer, DataType, Payload
+from .builder import BufferBuilder
 from .format import (
     CHUNK_HEADER,
     FORMAT_VERSION,
@@ -47,25 +48,48 @@ from .format import (
     CheckpointBarrier,
     EndOfPartition,
     Event,
-    IpcSizeModel,
     LatencyMarker,
     SchemaEvent,
-    compact,
     encode_event,
     encode_marker_chunk,
     pack_chunk_header,
-    takes_wrong_rows,
 )
+from .size_model import IpcSizeModel, compact, takes_wrong_rows
 
 if TYPE_CHECKING:
     from ..partitioners import ChannelSelector
-    from ..protocol.partition import ResultPartitionWriter
 
-__all__ = ["BufferBuilder", "RecordWriter"]
+__all__ = ["RecordWriter", "ResultPartitionWriter"]
+
+
+class ResultPartitionWriter(Protocol):
+    """The partition as the RecordWriter sees it (Flink's ``ResultPartitionWriter``).
+
+    Owned here, by the writer that calls it; the protocol's result partitions implement it
+    (:mod:`spark_credit_shuffle.protocol.partition`), as do the tests' in-memory partitions.
+    """
+
+    num_subpartitions: int
+
+    def request_segment(self, subpartition: int) -> Callable[[], None]: ...
+
+    def add_consumer(
+        self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0
+    ) -> int | None: ...
+
+    def add_event(self, subpartition: int, buffer: Buffer) -> None: ...
+
+    def flush(self, subpartition: int) -> None: ...
+
+    def flush_all(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def is_available(self) -> bool: ...
+
 
 _HEADER = CHUNK_HEADER.size
 _PACK = CHUNK_HEADER.pack
-_EMPTY = b""
 #: Target of the shared broadcast builder in the writer's bookkeeping.
 _BROADCAST = -1
 #: A run of rows whose channel a load-based selector chooses when the writer reaches it.
@@ -73,250 +97,6 @@ _CHOOSE = -2
 #: Buffer timeout 0 flushes after every record; a record of an Arrow writer is a slice of at most this many
 #: rows of one subpartition (Python works per slice, not per row; see the README).
 FLUSH_ALWAYS_ROWS = 64
-
-
-class BufferBuilder:
-    """The writer half of one segment holding Arrow rows (Flink's ``BufferBuilder``).
-
-    Rows are appended as record-batch slices and serialised lazily: a consumer's ``build()`` (after
-    a flush) or :meth:`finish` turns the rows added since the last serialisation into one *chunk*
-    (header + Arrow message). ``capacity`` bounds the bytes of all chunks together; ``model``
-    serialises the rows. The writer appends rows with the bits and chunk overhead the size model
-    gives them, so the open chunk's estimate is known.
-
-    If a chunk turns out larger than the space left (the size model was wrong), the builder
-    serialises the longest prefix that fits and keeps the rest as *overflow*, which the writer
-    moves to a new builder; a payload never exceeds ``capacity``.
-    """
-
-    __slots__ = (
-        "_chunks",
-        "_finished",
-        "_lock",
-        "_open_consumers",
-        "_outstanding",
-        "_overflow",
-        "_pending",
-        "_pending_bits",
-        "_pending_overhead",
-        "_recycler",
-        "_written",
-        "capacity",
-        "model",
-    )
-
-    def __init__(self, capacity: int, model: IpcSizeModel, recycler: Callable[[], None] | None = None) -> None:
-        self.capacity = capacity
-        self.model = model
-        self._lock = threading.Lock()
-        self._chunks: list[bytes] = []
-        self._written = 0
-        self._pending: list[pa.RecordBatch] = []
-        self._pending_bits = 0
-        self._pending_overhead = 0
-        self._overflow: list[pa.RecordBatch] = []
-        self._finished = False
-        self._recycler = recycler
-        self._open_consumers = 0  # consumers that have not seen the builder finished (or been closed)
-        self._outstanding = 0  # built slices not yet recycled
-
-    # -- writer side ------------------------------------------------------------------------------
-
-    def free_bits(self, overhead: int) -> int:
-        """Bits of rows with chunk ``overhead`` the size model lets the writer still append here."""
-        with self._lock:
-            pending_overhead = self._pending_overhead
-            if overhead < pending_overhead:
-                overhead = pending_overhead
-            return (self.capacity - self._written - overhead) * 8 - self._pending_bits
-
-    @property
-    def written(self) -> int:
-        """Bytes serialised into the segment so far."""
-        return self._written
-
-    @property
-    def free_bytes(self) -> int:
-        """Bytes not yet taken by serialised chunks (pending rows not counted)."""
-        return self.capacity - self._written
-
-    def append(self, rows: pa.RecordBatch, bits: int, overhead: int) -> None:
-        """Add ``rows`` to the open chunk; the size model says they cost ``bits`` and ``overhead``."""
-        with self._lock:
-            self._pending.append(rows)
-            self._pending_bits += bits
-            if overhead > self._pending_overhead:
-                self._pending_overhead = overhead
-
-    def append_chunk(self, chunk: bytes) -> None:
-        """Add a ready chunk (a fragment or an exactly measured message) behind what is written.
-
-        The caller called :meth:`seal` first and checked that it fits in :attr:`free_bytes`.
-        """
-        with self._lock:
-            if self._pending:
-                raise RuntimeError("append_chunk with unserialised rows; seal() first")
-            if len(chunk) > self.capacity - self._written:
-                raise RuntimeError(f"chunk of {len(chunk)} bytes does not fit in {self.capacity - self._written}")
-            self._chunks.append(chunk)
-            self._written += len(chunk)
-
-    def seal(self) -> None:
-        """Serialise the pending rows now (before a ready chunk goes behind them)."""
-        with self._lock:
-            if self._pending:
-                self._materialise()
-
-    def take_overflow(self) -> list[pa.RecordBatch]:
-        """Rows a serialisation could not fit; the writer moves them to a new builder."""
-        with self._lock:
-            rows, self._overflow = self._overflow, []
-        return rows
-
-    def finish(self) -> int:
-        """Serialise what is pending and mark the segment finished (idempotent); return its bytes."""
-        with self._lock:
-            if self._pending:
-                self._materialise()
-            self._finished = True
-            recycler = self._take_recycler()
-        if recycler is not None:
-            recycler()
-        return self._written
-
-    def is_finished(self) -> bool:
-        return self._finished
-
-    def create_buffer_consumer(self) -> BufferConsumer:
-        """A new reader of this segment; a broadcast builder has one per subpartition."""
-        with self._lock:
-            self._open_consumers += 1
-        return _RecordConsumer(self)
-
-    # -- serialisation (lock held) ----------------------------------------------------------------
-
-    def _materialise(self) -> None:
-        pending = self._pending
-        rows = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-        bound = self._pending_overhead + -(-self._pending_bits // 8)
-        self._pending = []
-        self._pending_bits = 0
-        self._pending_overhead = 0
-        room = self.capacity - self._written
-        model = self.model
-        message = model.serialize(rows, bound) if model.has_nested_lists else rows.serialize()
-        if _HEADER + message.size <= room:
-            self._add_chunk(rows.num_rows, message)
-            return
-        # The size model under-estimated: keep the longest prefix that fits, hand the rest back.
-        rows = compact(rows)  # measure the rows themselves, not buffers they share with others
-        lo, hi = 0, rows.num_rows - 1  # the largest k in [lo, hi] whose k rows fit
-        best = None
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            candidate = rows.slice(0, mid).serialize()
-            if _HEADER + candidate.size <= room:
-                lo, best = mid, candidate
-            else:
-                hi = mid - 1
-        if best is not None:
-            self._add_chunk(lo, best)
-        self._overflow.append(rows.slice(lo))
-
-    def _add_chunk(self, num_rows: int, message: pa.Buffer) -> None:
-        size = message.size
-        chunk = b"".join((_PACK(MAGIC, FORMAT_VERSION, 0, num_rows, 0, 1, size, 0), message))
-        self._chunks.append(chunk)
-        self._written += len(chunk)
-
-    # -- segment release --------------------------------------------------------------------------
-    # The segment goes back to its pool once the builder is finished, every consumer has read to
-    # the end (or was closed) and every slice built from it was recycled (Flink's reference count
-    # on the segment). The counts change under the builder's lock; the pool's recycler is called
-    # outside it, so a pool lock held by a poller that builds slices cannot deadlock with it.
-
-    def _take_recycler(self) -> Callable[[], None] | None:
-        """The recycler, once, when the segment is free (lock held)."""
-        if self._finished and not self._open_consumers and not self._outstanding:
-            recycler, self._recycler = self._recycler, None
-            return recycler
-        return None
-
-    def _slice_returned(self) -> None:
-        with self._lock:
-            self._outstanding -= 1
-            recycler = self._take_recycler()
-        if recycler is not None:
-            recycler()
-
-    def _consumer_done(self) -> None:
-        with self._lock:
-            self._open_consumers -= 1
-            recycler = self._take_recycler()
-        if recycler is not None:
-            recycler()
-
-
-class _RecordConsumer:
-    """The reader half of a :class:`BufferBuilder` (Flink's ``BufferConsumer``).
-
-    ``build()`` returns the chunks written since its last call as one buffer: usually one chunk
-    (one Arrow message), shared by identity with the other consumers of a broadcast builder.
-    As Flink's cached writer position, :meth:`is_finished` reflects the builder's state as of the
-    last ``build()``: a consumer is finished once a build saw its builder finished, so a poller
-    that checks it after ``build()`` never drops bytes written in between.
-    """
-
-    __slots__ = ("_builder", "_done", "_next")
-
-    def __init__(self, builder: BufferBuilder) -> None:
-        self._builder = builder
-        self._next = 0
-        self._done = False
-
-    @property
-    def data_type(self) -> DataType:
-        return DataType.DATA_BUFFER
-
-    def is_finished(self) -> bool:
-        return self._done
-
-    def is_data_available(self) -> bool:
-        builder = self._builder
-        return bool(builder._pending) or len(builder._chunks) > self._next
-
-    def unread_bytes(self) -> int:
-        builder = self._builder
-        with builder._lock:
-            if builder._pending:
-                builder._materialise()
-            return sum(len(chunk) for chunk in builder._chunks[self._next :])
-
-    def build(self) -> Buffer:
-        builder = self._builder
-        with builder._lock:
-            if builder._pending:
-                builder._materialise()
-            chunks = builder._chunks
-            end = len(chunks)
-            start, self._next = self._next, end
-            finished = builder._finished
-            if start != end:
-                builder._outstanding += 1
-        if start == end:
-            buffer = Buffer(DataType.DATA_BUFFER, _EMPTY)
-        else:
-            data = chunks[start] if end - start == 1 else b"".join(chunks[start:end])
-            buffer = Buffer(DataType.DATA_BUFFER, data, builder._slice_returned)
-        if finished and not self._done:
-            self._done = True
-            builder._consumer_done()
-        return buffer
-
-    def close(self) -> None:
-        if not self._done:
-            self._done = True
-            self._builder._consumer_done()
 
 
 class RecordWriter:
@@ -376,7 +156,7 @@ class RecordWriter:
         self._schema: pa.Schema | None = None
         self._model: IpcSizeModel | None = None
         self._compact_before_take = False
-        self._schema_payload = b""
+        self._schema_payload: Payload = b""
         self._min_row_bits = 1
         self._finished = False
         self._records_out = np.zeros(n, dtype=np.int64)
@@ -385,6 +165,10 @@ class RecordWriter:
         # A load-based selector (adaptive rebalance) chooses per chunk from the bytes queued per subpartition:
         # bytes of finished buffers not yet recycled (consumed) plus the open buffer's.
         self._load_based = bool(getattr(selector, "is_load_based", False))
+        #: The load-based selector's ``choose_channel(queued_bytes)`` (AdaptiveRebalanceSelector's), else None.
+        self._choose_channel: Callable[[np.ndarray], int] | None = (
+            getattr(selector, "choose_channel", None) if self._load_based else None
+        )
         self._released_bytes = [0] * n
         self._released_log: collections.deque[tuple[int, int]] = collections.deque()  # appended by recyclers
         if schema is not None:
@@ -412,9 +196,12 @@ class RecordWriter:
         return self._schema
 
     @property
-    def size_model(self) -> IpcSizeModel | None:
-        """The per-row size model of the schema (None before the first batch)."""
-        return self._model
+    def _size_model(self) -> IpcSizeModel:
+        """The size model of the writer's schema (set by the schema given, or the first batch)."""
+        model = self._model
+        if model is None:
+            raise RuntimeError("the RecordWriter has no schema yet: it learns it from the first batch")
+        return model
 
     def is_available(self) -> bool:
         """Flink's ``RecordWriter.isAvailable``: the partition's buffer pool has a segment free."""
@@ -451,9 +238,9 @@ class RecordWriter:
         grouped, cum, overhead = batch, None, 0
         if n and self._load_based:
             self._ensure_unicast_mode()
-            model = self._model
-            cum = model.cumulative_bits(batch)  # type: ignore[union-attr]
-            overhead = model.overhead(batch)  # type: ignore[union-attr]
+            model = self._size_model
+            cum = model.cumulative_bits(batch)
+            overhead = model.overhead(batch)
             quarter = self.segment_size * 2  # bits in a quarter of a segment
             total = int(cum[-1]) - int(cum[0])
             if total > quarter:
@@ -470,9 +257,9 @@ class RecordWriter:
             channels = self.selector.select_channels(batch)
             grouped, counts = self._group(batch, channels)
             self._ensure_unicast_mode()
-            model = self._model
-            cum = model.cumulative_bits(grouped)  # type: ignore[union-attr]
-            overhead = model.overhead(grouped)  # type: ignore[union-attr]
+            model = self._size_model
+            cum = model.cumulative_bits(grouped)
+            overhead = model.overhead(grouped)
             lo = 0
             for sp, count in enumerate(counts.tolist()):
                 if count:
@@ -493,9 +280,9 @@ class RecordWriter:
         runs: list[tuple[int, int, int]] = []
         cum, overhead = None, 0
         if n:
-            model = self._model
-            cum = model.cumulative_bits(batch)  # type: ignore[union-attr]
-            overhead = model.overhead(batch)  # type: ignore[union-attr]
+            model = self._size_model
+            cum = model.cumulative_bits(batch)
+            overhead = model.overhead(batch)
             if self.selector.is_broadcast:
                 self._ensure_broadcast_mode()
                 runs.append((_BROADCAST, 0, n))
@@ -531,13 +318,16 @@ class RecordWriter:
             target, first, hi = runs[pending.index]
             lo = first if pending.resume_row is None else pending.resume_row
             if target == _CHOOSE:
-                target = self.selector.choose_channel(self.queued_bytes())  # type: ignore[attr-defined]
+                choose = self._choose_channel
+                assert choose is not None  # runs to choose are made for a load-based selector only
+                target = choose(self.queued_bytes())
                 runs[pending.index] = (target, first, hi)
+            assert cum is not None  # a batch with rows to write has the size model's numbers
             try:
                 if target >= 0 and not self._load_based and not flush_always:
-                    self._write_run(target, batch, lo, hi, cum, overhead)  # type: ignore[arg-type]
+                    self._write_run(target, batch, lo, hi, cum, overhead)
                 else:
-                    self._write_rows(target, batch, lo, hi, cum, overhead)  # type: ignore[arg-type]
+                    self._write_rows(target, batch, lo, hi, cum, overhead)
             except _NoBuffer:
                 pending.resume_row = self._resume_row
                 return False
@@ -687,7 +477,7 @@ class RecordWriter:
         self._model = model
         self._schema = schema
         self._compact_before_take = any(takes_wrong_rows(field.type) for field in schema)
-        self._schema_payload = encode_event(SchemaEvent(schema)).data  # type: ignore[assignment]
+        self._schema_payload = encode_event(SchemaEvent(schema)).data
         self._min_row_bits = max(1, int(self._model.cumulative_bits(_empty_row_batch(schema))[-1]))
 
     def _group(self, batch: pa.RecordBatch, channels: np.ndarray) -> tuple[pa.RecordBatch, np.ndarray]:
@@ -812,8 +602,8 @@ class RecordWriter:
         """
         if self.resumable and not self.partition.is_available():
             raise _NoBuffer
-        model = self._model
-        message = model.serialize(rows, bound) if model.has_nested_lists else rows.serialize()  # type: ignore[union-attr]
+        model = self._size_model
+        message = model.serialize(rows, bound) if model.has_nested_lists else rows.serialize()
         size = message.size
         if _HEADER + size > self.segment_size:
             self._write_exact(sp, rows)
@@ -872,7 +662,7 @@ class RecordWriter:
             builder.append_chunk(chunk)
             self._add_consumers(target, builder, len(chunk))
             offset += length
-            if index < count - 1 or builder.free_bits(self._model.chunk_overhead) < self._min_row_bits:  # type: ignore[union-attr]
+            if index < count - 1 or builder.free_bits(self._size_model.chunk_overhead) < self._min_row_bits:
                 self._finish(target)
 
     def _write_exact(self, target: int, rows: pa.RecordBatch) -> None:
@@ -922,9 +712,9 @@ class RecordWriter:
             self._builder_opened(channel)
         if self._load_based and target >= 0:
             recycler = self._counting_recycler(target, recycler)
-        builder = BufferBuilder(self.segment_size, self._model, recycler)  # type: ignore[arg-type]
-        if self._load_based and target >= 0:
-            recycler.builder = builder  # type: ignore[attr-defined]
+        builder = BufferBuilder(self.segment_size, self._size_model, recycler)
+        if isinstance(recycler, _CountingRecycler):
+            recycler.builder = builder
         if target >= 0:
             self._unicast[target] = builder
         else:
@@ -933,20 +723,9 @@ class RecordWriter:
             self._add_consumers(target, builder, 0)
         return builder
 
-    def _counting_recycler(self, target: int, recycler: Callable[[], None]) -> Callable[[], None]:
-        """``recycler``, which also logs the builder's bytes as consumed from ``target``; it may run on
-        any thread, the writer adds the log up in :meth:`queued_bytes`."""
-        log = self._released_log
-
-        def recycle() -> None:
-            builder = recycle.builder  # type: ignore[attr-defined]
-            recycle.builder = None  # type: ignore[attr-defined]
-            if builder is not None:
-                log.append((target, builder._written))
-            recycler()
-
-        recycle.builder = None  # type: ignore[attr-defined]
-        return recycle
+    def _counting_recycler(self, target: int, recycler: Callable[[], None]) -> _CountingRecycler:
+        """``recycler``, which also logs the builder's bytes as consumed from ``target``."""
+        return _CountingRecycler(target, recycler, self._released_log)
 
     def _add_consumers(self, target: int, builder: BufferBuilder, partial_record_length: int) -> None:
         targets = range(self.num_subpartitions) if target < 0 else (target,)
@@ -1006,13 +785,34 @@ class _NoBuffer(Exception):
     rows it was for is written; the writer keeps where it stopped)."""
 
 
+class _CountingRecycler:
+    """A segment's recycler that also logs the bytes its builder wrote as consumed from ``target`` (for a
+    load-based selector); it may run on any thread, the writer adds the log up in ``queued_bytes``."""
+
+    __slots__ = ("builder", "log", "recycler", "target")
+
+    def __init__(self, target: int, recycler: Callable[[], None], log: collections.deque[tuple[int, int]]) -> None:
+        self.target = target
+        self.recycler = recycler
+        self.log = log
+        self.builder: BufferBuilder | None = None
+
+    def __call__(self) -> None:
+        builder, self.builder = self.builder, None
+        if builder is not None:
+            self.log.append((self.target, builder._written))
+        self.recycler()
+
+
 class _PendingWrite:
     """A batch being written: its rows (grouped by channel), the size model's numbers, the runs of rows
     ``(target, lo, hi)`` and where the writer stopped."""
 
     __slots__ = ("batch", "cum", "index", "overhead", "resume_row", "runs")
 
-    def __init__(self, batch: pa.RecordBatch, cum: np.ndarray | None, overhead: int, runs: list) -> None:
+    def __init__(
+        self, batch: pa.RecordBatch, cum: np.ndarray | None, overhead: int, runs: list[tuple[int, int, int]]
+    ) -> None:
         self.batch = batch
         self.cum = cum
         self.overhead = overhead

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, SupportsIndex
 
 import numpy as np
 import pyarrow as pa
@@ -85,12 +85,9 @@ _INV31 = pow(31, -1, 1 << 32)  # 31 is odd, so it has an inverse modulo 2**32
 
 
 def _as_int(value: object, setting: str, allowed: str) -> int:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise ConfigError(setting, value, allowed)
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigError(setting, value, allowed) from None
+    return operator.index(value)
 
 
 def _check_max_parallelism(max_parallelism: object) -> int:
@@ -126,7 +123,7 @@ def _check_null_keys(null_keys: object) -> str:
         raise ConfigError(
             "null_keys", null_keys, "'error' (refuse null keys, as Flink does) or 'zero' (hash them as 0)"
         )
-    return null_keys  # type: ignore[return-value]
+    return null_keys
 
 
 # -- Java hashCode per Arrow type -----------------------------------------------------------------
@@ -162,12 +159,13 @@ def _null_mask(arr: pa.Array) -> np.ndarray | None:
 
 def _fold_long(bits: np.ndarray) -> np.ndarray:
     """Java ``Long.hashCode``: ``(int)(v ^ (v >>> 32))`` on uint64 bit patterns, as uint32."""
-    return (bits ^ (bits >> np.uint64(32))).astype(_U32)
+    folded: np.ndarray = (bits ^ (bits >> np.uint64(32))).astype(_U32)
+    return folded
 
 
 def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
     """``31**k`` and ``31**-k`` modulo 2**32 for k in [0, n), cached and grown by doubling."""
-    pow31, inv = _power_tables.cache  # type: ignore[attr-defined]
+    pow31, inv = _POWER_TABLES
     if len(pow31) < n:
         size = max(n, 2 * len(pow31))
         pow31 = np.empty(size, dtype=_U32)
@@ -175,11 +173,12 @@ def _power_tables(n: int) -> tuple[np.ndarray, np.ndarray]:
         pow31[0] = inv[0] = 1
         np.cumprod(np.full(size - 1, 31, dtype=_U32), dtype=_U32, out=pow31[1:])
         np.cumprod(np.full(size - 1, _INV31, dtype=_U32), dtype=_U32, out=inv[1:])
-        _power_tables.cache = (pow31, inv)  # type: ignore[attr-defined]
+        _POWER_TABLES[:] = (pow31, inv)
     return pow31, inv
 
 
-_power_tables.cache = (np.ones(1, dtype=_U32), np.ones(1, dtype=_U32))  # type: ignore[attr-defined]
+#: ``_power_tables``' cache: the two tables, grown by doubling.
+_POWER_TABLES: list[np.ndarray] = [np.ones(1, dtype=_U32), np.ones(1, dtype=_U32)]
 
 
 def _utf16_units(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -360,7 +359,8 @@ def _hash_codes_u32(
             else:
                 np.multiply(result, _U32(31), out=result)
                 np.add(result, field_hashes, out=result)
-        return result  # type: ignore[return-value]
+        assert result is not None  # values has at least one column
+        return result
     return _column_hashes(values, column, null_keys)
 
 

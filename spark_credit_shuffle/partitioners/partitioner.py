@@ -14,7 +14,7 @@ import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, SupportsIndex
 
 import numpy as np
 
@@ -57,11 +57,10 @@ __all__ = [
 
 
 def _check_index(value: object, setting: str, count: int) -> int:
-    try:
-        index = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigError(setting, value, f"an integer in [0, {count})") from None
-    if isinstance(value, bool) or not 0 <= index < count:
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise ConfigError(setting, value, f"an integer in [0, {count})")
+    index = operator.index(value)
+    if not 0 <= index < count:
         raise ConfigError(setting, value, f"an integer in [0, {count})")
     return index
 
@@ -156,7 +155,8 @@ class Partitioner(abc.ABC):
         producers = num_consumers if num_producers is None else num_producers
         consumers = np.asarray(self.consumers_of(producer, producers, num_consumers), dtype=np.int32)
         selector = self.selector(producer, producers, num_consumers, max_parallelism)
-        return consumers[selector.select_channels(batch)]
+        channels: np.ndarray = consumers[selector.select_channels(batch)]
+        return channels
 
     def __str__(self) -> str:
         return self.name
@@ -236,8 +236,8 @@ def column_reference_name(column: Any) -> str:
                 if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|`(?:[^`]|``)+`", text):
                     parts = identifier_parts(text)
         except Exception:  # another Column implementation: its text, if that is a plain name ("Column<'k'>")
-            text = re.fullmatch(r"Column<'([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)'>", str(column))
-            parts = identifier_parts(text.group(1)) if text else None
+            plain = re.fullmatch(r"Column<'([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)'>", str(column))
+            parts = identifier_parts(plain.group(1)) if plain else None
     else:
         expr = getattr(column, "_expr", None)  # Spark Connect: the column's expression
         if type(expr).__name__ == "ColumnReference":

@@ -12,7 +12,7 @@ import abc
 import inspect
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +33,8 @@ __all__ = [
     "key_columns",
 ]
 
-Batch = pa.RecordBatch | pa.Table
+#: What a selector reads: a record batch or a table (pyarrow has no type stubs: both are Any to mypy).
+Batch: TypeAlias = "pa.RecordBatch | pa.Table"
 Column = str | int
 
 
@@ -247,7 +248,7 @@ class CustomSelector(ChannelSelector):
             values = [a.to_pylist() for a in arrays]
             keys_per_row = values[0] if len(values) == 1 else list(zip(*values, strict=True))
             try:
-                fn = self.fn if self.takes_num_partitions else lambda key, _: self.fn(key)
+                fn: Callable[[Any, int], Any] = self.fn if self.takes_num_partitions else lambda key, _: self.fn(key)
                 channels = np.fromiter((fn(key, n) for key in keys_per_row), dtype=np.int64, count=rows)
             except (TypeError, ValueError) as exc:
                 raise PartitionerError(

@@ -1,5 +1,11 @@
 """Sans-IO credit-based flow control: subpartitions, input channels, pools, messages, wire codec.
 
+One module per Flink class family: ``subpartition`` (result subpartitions and their views), ``partition``
+(result partitions: a shared base and the pipelined one), ``blocking_partition``, ``channels`` (input
+channels with credit), ``local_channel``, ``gate`` (the input gate), ``client`` (the client handler of a
+connection), ``sender`` (the server side of a connection) and ``readers`` (its channels' readers),
+``pools``, ``sizing`` (how Flink sizes the pools), ``messages``, ``codec``, ``debloat``, ``checkpointing``.
+
 Nothing in this package opens a socket, starts a thread or reads a clock: its objects take messages,
 buffers, credits and recycles as inputs and return (or queue) what to send and what to deliver. One
 core serves the in-memory transport and simulation, the blocking exchange (stored buffers replayed
@@ -8,6 +14,15 @@ through the credit protocol) and the pipelined exchange over TCP.
 
 from __future__ import annotations
 
+from .blocking_partition import BlockingResultPartition, BoundedBlockingSubpartitionReader, StoredBuffer
+from .channels import (
+    BufferManager,
+    InputChannel,
+    InputChannelError,
+    InputGate,
+    PartitionRequestClient,
+    RemoteInputChannel,
+)
 from .checkpointing import (
     AbortedCheckpoint,
     BarrierHandlerState,
@@ -16,8 +31,11 @@ from .checkpointing import (
     CompletedCheckpoint,
     SingleCheckpointBarrierHandler,
 )
+from .client import ConnectionSubpartitionView, CreditBasedPartitionRequestClientHandler
 from .codec import NEED_DATA, FrameDecoder, default_max_frame_length, encode, encode_to_bytes, encoded_size
 from .debloat import BufferDebloater, BufferSizeEMA, ThroughputCalculator
+from .gate import BufferOrEvent, SingleInputGate
+from .local_channel import LocalInputChannel, LocalPartitionRequestClient, LocalSubpartitionView
 from .messages import (
     AckAllUserRecordsProcessed,
     AddCredit,
@@ -32,54 +50,47 @@ from .messages import (
     RecycleBuffers,
     ResumeConsumption,
 )
-from .partition import (
-    BlockingResultPartition,
-    BoundedBlockingSubpartitionReader,
-    BufferAndBacklog,
-    PipelinedResultPartition,
-    PipelinedSubpartition,
-    PipelinedSubpartitionView,
-    ResultPartitionManager,
-    ResultPartitionWriter,
-    StoredBuffer,
+from .partition import PipelinedResultPartition, ResultPartition, ResultPartitionManager, ResultPartitionWriter
+from .pools import LocalBufferPool, NetworkBufferPool
+from .readers import (
+    CreditBasedSequenceNumberingViewReader,
+    LocalChannelViewReader,
+    SequenceNumberingViewReader,
 )
-from .pools import (
+from .sender import PartitionRequestQueue, PartitionRequestServerHandler
+from .sizing import (
     GateBuffersSpec,
-    LocalBufferPool,
-    NetworkBufferPool,
     PartitionType,
     input_gate_buffers_spec,
     network_buffers_for_announcing,
     result_partition_pool_size,
 )
-from .receiver import (
-    BufferManager,
-    BufferOrEvent,
-    ConnectionSubpartitionView,
-    CreditBasedPartitionRequestClientHandler,
-    InputChannelError,
-    LocalInputChannel,
-    RemoteInputChannel,
-    SingleInputGate,
-)
-from .sender import (
-    CreditBasedSequenceNumberingViewReader,
-    LocalChannelViewReader,
-    PartitionRequestQueue,
-    PartitionRequestServerHandler,
-    SequenceNumberingViewReader,
+from .subpartition import (
+    ADD_BUFFER_ERROR_CODE,
+    DEFAULT_BUFFER_SIZE,
+    AvailabilityWithBacklog,
+    BufferAndBacklog,
+    BufferAvailabilityListener,
+    PipelinedSubpartition,
+    PipelinedSubpartitionView,
+    ResultSubpartitionView,
+    SubpartitionParent,
 )
 
 __all__ = [
+    "ADD_BUFFER_ERROR_CODE",
+    "DEFAULT_BUFFER_SIZE",
     "NEED_DATA",
     "AbortedCheckpoint",
     "AckAllUserRecordsProcessed",
     "AddCredit",
+    "AvailabilityWithBacklog",
     "BacklogAnnouncement",
     "BarrierHandlerState",
     "BlockingResultPartition",
     "BoundedBlockingSubpartitionReader",
     "BufferAndBacklog",
+    "BufferAvailabilityListener",
     "BufferDebloater",
     "BufferManager",
     "BufferOrEvent",
@@ -97,13 +108,18 @@ __all__ = [
     "FrameDecoder",
     "GateBuffersSpec",
     "Hello",
+    "InputChannel",
     "InputChannelError",
+    "InputGate",
     "LocalBufferPool",
     "LocalChannelViewReader",
     "LocalInputChannel",
+    "LocalPartitionRequestClient",
+    "LocalSubpartitionView",
     "NetworkBufferPool",
     "NewBufferSize",
     "PartitionRequest",
+    "PartitionRequestClient",
     "PartitionRequestQueue",
     "PartitionRequestServerHandler",
     "PartitionType",
@@ -112,13 +128,16 @@ __all__ = [
     "PipelinedSubpartitionView",
     "RecycleBuffers",
     "RemoteInputChannel",
+    "ResultPartition",
     "ResultPartitionManager",
     "ResultPartitionWriter",
+    "ResultSubpartitionView",
     "ResumeConsumption",
     "SequenceNumberingViewReader",
     "SingleCheckpointBarrierHandler",
     "SingleInputGate",
     "StoredBuffer",
+    "SubpartitionParent",
     "ThroughputCalculator",
     "default_max_frame_length",
     "encode",

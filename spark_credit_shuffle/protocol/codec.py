@@ -39,7 +39,8 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from ..buffers.buffer import DataType
+from ..buffers.buffer import DataType, Payload
+from ..config import DEFAULT_SEGMENT_SIZE
 from ..errors import ProtocolError
 from .messages import (
     AckAllUserRecordsProcessed,
@@ -113,12 +114,12 @@ def default_max_frame_length(segment_size: int) -> int:
 # -- encoding ---------------------------------------------------------------------------------------
 
 
-def _frame(msg_id: int, body: bytes) -> list[object]:
+def _frame(msg_id: int, body: bytes) -> list[Payload]:
     return [_FRAME.pack(FRAME_HEADER_LENGTH + len(body), MAGIC_NUMBER, PROTOCOL_VERSION, msg_id) + body]
 
 
-def _encode_buffer_response(m: BufferResponse) -> list[object]:
-    size = len(m.payload)  # type: ignore[arg-type]
+def _encode_buffer_response(m: BufferResponse) -> list[Payload]:
+    size = len(m.payload)
     header = _BUFFER_RESPONSE.pack(
         FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size + size,
         MAGIC_NUMBER,
@@ -135,62 +136,74 @@ def _encode_buffer_response(m: BufferResponse) -> list[object]:
     return [header, m.payload] if size else [header]
 
 
-def _encode_error(m: ErrorResponse) -> list[object]:
+def _encode_error(m: ErrorResponse) -> list[Payload]:
     text = m.message.encode("utf-8", "replace")[:MAX_ERROR_MESSAGE_BYTES]
     has_id = m.receiver_id is not None
     return _frame(1, _ERROR.pack(1 if has_id else 0, m.receiver_id if has_id else 0, len(text)) + text)
 
 
-def _encode_hello(m: Hello) -> list[object]:
+def _encode_hello(m: Hello) -> list[Payload]:
     secret = bytes(m.secret)
     if len(secret) > MAX_SECRET_BYTES:
         raise ProtocolError(f"secret of {len(secret)} bytes is longer than the allowed {MAX_SECRET_BYTES}")
     return _frame(12, _SECRET.pack(len(secret)) + secret)
 
 
-_ENCODERS: dict[type, Callable[[object], list[object]]] = {
-    BufferResponse: _encode_buffer_response,  # type: ignore[dict-item]
-    ErrorResponse: _encode_error,  # type: ignore[dict-item]
-    PartitionRequest: lambda m: _frame(
-        2, _PARTITION_REQUEST.pack(m.partition_id, m.subpartition, m.receiver_id, m.credit, 1 if m.local else 0)
-    ),
-    CancelPartitionRequest: lambda m: _frame(4, _RECEIVER.pack(m.receiver_id)),
-    CloseRequest: lambda m: _frame(5, b""),
-    AddCredit: lambda m: _frame(6, _INT_RECEIVER.pack(m.credit, m.receiver_id)),
-    ResumeConsumption: lambda m: _frame(7, _RECEIVER.pack(m.receiver_id)),
-    AckAllUserRecordsProcessed: lambda m: _frame(8, _RECEIVER.pack(m.receiver_id)),
-    BacklogAnnouncement: lambda m: _frame(9, _INT_RECEIVER.pack(m.backlog, m.receiver_id)),
-    NewBufferSize: lambda m: _frame(10, _INT_RECEIVER.pack(m.buffer_size, m.receiver_id)),
-    RecycleBuffers: lambda m: _frame(13, _INT_RECEIVER.pack(m.count, m.receiver_id)),
-    Hello: _encode_hello,  # type: ignore[dict-item]
-}
+def _encode(m: Message) -> list[Payload]:
+    """The frame of ``m``; the message ids follow Flink's ``NettyMessage`` numbering (Hello: a free one)."""
+    match m:
+        case BufferResponse():
+            return _encode_buffer_response(m)
+        case AddCredit():
+            return _frame(6, _INT_RECEIVER.pack(m.credit, m.receiver_id))
+        case ErrorResponse():
+            return _encode_error(m)
+        case PartitionRequest():
+            return _frame(
+                2, _PARTITION_REQUEST.pack(m.partition_id, m.subpartition, m.receiver_id, m.credit, 1 if m.local else 0)
+            )
+        case CancelPartitionRequest():
+            return _frame(4, _RECEIVER.pack(m.receiver_id))
+        case CloseRequest():
+            return _frame(5, b"")
+        case ResumeConsumption():
+            return _frame(7, _RECEIVER.pack(m.receiver_id))
+        case AckAllUserRecordsProcessed():
+            return _frame(8, _RECEIVER.pack(m.receiver_id))
+        case BacklogAnnouncement():
+            return _frame(9, _INT_RECEIVER.pack(m.backlog, m.receiver_id))
+        case NewBufferSize():
+            return _frame(10, _INT_RECEIVER.pack(m.buffer_size, m.receiver_id))
+        case RecycleBuffers():
+            return _frame(13, _INT_RECEIVER.pack(m.count, m.receiver_id))
+        case Hello():
+            return _encode_hello(m)
+        case _:
+            raise ProtocolError(f"cannot encode {type(m).__name__}: not a protocol message")
 
 
-def encode(message: Message) -> list[object]:
+def encode(message: Message) -> list[Payload]:
     """The frame of ``message`` as a list of bytes-like chunks (header, then payload for a BufferResponse).
 
     The payload is passed through uncopied; send the chunks in order (``socket.sendmsg(chunks)``).
     A field out of its wire range raises :class:`ProtocolError`.
     """
-    encoder = _ENCODERS.get(type(message))
-    if encoder is None:
-        raise ProtocolError(f"cannot encode {type(message).__name__}: not a protocol message")
     try:
-        return encoder(message)
+        return _encode(message)
     except struct.error as exc:
         raise ProtocolError(f"cannot encode {message!r}: a field is out of its wire range ({exc})") from None
 
 
 def encode_to_bytes(message: Message) -> bytes:
     """The frame of ``message`` as one ``bytes`` object (copies the payload; for tests and small messages)."""
-    return b"".join(bytes(chunk) for chunk in encode(message))  # type: ignore[arg-type]
+    return b"".join(bytes(chunk) for chunk in encode(message))
 
 
 def encoded_size(message: Message) -> int:
     """Bytes the frame of ``message`` occupies on the wire."""
-    if type(message) is BufferResponse:
-        return FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size + len(message.payload)  # type: ignore[arg-type]
-    return sum(len(chunk) for chunk in encode(message))  # type: ignore[arg-type]
+    if isinstance(message, BufferResponse):
+        return FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size + len(message.payload)
+    return sum(len(chunk) for chunk in encode(message))
 
 
 # -- decoding ---------------------------------------------------------------------------------------
@@ -242,7 +255,7 @@ def _decode_partition_request(body: memoryview) -> PartitionRequest:
     return PartitionRequest(receiver_id, subpartition, credit, partition_id, local == 1)
 
 
-def _receiver_only(cls: type, name: str) -> Callable[[memoryview], Message]:
+def _receiver_only(cls: Callable[[int], Message], name: str) -> Callable[[memoryview], Message]:
     def decode(body: memoryview) -> Message:
         _expect(body, _RECEIVER.size, name)
         return cls(_RECEIVER.unpack_from(body)[0])
@@ -317,7 +330,7 @@ class FrameDecoder:
     After a :class:`ProtocolError` every further call raises it again: close the connection.
     """
 
-    def __init__(self, max_frame_length: int = default_max_frame_length(32 * 1024)) -> None:
+    def __init__(self, max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE)) -> None:
         if max_frame_length < FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size:
             raise ValueError(f"max_frame_length must be at least {FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size}")
         self.max_frame_length = max_frame_length

@@ -14,16 +14,16 @@ each data buffer's segment (counted in its pool) until the consumer recycled the
 :class:`RecycleBuffers` (Flink's local channel recycles into the producer's pool by a direct call).
 
 A *receiver id* identifies one input channel on a connection (Flink's 16-byte ``InputChannelID``); here it
-is an unsigned 64-bit integer chosen by the consumer. The ``MSG_ID`` class attributes are the message ids
-on the wire and follow Flink's numbering; :class:`Hello` takes a free id.
+is an unsigned 64-bit integer chosen by the consumer. The message ids on the wire follow Flink's numbering
+(:mod:`spark_credit_shuffle.protocol.codec` holds them); :class:`Hello` takes a free id.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
-from ..buffers.buffer import DataType
+from ..buffers.buffer import DataType, Payload
 
 __all__ = [
     "MAX_RECEIVER_ID",
@@ -57,20 +57,18 @@ class BufferResponse(NamedTuple):
     is built in one step (``tuple.__new__(BufferResponse, fields)`` on the hot path).
     """
 
-    MSG_ID = 0  # a class attribute: NamedTuple fields are the annotated names only
-
     receiver_id: int
     subpartition: int
     sequence_number: int
     backlog: int
     data_type: DataType
     is_compressed: bool
-    payload: object
+    payload: Payload
 
     @property
     def size(self) -> int:
         """Payload bytes."""
-        return len(self.payload)  # type: ignore[arg-type]
+        return len(self.payload)
 
     @property
     def is_buffer(self) -> bool:
@@ -82,8 +80,6 @@ class BufferResponse(NamedTuple):
 class ErrorResponse:
     """An error reported by the server: fatal for the whole connection when ``receiver_id`` is None,
     otherwise for that one channel."""
-
-    MSG_ID: ClassVar[int] = 1
 
     message: str
     receiver_id: int | None = None
@@ -101,8 +97,6 @@ class PartitionRequest:
     ``local``: the channel is a local one (both tasks in one executor): no credit; the server keeps each
     data buffer's segment until a :class:`RecycleBuffers` for it arrives."""
 
-    MSG_ID: ClassVar[int] = 2
-
     receiver_id: int
     subpartition: int
     credit: int
@@ -114,8 +108,6 @@ class PartitionRequest:
 class CancelPartitionRequest:
     """The consumer no longer reads ``receiver_id``: the server drops its reader and releases the view."""
 
-    MSG_ID: ClassVar[int] = 4
-
     receiver_id: int
 
 
@@ -123,14 +115,10 @@ class CancelPartitionRequest:
 class CloseRequest:
     """The consumer closes the connection: the server releases every reader of it."""
 
-    MSG_ID: ClassVar[int] = 5
-
 
 class AddCredit(NamedTuple):
     """``credit`` more receive buffers are reserved for ``receiver_id`` (always > 0). A tuple, as
     BufferResponse: a receiver sends one for every few buffers it recycles."""
-
-    MSG_ID = 6
 
     receiver_id: int
     credit: int
@@ -140,16 +128,12 @@ class AddCredit(NamedTuple):
 class ResumeConsumption:
     """Unblock the subpartition after an aligned checkpoint barrier (or any upstream-blocking event)."""
 
-    MSG_ID: ClassVar[int] = 7
-
     receiver_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class AckAllUserRecordsProcessed:
     """The consumer processed every record up to ``EndOfData`` of this channel."""
-
-    MSG_ID: ClassVar[int] = 8
 
     receiver_id: int
 
@@ -158,8 +142,6 @@ class AckAllUserRecordsProcessed:
 class BacklogAnnouncement:
     """The sender's backlog for a channel without exclusive buffers (initial credit 0) that has no credit."""
 
-    MSG_ID: ClassVar[int] = 9
-
     receiver_id: int
     backlog: int
 
@@ -167,8 +149,6 @@ class BacklogAnnouncement:
 @dataclass(frozen=True, slots=True)
 class NewBufferSize:
     """Buffer debloating: the desired size in bytes of the buffers sent to ``receiver_id``."""
-
-    MSG_ID: ClassVar[int] = 10
 
     receiver_id: int
     buffer_size: int
@@ -179,8 +159,6 @@ class RecycleBuffers:
     """The consumer of local channel ``receiver_id`` recycled its next ``count`` data buffers (always > 0):
     the producer returns their segments to its pool, in the order it sent them."""
 
-    MSG_ID: ClassVar[int] = 13
-
     receiver_id: int
     count: int
 
@@ -188,8 +166,6 @@ class RecycleBuffers:
 @dataclass(frozen=True, slots=True)
 class Hello:
     """First message of a connection: the per-exchange ``secret`` the server checks before anything else."""
-
-    MSG_ID: ClassVar[int] = 12
 
     secret: bytes
 

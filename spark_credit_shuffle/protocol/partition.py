@@ -1,551 +1,109 @@
-"""Result partitions and subpartitions: where a producer's buffers wait for their consumer (§3 of the reference).
+"""Result partitions: a producer subtask's output, one subpartition per consumer (§3 of the reference).
 
-:class:`PipelinedSubpartition` is Flink's queue of buffer consumers and events with its exact backlog,
-flush and notification rules; :class:`PipelinedResultPartition` and :class:`BlockingResultPartition`
-implement the ``ResultPartitionWriter`` contract the RecordWriter writes to. Consumers read a subpartition
-through a *view* (``get_next_buffer``, ``get_availability_and_backlog``), which tells its
-:class:`BufferAvailabilityListener` (a network reader or a local input channel) when data appears.
-
-:class:`BoundedBlockingSubpartitionReader` replays stored buffers (a finished blocking partition, or the
-buffers a consumer task fetched from Spark's shuffle) through the same view interface, so blocking and
-pipelined exchanges share every reader, queue and input channel.
+:class:`ResultPartition` holds what Flink's ``ResultPartition`` shares between its kinds: the subpartition
+count, the LocalBufferPool, the produce/finish/release states and the ``ResultPartitionWriter`` calls that
+look the same. :class:`PipelinedResultPartition` queues its buffers in
+:class:`~spark_credit_shuffle.protocol.subpartition.PipelinedSubpartition` s that consumers read while it is
+written; :class:`BlockingResultPartition` stores every complete buffer and is read after it finished.
+:class:`ResultPartitionManager` finds a partition by id for the server side.
 
 Not thread-safe: callers serialise access (one lock per task in a threaded runtime).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol
 
-from ..buffers.buffer import Buffer, BufferConsumer, ByteBufferBuilder, DataType
-from ..buffers.format import CheckpointBarrier, MalformedPayload, decode_event_payload, encode_event
+from ..buffers.buffer import Buffer, BufferConsumer, ByteBufferBuilder
+from ..buffers.writer import ResultPartitionWriter
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
-from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER, IS_EVENT
-from .pools import LocalBufferPool, NetworkBufferPool, PartitionType, SegmentRecycler, result_partition_pool_size
+from .pools import LocalBufferPool, NetworkBufferPool, SegmentRecycler
+from .sizing import PartitionType, result_partition_pool_size
+from .subpartition import (
+    BufferAvailabilityListener,
+    OutputChannelStateWriter,
+    PipelinedSubpartition,
+    PipelinedSubpartitionView,
+    ResultSubpartitionView,
+)
 
 __all__ = [
-    "ADD_BUFFER_ERROR_CODE",
-    "DEFAULT_BUFFER_SIZE",
-    "AvailabilityWithBacklog",
-    "BlockingResultPartition",
-    "BoundedBlockingSubpartitionReader",
-    "BufferAndBacklog",
-    "BufferAvailabilityListener",
     "PipelinedResultPartition",
-    "PipelinedSubpartition",
-    "PipelinedSubpartitionView",
+    "ResultPartition",
     "ResultPartitionManager",
     "ResultPartitionWriter",
-    "ResultSubpartitionView",
-    "StoredBuffer",
+    "ServedPartition",
 ]
 
-#: ``PipelinedSubpartition.add`` returns this when the subpartition is finished or released.
-ADD_BUFFER_ERROR_CODE = -1
-#: The desired buffer size while debloating is off (Flink's Integer.MAX_VALUE).
-DEFAULT_BUFFER_SIZE = (1 << 31) - 1
 
-_NONE = DataType.NONE
+# -- base -----------------------------------------------------------------------------------------------
 
 
-class BufferAndBacklog(NamedTuple):
-    """A buffer polled from a subpartition view, with the backlog left behind it and the next data type."""
+class ResultPartition:
+    """What Flink's ``ResultPartition`` kinds share: N subpartitions written through one LocalBufferPool,
+    the produce / finished / released states, and the ``ResultPartitionWriter`` calls that do not depend
+    on how a subpartition keeps its buffers. Subclasses implement how buffers are queued or stored."""
 
-    buffer: Buffer
-    backlog: int
-    next_data_type: DataType
-    sequence_number: int
-
-    @property
-    def is_data_available(self) -> bool:
-        """Something else can be polled right away."""
-        return self.next_data_type is not _NONE
-
-
-class AvailabilityWithBacklog(NamedTuple):
-    is_available: bool
-    backlog: int
-
-
-_NOT_AVAILABLE = AvailabilityWithBacklog(False, 0)
-# NamedTuple construction goes through a Python-level __new__; the hot paths build them with tuple.__new__.
-_new_tuple = tuple.__new__
-
-
-@runtime_checkable
-class BufferAvailabilityListener(Protocol):
-    """Told when a subpartition view has something to poll (Flink's ``BufferAvailabilityListener``)."""
-
-    def notify_data_available(self) -> None: ...
-
-    def notify_priority_event(self, sequence_number: int) -> None: ...
-
-
-class ResultSubpartitionView(Protocol):
-    """What a reader polls (Flink's ``ResultSubpartitionView``)."""
-
-    def get_next_buffer(self) -> BufferAndBacklog | None: ...
-
-    def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog: ...
-
-    def resume_consumption(self) -> None: ...
-
-    def release_all_resources(self) -> None: ...
-
-    @property
-    def is_released(self) -> bool: ...
-
-    @property
-    def failure_cause(self) -> BaseException | None: ...
-
-    def notify_new_buffer_size(self, size: int) -> None: ...
-
-    def acknowledge_all_data_processed(self) -> None: ...
-
-    def queue_length(self) -> int: ...
-
-
-class ResultPartitionWriter(Protocol):
-    """The partition as the RecordWriter sees it (the shared contract)."""
-
-    num_subpartitions: int
-
-    def request_segment(self, subpartition: int) -> Callable[[], None]: ...
-
-    def add_consumer(
-        self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0
-    ) -> int | None: ...
-
-    def add_event(self, subpartition: int, buffer: Buffer) -> None: ...
-
-    def flush(self, subpartition: int) -> None: ...
-
-    def flush_all(self) -> None: ...
-
-    def finish(self) -> None: ...
-
-    def is_available(self) -> bool: ...
-
-
-def _end_of_partition() -> Buffer:
-    return Buffer(DataType.END_OF_PARTITION, b"")
-
-
-#: Flink's ``ChannelStateWriter.addOutputData`` for the output side: called with (checkpoint id,
-#: subpartition index, the sizes in bytes of the data buffers an unaligned barrier overtook there, in queue
-#: order). The output channel state is counted, not stored.
-OutputChannelStateWriter = Callable[[int, int, list[int]], None]
-
-
-def _checkpoint_barrier(consumer: BufferConsumer) -> CheckpointBarrier | None:
-    """The checkpoint barrier a queued event carries, or None (another event, or bytes that do not decode)."""
-    try:
-        event = decode_event_payload(consumer.data_type, consumer.data)  # type: ignore[attr-defined]
-    except (MalformedPayload, AttributeError):
-        return None
-    return event if isinstance(event, CheckpointBarrier) else None
-
-
-# -- pipelined subpartition -----------------------------------------------------------------------------
-
-
-class PipelinedSubpartition:
-    """One subpartition of a pipelined partition (Flink's ``PipelinedSubpartition``, §3.2).
-
-    A queue of buffer consumers, priority events first. ``buffers_in_backlog`` counts
-    the data buffers in it; the reported backlog excludes the last data buffer while it may still be
-    written. The reader is notified when the first *finished* element appears (adding the second element,
-    or a lone element known to be finished), on a flush of unread data, and on finish. As in Flink, a
-    consumer added before its builder finished is only known to be finished after the next ``build()``.
-    """
-
-    def __init__(self, index: int, parent: PipelinedResultPartition | None = None, receiver_exclusive_buffers: int = 2):
-        self.index = index
-        self.parent = parent
-        self.receiver_exclusive_buffers_per_channel = receiver_exclusive_buffers
-        self._buffers: deque[BufferConsumer] = deque()
-        self._num_priority = 0
-        self._tail_known_finished = False
-        self.buffers_in_backlog = 0
+    def __init__(self, num_subpartitions: int, buffer_pool: LocalBufferPool, partition_id: int) -> None:
+        if num_subpartitions < 1:
+            raise ValueError(f"num_subpartitions must be >= 1, got {num_subpartitions}")
+        self.num_subpartitions = num_subpartitions
+        self.partition_id = partition_id
+        self.buffer_pool = buffer_pool
         self.is_finished = False
         self.is_released = False
-        self.flush_requested = False
-        self.is_blocked = False
-        self._sequence_number = 0
-        self._buffer_size = DEFAULT_BUFFER_SIZE
-        self._view: PipelinedSubpartitionView | None = None
-        self._view_created = False
-        #: Where the data buffers an unaligned barrier overtakes go (output channel state); None: not kept.
-        self.channel_state_writer: OutputChannelStateWriter | None = None
 
-    # -- writing --
+    def flush(self, subpartition: int) -> None:
+        raise NotImplementedError
 
-    def add(self, consumer: BufferConsumer, partial_record_length: int = 0, *, finish: bool = False) -> int:
-        """Queue ``consumer``; return the desired buffer size, or -1 if finished or released (the
-        consumer is then closed). ``partial_record_length`` is part of Flink's contract (it serves
-        unaligned checkpoints, which this stack does not take) and is not kept."""
-        if self.is_finished or self.is_released:
-            consumer.close()
-            return ADD_BUFFER_ERROR_CODE
-        data_type = consumer.data_type
-        buffers = self._buffers
-        if HAS_PRIORITY[data_type]:
-            self._insert_priority(consumer)
-            if self.channel_state_writer is not None and data_type is DataType.PRIORITIZED_EVENT_BUFFER:
-                barrier = _checkpoint_barrier(consumer)
-                if barrier is not None:  # an unaligned barrier: what it overtook is output channel state
-                    self._persist_overtaken(barrier.id, len(buffers))
-        else:
-            buffers.append(consumer)
-            self._tail_known_finished = type(consumer) is Buffer
-            if IS_BUFFER[data_type]:
-                self.buffers_in_backlog += 1
-        view = self._view
-        if finish:
-            self.is_finished = True
-            if view is not None:
-                view.notify_data_available()
-        elif view is not None and not (self.flush_requested or self.is_blocked):
-            # notify when the first finished element appears (Flink: getNumberOfFinishedBuffers() == 1)
-            n = len(buffers)
-            if n == 2 or (n == 1 and self._tail_known_finished):
-                view.notify_data_available()
-        return self._buffer_size
+    def flush_all(self) -> None:
+        for subpartition in range(self.num_subpartitions):
+            self.flush(subpartition)
 
-    def _insert_priority(self, consumer: BufferConsumer) -> None:
-        """A priority event goes before every non-priority element; the reader hears of the first one."""
-        buffers = self._buffers
-        buffers.insert(self._num_priority, consumer)
-        self._num_priority += 1
-        if len(buffers) == 1:
-            self._tail_known_finished = True
-        if self._num_priority == 1 and not self.is_blocked and self._view is not None:
-            self._view.notify_priority_event(self._sequence_number)
+    def is_available(self) -> bool:
+        """Flink's LocalBufferPool availability: whether a writer may start a new buffer now."""
+        return self.buffer_pool.is_available()
 
-    def _persist_overtaken(self, checkpoint_id: int, end: int) -> list[int]:
-        """Hand the sizes of the data buffers queued between the priority elements and position ``end`` to
-        the channel state writer (Flink's ``addOutputData`` in ``processPriorityBuffer``); returns them."""
-        buffers = self._buffers
-        sizes = [
-            size
-            for k in range(self._num_priority, end)
-            if IS_BUFFER[buffers[k].data_type] and (size := buffers[k].unread_bytes())
-        ]
-        if sizes and self.channel_state_writer is not None:
-            self.channel_state_writer(checkpoint_id, self.index, sizes)
-        return sizes
+    def create_subpartition_view(
+        self, subpartition: int, listener: BufferAvailabilityListener
+    ) -> ResultSubpartitionView:
+        raise NotImplementedError
 
-    def aligned_barrier_timeout(self, checkpoint_id: int) -> list[int] | None:
-        """The aligned checkpoint ``checkpoint_id`` timed out (Flink's ``alignedBarrierTimeout``): if its
-        timeoutable barrier is still queued here, it becomes an unaligned barrier at the head, as a priority
-        event, and the data buffers it overtook are output channel state (their sizes are returned and
-        written). None if the barrier was already sent (or never added): nothing changes."""
-        buffers = self._buffers
-        for position in range(self._num_priority, len(buffers)):
-            consumer = buffers[position]
-            if consumer.data_type is DataType.TIMEOUTABLE_ALIGNED_CHECKPOINT_BARRIER:
-                barrier = _checkpoint_barrier(consumer)
-                if barrier is not None and barrier.id == checkpoint_id:
-                    break
-        else:
-            return None
-        sizes = self._persist_overtaken(checkpoint_id, position)
-        del buffers[position]
-        if position == len(buffers):  # it was the tail; what preceded it was finished before it was added
-            self._tail_known_finished = True
-        unaligned = CheckpointBarrier(barrier.id, barrier.timestamp, barrier.options.to_unaligned())
-        self._insert_priority(encode_event(unaligned))
-        return sizes
-
-    def _finished_count(self) -> int:
-        n = len(self._buffers)
-        if n == 1:
-            return 1 if self._tail_known_finished else 0
-        return n - 1 if n else 0
-
-    def notify_tail_finished(self) -> None:
-        """The writer finished the builder whose consumer is last in the queue: it is a finished buffer now,
-        which a reader may take (Flink learns this only from the next add or flush, so a producer stopped
-        by its per-channel limit with that buffer alone in the queue would wait for its own buffer).
-
-        For a receiver without exclusive buffers the backlog then counts it too: such a channel gets credit
-        only for announced backlog, and the buffer is not one that may still be written."""
-        buffers = self._buffers
-        if not buffers or self._tail_known_finished or not IS_BUFFER[buffers[-1].data_type]:
-            return
-        self._tail_known_finished = True
-        view = self._view
-        if len(buffers) == 1 and view is not None and not (self.flush_requested or self.is_blocked):
-            view.notify_data_available()
-
-    def finish(self) -> int:
-        """Append END_OF_PARTITION and notify the reader; nothing can be added afterwards."""
-        return self.add(_end_of_partition(), 0, finish=True)
-
-    def flush(self) -> None:
-        """Make the data queued so far consumable, including the unfinished last buffer."""
-        buffers = self._buffers
-        if not buffers or self.flush_requested:
-            return
-        data_in_last = len(buffers) == 1 and buffers[-1].is_data_available()
-        notify = not self.is_blocked and data_in_last
-        self.flush_requested = len(buffers) > 1 or data_in_last
-        if notify and self._view is not None:
-            self._view.notify_data_available()
+    def close(self) -> None:
+        """The producer is done with the partition."""
 
     def release(self) -> None:
-        """Drop every queued consumer (their segments return to the pool) and refuse further adds."""
+        """Drop every queued or stored buffer and destroy the pool (segments in use return as they are
+        recycled)."""
         if self.is_released:
             return
-        for consumer in self._buffers:
-            consumer.close()
-        self._buffers.clear()
-        self._num_priority = 0
-        self.buffers_in_backlog = 0
         self.is_released = True
-        view, self._view = self._view, None
-        if view is not None:
-            view.release_all_resources()
+        self._release_subpartitions()
+        self.buffer_pool.lazy_destroy()
 
-    def set_buffer_size(self, size: int) -> None:
-        """Debloating: the desired size of new buffers (returned by :meth:`add`)."""
-        if size <= 0:
-            raise ValueError(f"buffer size must be > 0, got {size}")
-        self._buffer_size = size
+    def _release_subpartitions(self) -> None:
+        raise NotImplementedError
 
-    # -- reading --
-
-    def create_read_view(self, listener: BufferAvailabilityListener) -> PipelinedSubpartitionView:
-        """The one view of this subpartition (a second one raises :class:`PartitionStateError`)."""
+    def _check_in_produce_state(self) -> None:
+        if self.is_finished:
+            raise PartitionStateError(f"result partition {self.partition_id} already finished")
         if self.is_released:
-            raise PartitionStateError(f"subpartition {self.index} is released")
-        if self._view_created:
-            raise PartitionStateError(f"subpartition {self.index} is being (or already has been) consumed")
-        self._view_created = True
-        view = PipelinedSubpartitionView(self, listener)
-        self._view = view
-        if self._buffers and (self._finished_count() > 0 or self.flush_requested or self.is_finished):
-            view.notify_data_available()
-        return view
+            raise PartitionStateError(f"result partition {self.partition_id} is released")
 
-    def poll_buffer(self) -> BufferAndBacklog | None:
-        """The next buffer for the network or a local channel (Flink's ``pollBuffer``), or None."""
-        if self.is_blocked:
-            return None
-        buffers = self._buffers
-        if not buffers:
-            self.flush_requested = False
-            return None
-        head = buffers[0]
-        if type(head) is Buffer and not self._num_priority:
-            # the common case: a complete buffer, its own consumer (_poll_head does the rest)
-            buffers.popleft()
-            buffer = head
-            if not buffers:
-                self.flush_requested = False
-            data_type = buffer.data_type
-            if IS_BUFFER[data_type]:
-                self.buffers_in_backlog -= 1
-                if not len(buffer.data) and self.receiver_exclusive_buffers_per_channel:  # type: ignore[arg-type]
-                    buffer.recycle()
-                    return self.poll_buffer()
-            elif IS_BLOCKING_UPSTREAM[data_type]:
-                self.is_blocked = True
-        else:
-            buffer = self._poll_head()
-            if buffer is None:
-                return None
-            if IS_BLOCKING_UPSTREAM[buffer.data_type]:
-                self.is_blocked = True
-        sequence = self._sequence_number
-        self._sequence_number = sequence + 1
-        if self.is_blocked or not buffers:
-            return _new_tuple(BufferAndBacklog, (buffer, 0, _NONE, sequence))
-        flush_requested = self.flush_requested
-        in_backlog = self.buffers_in_backlog
-        if (
-            not (
-                flush_requested
-                or self.is_finished
-                or (self._tail_known_finished and not self.receiver_exclusive_buffers_per_channel)
-                or not IS_BUFFER[buffers[-1].data_type]
-            )
-            and in_backlog
-        ):
-            in_backlog -= 1  # the last data buffer may still be written
-        if flush_requested or len(buffers) > 1 or self._tail_known_finished:
-            return _new_tuple(BufferAndBacklog, (buffer, in_backlog, buffers[0].data_type, sequence))
-        return _new_tuple(BufferAndBacklog, (buffer, in_backlog, _NONE, sequence))
-
-    def _poll_head(self) -> Buffer | None:
-        """Build from the head until a non-empty buffer or an event comes out (the loop of Flink's
-        ``pollBuffer``); finished consumers leave the queue."""
-        buffers = self._buffers
-        while buffers:
-            consumer = buffers[0]
-            buffer = consumer.build()
-            finished = consumer.is_finished()
-            if len(buffers) == 1:
-                self.flush_requested = False
-                self._tail_known_finished = finished
-            if finished:
-                buffers.popleft()
-                if self._num_priority:
-                    self._num_priority -= 1
-                if IS_BUFFER[consumer.data_type]:
-                    self.buffers_in_backlog -= 1
-                if self.receiver_exclusive_buffers_per_channel == 0:
-                    return buffer  # even empty: a receiver without exclusive buffers must get its credit back
-            if len(buffer.data) or not IS_BUFFER[buffer.data_type]:  # type: ignore[arg-type]
-                return buffer
-            buffer.recycle()
-            if not finished:
-                return None
-        return None
-
-    def is_data_available(self) -> bool:
-        """Something can be polled with credit (Flink's ``isDataAvailableUnsafe``)."""
-        return not self.is_blocked and (self.flush_requested or self._finished_count() > 0)
-
-    def next_data_type(self) -> DataType:
-        """Type of the head of the queue, NONE if empty."""
-        return self._buffers[0].data_type if self._buffers else _NONE
-
-    def get_buffers_in_backlog(self) -> int:
-        """The backlog a reader reports: data buffers that can be sent, excluding one still being written."""
-        buffers = self._buffers
-        if self.is_blocked or not buffers:
-            return 0
-        if (
-            self.flush_requested
-            or self.is_finished
-            or (self._tail_known_finished and not self.receiver_exclusive_buffers_per_channel)
-            or not IS_BUFFER[buffers[-1].data_type]
-        ):
-            return self.buffers_in_backlog
-        return max(self.buffers_in_backlog - 1, 0)
-
-    def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog:
-        """With credit: data available; without: the head is an event (events need no credit)."""
-        buffers = self._buffers
-        if self.is_blocked or not buffers:
-            return _NOT_AVAILABLE
-        flush_requested = self.flush_requested
-        in_backlog = self.buffers_in_backlog
-        if not (
-            flush_requested
-            or self.is_finished
-            or (self._tail_known_finished and not self.receiver_exclusive_buffers_per_channel)
-            or not IS_BUFFER[buffers[-1].data_type]
-        ):
-            in_backlog = in_backlog - 1 if in_backlog > 0 else 0
-        if credit_available:
-            available = flush_requested or len(buffers) > 1 or self._tail_known_finished
-        else:
-            available = IS_EVENT[buffers[0].data_type]
-        return _new_tuple(AvailabilityWithBacklog, (available, in_backlog))
-
-    def resume_consumption(self) -> None:
-        """Unblock after an upstream-blocking event (aligned barrier) was consumed."""
-        if not self.is_blocked:
-            raise PartitionStateError(f"subpartition {self.index} should be blocked to resume consumption")
-        self.is_blocked = False
-
-    def on_view_released(self) -> None:
-        self._view = None
-        if self.parent is not None:
-            self.parent.on_consumed_subpartition(self.index)
+    # -- metrics (§7) --
 
     @property
-    def is_sent_to_reader(self) -> bool:
-        """Finished, and its reader (still there) polled everything, END_OF_PARTITION included."""
-        return self.is_finished and not self._buffers and self._view is not None and not self.is_released
-
-    # -- metrics --
-
-    def queue_length(self) -> int:
-        """Elements queued: data, events and the open buffer (``outputQueueLength`` of one subpartition)."""
-        return len(self._buffers)
-
-    @property
-    def num_priority_elements(self) -> int:
-        return self._num_priority
-
-    def __repr__(self) -> str:
-        return (
-            f"PipelinedSubpartition(index={self.index}, queued={len(self._buffers)}, backlog="
-            f"{self.buffers_in_backlog}, flush_requested={self.flush_requested}, finished={self.is_finished}, "
-            f"blocked={self.is_blocked}, released={self.is_released})"
-        )
-
-
-class PipelinedSubpartitionView:
-    """The read view of one pipelined subpartition; forwards to it and to its listener."""
-
-    __slots__ = (
-        "_listener",
-        "_released",
-        "failure_cause",
-        "get_availability_and_backlog",
-        "get_next_buffer",
-        "notify_data_available",
-        "parent",
-    )
-
-    def __init__(self, parent: PipelinedSubpartition, listener: BufferAvailabilityListener) -> None:
-        self.parent = parent
-        self._listener = listener
-        self._released = False
-        self.failure_cause: BaseException | None = None
-        #: The next buffer, or None (the subpartition's ``poll_buffer``, bound directly: it is the hot path).
-        self.get_next_buffer: Callable[[], BufferAndBacklog | None] = parent.poll_buffer
-        #: Tell the listener that data is available (bound directly, as above).
-        self.notify_data_available: Callable[[], None] = listener.notify_data_available
-        #: With credit: data available; without: an event at the head (bound directly, as above).
-        self.get_availability_and_backlog: Callable[[bool], AvailabilityWithBacklog] = (
-            parent.get_availability_and_backlog
-        )
-
-    def notify_priority_event(self, sequence_number: int) -> None:
-        self._listener.notify_priority_event(sequence_number)
-
-    def resume_consumption(self) -> None:
-        self.parent.resume_consumption()
-
-    def notify_new_buffer_size(self, size: int) -> None:
-        self.parent.set_buffer_size(size)
-
-    def acknowledge_all_data_processed(self) -> None:
-        if self.parent.parent is not None:
-            self.parent.parent.on_subpartition_all_data_processed(self.parent.index)
-
-    def release_all_resources(self) -> None:
-        """The consumer is done (or gone): counts as consumption; releases the subpartition."""
-        if self._released:
-            return
-        self._released = True
-        self.parent.release()
-        self.parent.on_view_released()
-
-    @property
-    def is_released(self) -> bool:
-        return self._released or self.parent.is_released
-
-    def queue_length(self) -> int:
-        return self.parent.queue_length()
-
-    @property
-    def backlog(self) -> int:
-        return self.parent.get_buffers_in_backlog()
+    def out_pool_usage(self) -> float:
+        """Used segments / pool size (above 1.0 when overdrafted)."""
+        return self.buffer_pool.usage
 
 
 # -- pipelined partition --------------------------------------------------------------------------------
 
 
-class PipelinedResultPartition:
+class PipelinedResultPartition(ResultPartition):
     """A producer subtask's pipelined output: N subpartitions sharing one LocalBufferPool.
 
     Implements ``ResultPartitionWriter``. Released (subpartitions dropped, pool destroyed) once every
@@ -560,21 +118,15 @@ class PipelinedResultPartition:
         partition_id: int = 0,
         receiver_exclusive_buffers: int = 2,
     ) -> None:
-        if num_subpartitions < 1:
-            raise ValueError(f"num_subpartitions must be >= 1, got {num_subpartitions}")
+        super().__init__(num_subpartitions, buffer_pool, partition_id)
         if len(buffer_pool.subpartition_buffers_count) < num_subpartitions:
             raise ValueError(
                 f"buffer pool counts {len(buffer_pool.subpartition_buffers_count)} subpartitions, "
                 f"the partition has {num_subpartitions}"
             )
-        self.num_subpartitions = num_subpartitions
-        self.partition_id = partition_id
-        self.buffer_pool = buffer_pool
         self.subpartitions = [
             PipelinedSubpartition(i, self, receiver_exclusive_buffers) for i in range(num_subpartitions)
         ]
-        self.is_finished = False
-        self.is_released = False
         self._pending_references = num_subpartitions + 1
         self._producer_closed = False
         #: Flink's LocalBufferPool availability (bound to the pool's: a resumable writer asks before every new buffer).
@@ -699,10 +251,6 @@ class PipelinedResultPartition:
     def flush(self, subpartition: int) -> None:
         self.subpartitions[subpartition].flush()
 
-    def flush_all(self) -> None:
-        for subpartition in self.subpartitions:
-            subpartition.flush()
-
     def finish(self) -> None:
         """END_OF_PARTITION into every subpartition (after finishing the buffers :meth:`emit_record` left open)."""
         self._check_in_produce_state()
@@ -715,9 +263,6 @@ class PipelinedResultPartition:
         for subpartition in self.subpartitions:
             subpartition.finish()
         self.is_finished = True
-
-    def is_available(self) -> bool:
-        return self.buffer_pool.is_available()
 
     # -- lifecycle --
 
@@ -755,27 +300,11 @@ class PipelinedResultPartition:
         if self._pending_references == 0:
             self.release()
 
-    def release(self) -> None:
-        """Drop every queued buffer and destroy the pool (segments in use return as they are recycled)."""
-        if self.is_released:
-            return
-        self.is_released = True
+    def _release_subpartitions(self) -> None:
         for subpartition in self.subpartitions:
             subpartition.release()
-        self.buffer_pool.lazy_destroy()
-
-    def _check_in_produce_state(self) -> None:
-        if self.is_finished:
-            raise PartitionStateError(f"result partition {self.partition_id} already finished")
-        if self.is_released:
-            raise PartitionStateError(f"result partition {self.partition_id} is released")
 
     # -- metrics (§7) --
-
-    @property
-    def out_pool_usage(self) -> float:
-        """Used segments / pool size (above 1.0 when overdrafted)."""
-        return self.buffer_pool.usage
 
     def output_queue_length(self) -> int:
         return sum(s.queue_length() for s in self.subpartitions)
@@ -785,270 +314,16 @@ class PipelinedResultPartition:
         return [s.get_buffers_in_backlog() for s in self.subpartitions]
 
 
-# -- blocking partition ---------------------------------------------------------------------------------
+class ServedPartition(Protocol):
+    """What the manager serves: a partition with an id whose subpartitions are read through views (a
+    :class:`ResultPartition`, or the blocking consumer's stored partition)."""
 
-
-class StoredBuffer(NamedTuple):
-    """A buffer of a finished blocking subpartition: its data type and payload (bytes-like)."""
-
-    data_type: DataType
-    payload: object
-
-
-class BlockingResultPartition:
-    """A producer subtask's blocking output (Flink's hash ``BoundedBlockingResultPartition``, §3.3).
-
-    Every buffer is written to storage as soon as it is complete: a complete :class:`Buffer` when it is
-    added; a builder's consumer when the next one is added to its subpartition (the builder before it was
-    finished), on flush (the bytes written so far, as its own buffer), and on finish, which also stores
-    END_OF_PARTITION. ``sink(subpartition, buffer)``
-    receives each stored buffer, which is then recycled; by default the buffers are kept in memory and
-    read back by views created after :meth:`finish` (any number of them).
-    """
-
-    def __init__(
-        self,
-        num_subpartitions: int,
-        buffer_pool: LocalBufferPool,
-        *,
-        partition_id: int = 0,
-        sink: Callable[[int, StoredBuffer], None] | None = None,
-    ) -> None:
-        if num_subpartitions < 1:
-            raise ValueError(f"num_subpartitions must be >= 1, got {num_subpartitions}")
-        self.num_subpartitions = num_subpartitions
-        self.partition_id = partition_id
-        self.buffer_pool = buffer_pool
-        self._sink = sink
-        self._stored: list[list[StoredBuffer]] = [[] for _ in range(num_subpartitions)]
-        self._current: list[BufferConsumer | None] = [None] * num_subpartitions
-        self.num_data_buffers = [0] * num_subpartitions
-        self.num_bytes = [0] * num_subpartitions
-        self.is_finished = False
-        self.is_released = False
-
-    @classmethod
-    def create(
-        cls,
-        network_pool: NetworkBufferPool,
-        num_subpartitions: int,
-        config: NetworkConfig,
-        *,
-        partition_id: int = 0,
-        sink: Callable[[int, StoredBuffer], None] | None = None,
-    ) -> BlockingResultPartition:
-        """A partition with its LocalBufferPool sized as Flink's hash BLOCKING partition (min N + 1,
-        unbounded max, no overdraft)."""
-        lo, hi = result_partition_pool_size(num_subpartitions, config, PartitionType.BLOCKING)
-        pool = network_pool.create_buffer_pool(
-            lo, hi, num_subpartitions=num_subpartitions, max_buffers_per_channel=config.max_buffers_per_channel
-        )
-        return cls(num_subpartitions, pool, partition_id=partition_id, sink=sink)
-
-    def request_segment(self, subpartition: int) -> SegmentRecycler:
-        self._check_in_produce_state()
-        self.buffer_pool.request_buffer_forced(subpartition)
-        return self.buffer_pool.segment_recycler(subpartition)
-
-    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None:
-        self._check_in_produce_state()
-        self._write_current(subpartition, close=True)
-        if type(consumer) is not Buffer:
-            self._current[subpartition] = consumer
-        elif consumer.size:  # a complete buffer is stored at once
-            self._store(subpartition, consumer)
-        else:
-            consumer.recycle()
-
-    def add_event(self, subpartition: int, buffer: Buffer) -> None:
-        self._check_in_produce_state()
-        self._write_current(subpartition, close=True)
-        self._store(subpartition, buffer)
-
-    def flush(self, subpartition: int) -> None:
-        self._write_current(subpartition, close=False)
-
-    def flush_all(self) -> None:
-        for subpartition in range(self.num_subpartitions):
-            self._write_current(subpartition, close=False)
-
-    def finish(self) -> None:
-        self._check_in_produce_state()
-        for subpartition in range(self.num_subpartitions):
-            self._write_current(subpartition, close=True)
-            self._store(subpartition, _end_of_partition())
-        self.is_finished = True
-
-    def is_available(self) -> bool:
-        return self.buffer_pool.is_available()
-
-    def _write_current(self, subpartition: int, *, close: bool) -> None:
-        consumer = self._current[subpartition]
-        if consumer is None:
-            return
-        if not close:
-            if consumer.is_data_available():
-                self._store(subpartition, consumer.build())
-            return
-        last = consumer.build()  # the rest; the segment returns once this slice is recycled
-        if not consumer.is_finished():  # a consumer learns that its builder finished on build()
-            last.recycle()
-            raise PartitionStateError(
-                f"subpartition {subpartition}: a buffer was added or the partition finished while the "
-                "previous buffer was still being written (finish the builder first)"
-            )
-        if last.size:
-            self._store(subpartition, last)
-        else:
-            last.recycle()
-        consumer.close()
-        self._current[subpartition] = None
-
-    def _store(self, subpartition: int, buffer: Buffer) -> None:
-        stored = StoredBuffer(buffer.data_type, buffer.data)
-        if buffer.data_type.is_buffer:
-            self.num_data_buffers[subpartition] += 1
-        self.num_bytes[subpartition] += buffer.size
-        buffer.recycle()
-        if self._sink is not None:
-            self._sink(subpartition, stored)
-        else:
-            self._stored[subpartition].append(stored)
-
-    def stored_buffers(self, subpartition: int) -> list[StoredBuffer]:
-        """The buffers stored for ``subpartition`` (empty when a sink took them)."""
-        return self._stored[subpartition]
+    @property
+    def partition_id(self) -> int: ...
 
     def create_subpartition_view(
         self, subpartition: int, listener: BufferAvailabilityListener
-    ) -> BoundedBlockingSubpartitionReader:
-        if not 0 <= subpartition < self.num_subpartitions:
-            raise PartitionNotFoundError(self.partition_id, subpartition)
-        if not self.is_finished:
-            raise PartitionStateError(f"blocking result partition {self.partition_id} is read only once finished")
-        if self._sink is not None:
-            raise PartitionStateError("the buffers of this partition went to its sink; read them from there")
-        return BoundedBlockingSubpartitionReader(
-            self._stored[subpartition], listener, num_data_buffers=self.num_data_buffers[subpartition]
-        )
-
-    def close(self) -> None:
-        """Blocking partitions outlive their producer; released by :meth:`release`."""
-
-    def release(self) -> None:
-        if self.is_released:
-            return
-        self.is_released = True
-        for subpartition in range(self.num_subpartitions):
-            consumer = self._current[subpartition]
-            if consumer is not None:
-                consumer.close()
-                self._current[subpartition] = None
-            self._stored[subpartition] = []
-        self.buffer_pool.lazy_destroy()
-
-    def _check_in_produce_state(self) -> None:
-        if self.is_finished:
-            raise PartitionStateError(f"result partition {self.partition_id} already finished")
-        if self.is_released:
-            raise PartitionStateError(f"result partition {self.partition_id} is released")
-
-    @property
-    def out_pool_usage(self) -> float:
-        return self.buffer_pool.usage
-
-
-class BoundedBlockingSubpartitionReader:
-    """A view over stored buffers (Flink's ``BoundedBlockingSubpartitionReader``), reading one ahead.
-
-    ``buffers`` yields :class:`StoredBuffer` (or ``(data_type, payload)`` pairs, or :class:`Buffer`);
-    ``num_data_buffers``, when given, lets an iterator stream without being materialised (the backlog is
-    the number of data buffers not yet returned). With credit it is available while a buffer is left;
-    without credit only when the next one is an event. Returned buffers are unpooled (their payload
-    belongs to the storage), so the reader holds no network buffers.
-    """
-
-    __slots__ = ("_backlog", "_iterator", "_listener", "_next", "_released", "_sequence_number", "failure_cause")
-
-    def __init__(
-        self,
-        buffers: Iterable[StoredBuffer | tuple[DataType, object] | Buffer],
-        listener: BufferAvailabilityListener | None = None,
-        *,
-        num_data_buffers: int | None = None,
-    ) -> None:
-        if num_data_buffers is None:
-            items = [self._as_stored(b) for b in buffers]
-            num_data_buffers = sum(1 for b in items if b[0].is_buffer)
-            self._iterator: Iterator = iter(items)
-        else:
-            self._iterator = (self._as_stored(b) for b in buffers)
-        self._backlog = num_data_buffers
-        self._next: tuple[DataType, object] | None = next(self._iterator, None)
-        self._listener = listener
-        self._released = False
-        self._sequence_number = 0
-        self.failure_cause: BaseException | None = None
-        if listener is not None and self._next is not None:
-            listener.notify_data_available()
-
-    @staticmethod
-    def _as_stored(item: StoredBuffer | tuple[DataType, object] | Buffer) -> tuple[DataType, object]:
-        if isinstance(item, Buffer):
-            data = item.data
-            item.recycle()
-            return (item.data_type, data)
-        data_type, payload = item
-        return (DataType(data_type), payload)
-
-    def set_listener(self, listener: BufferAvailabilityListener) -> None:
-        self._listener = listener
-        if self._next is not None:
-            listener.notify_data_available()
-
-    def get_next_buffer(self) -> BufferAndBacklog | None:
-        current = self._next
-        if current is None or self._released:
-            return None
-        data_type, payload = current
-        if data_type.is_buffer:
-            self._backlog -= 1
-        nxt = self._next = next(self._iterator, None)
-        sequence = self._sequence_number
-        self._sequence_number = sequence + 1
-        return BufferAndBacklog(
-            Buffer(data_type, payload), max(self._backlog, 0), nxt[0] if nxt is not None else _NONE, sequence
-        )
-
-    def get_availability_and_backlog(self, credit_available: bool) -> AvailabilityWithBacklog:
-        nxt = self._next
-        if nxt is None or self._released:
-            return AvailabilityWithBacklog(False, 0)
-        return AvailabilityWithBacklog(credit_available or nxt[0].is_event, max(self._backlog, 0))
-
-    def resume_consumption(self) -> None:
-        """Stored buffers never block."""
-
-    def notify_new_buffer_size(self, size: int) -> None:
-        """Stored buffers have their size already."""
-
-    def acknowledge_all_data_processed(self) -> None:
-        """Nothing waits for it in blocking mode."""
-
-    def release_all_resources(self) -> None:
-        self._released = True
-        self._next = None
-
-    @property
-    def is_released(self) -> bool:
-        return self._released
-
-    def queue_length(self) -> int:
-        return self._backlog + (1 if self._next is not None and self._next[0].is_event else 0)
-
-    @property
-    def backlog(self) -> int:
-        return max(self._backlog, 0)
+    ) -> ResultSubpartitionView: ...
 
 
 class ResultPartitionManager:
@@ -1059,11 +334,11 @@ class ResultPartitionManager:
     """
 
     def __init__(self) -> None:
-        self._partitions: dict[int, object] = {}
+        self._partitions: dict[int, ServedPartition] = {}
         self._waiting: dict[int, list[Callable[[], None]]] = {}
 
-    def register_partition(self, partition: object, partition_id: int | None = None) -> None:
-        pid = partition.partition_id if partition_id is None else partition_id  # type: ignore[attr-defined]
+    def register_partition(self, partition: ServedPartition, partition_id: int | None = None) -> None:
+        pid = partition.partition_id if partition_id is None else partition_id
         if pid in self._partitions:
             raise PartitionStateError(f"result partition {pid} is already registered")
         self._partitions[pid] = partition
@@ -1072,10 +347,10 @@ class ResultPartitionManager:
 
     def release_partition(self, partition_id: int) -> None:
         partition = self._partitions.pop(partition_id, None)
-        if partition is not None and hasattr(partition, "release"):
+        if isinstance(partition, ResultPartition):
             partition.release()
 
-    def get_partition(self, partition_id: int) -> object | None:
+    def get_partition(self, partition_id: int) -> ServedPartition | None:
         return self._partitions.get(partition_id)
 
     def __contains__(self, partition_id: int) -> bool:
@@ -1087,7 +362,7 @@ class ResultPartitionManager:
         partition = self._partitions.get(partition_id)
         if partition is None:
             raise PartitionNotFoundError(partition_id, subpartition)
-        return partition.create_subpartition_view(subpartition, listener)  # type: ignore[attr-defined]
+        return partition.create_subpartition_view(subpartition, listener)
 
     def wait_for(self, partition_id: int, callback: Callable[[], None]) -> None:
         self._waiting.setdefault(partition_id, []).append(callback)

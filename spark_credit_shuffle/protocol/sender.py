@@ -1,5 +1,6 @@
-"""The sender side of a connection: one reader per requested subpartition, the queue of readers that can
-send, and the server handler that turns inbound messages into calls on them (§5.2 of the reference).
+"""The sender side of a connection: the queue of readers that can send, and the server handler that turns
+inbound messages into calls on them (§5.2 of the reference; the readers, one per requested subpartition, are
+:mod:`spark_credit_shuffle.protocol.readers`).
 
 The connection objects are sans-IO. A transport feeds :class:`PartitionRequestServerHandler` the bytes
 (``receive_data``) or messages (``receive_message``) it received, and pulls what to send with
@@ -19,12 +20,10 @@ from __future__ import annotations
 import hmac
 from collections import deque
 from collections.abc import Callable
-from functools import partial
-from typing import Protocol
 
-from ..buffers.buffer import Buffer
+from ..config import DEFAULT_SEGMENT_SIZE
 from ..errors import PartitionNotFoundError, PartitionStateError, ProtocolError
-from ._flags import IS_BUFFER, IS_EVENT
+from ._flags import IS_BUFFER
 from .codec import FrameDecoder, default_max_frame_length, encode
 from .messages import (
     AckAllUserRecordsProcessed,
@@ -42,226 +41,17 @@ from .messages import (
     ResumeConsumption,
     ServerMessage,
 )
-from .partition import AvailabilityWithBacklog, BufferAndBacklog, ResultPartitionManager, ResultSubpartitionView
+from .partition import ResultPartitionManager
+from .readers import (
+    CreditBasedSequenceNumberingViewReader,
+    LocalChannelViewReader,
+    PartitionProvider,
+    SequenceNumberingViewReader,
+)
 
-__all__ = [
-    "BufferAndAvailability",
-    "CreditBasedSequenceNumberingViewReader",
-    "LocalChannelViewReader",
-    "PartitionProvider",
-    "PartitionRequestQueue",
-    "PartitionRequestServerHandler",
-    "SequenceNumberingViewReader",
-]
-
-
-#: What a reader polled: (buffer, whether the reader can send again right away, the sender's backlog,
-#: sequence number). A plain tuple: the queue unpacks one per buffer, and a NamedTuple costs a second
-#: object each time.
-BufferAndAvailability = tuple[Buffer, bool, int, int]
-
+__all__ = ["PartitionRequestQueue", "PartitionRequestServerHandler"]
 
 _new_tuple = tuple.__new__  # NamedTuples without their Python-level __new__ on the hot path
-
-
-class PartitionProvider(Protocol):
-    """Where readers get their views: a :class:`ResultPartitionManager` or any object with this method."""
-
-    def create_subpartition_view(
-        self, partition_id: int, subpartition: int, listener: object
-    ) -> ResultSubpartitionView: ...
-
-
-class CreditBasedSequenceNumberingViewReader:
-    """The server side of one input channel: a subpartition view plus the channel's credit (§5.2).
-
-    ``initial_credit`` is the credit of the PartitionRequest (the receiver's exclusive buffers).
-    :meth:`get_next_buffer` takes one credit per data buffer; going below zero is a protocol violation.
-    """
-
-    __slots__ = (
-        "initial_credit",
-        "is_registered_as_available",
-        "notify_data_available",
-        "num_credits_available",
-        "partition_id",
-        "queue",
-        "receiver_id",
-        "subpartition",
-        "view",
-    )
-
-    credit_based = True
-    #: Whether the segments of the data buffers it sends stay held until the consumer recycles them.
-    holds_buffers = False
-
-    def __init__(self, receiver_id: int, initial_credit: int, queue: PartitionRequestQueue) -> None:
-        if initial_credit < 0:
-            raise ProtocolError(f"receiver {receiver_id}: initial credit {initial_credit} is negative")
-        self.receiver_id = receiver_id
-        self.initial_credit = initial_credit
-        self.num_credits_available = initial_credit
-        self.is_registered_as_available = False
-        self.queue = queue
-        self.view: ResultSubpartitionView | None = None
-        self.partition_id = 0
-        self.subpartition = 0
-        #: BufferAvailabilityListener: the view has data; the queue decides whether the reader can send
-        #: (a partial, not a method: the view calls it for nearly every buffer).
-        self.notify_data_available: Callable[[], None] = partial(queue.notify_reader_non_empty, self)
-
-    def request_subpartition_view(self, provider: PartitionProvider, partition_id: int, subpartition: int) -> None:
-        """Create the view (raises :class:`PartitionNotFoundError` if the partition is unknown)."""
-        self.partition_id = partition_id
-        self.subpartition = subpartition
-        self.view = provider.create_subpartition_view(partition_id, subpartition, self)
-        self.queue.enqueue_available_reader(self)
-
-    # -- BufferAvailabilityListener --
-
-    def notify_priority_event(self, sequence_number: int) -> None:
-        self.notify_data_available()
-
-    # -- inbound control --
-
-    def add_credit(self, credit: int) -> None:
-        self.num_credits_available += credit
-
-    def resume_consumption(self) -> None:
-        """After an upstream-blocking event: with initial credit 0 both sides reset credit to 0."""
-        if self.initial_credit == 0:
-            self.num_credits_available = 0
-        if self.view is not None:
-            self.view.resume_consumption()
-
-    def acknowledge_all_records_processed(self) -> None:
-        if self.view is not None:
-            self.view.acknowledge_all_data_processed()
-
-    def notify_new_buffer_size(self, size: int) -> None:
-        if self.view is not None:
-            self.view.notify_new_buffer_size(size)
-
-    # -- sending --
-
-    def get_availability_and_backlog(self) -> AvailabilityWithBacklog:
-        if self.view is None:
-            return AvailabilityWithBacklog(False, 0)
-        return self.view.get_availability_and_backlog(self.num_credits_available > 0)
-
-    def need_announce_backlog(self) -> bool:
-        """A channel without exclusive buffers learns the backlog only from a BacklogAnnouncement."""
-        return self.initial_credit == 0 and self.num_credits_available == 0
-
-    def get_next_buffer(self) -> BufferAndAvailability | None:
-        view = self.view
-        if view is None:
-            return None
-        nxt: BufferAndBacklog | None = view.get_next_buffer()
-        if nxt is None:
-            return None
-        buffer, backlog, next_type, sequence_number = nxt
-        credits = self.num_credits_available
-        if IS_BUFFER[buffer.data_type]:
-            credits -= 1
-            if credits < 0:
-                raise ProtocolError(f"receiver {self.receiver_id}: data buffer polled with no credit available")
-            self.num_credits_available = credits
-        more = IS_EVENT[next_type] or (credits > 0 and IS_BUFFER[next_type])
-        return buffer, more, backlog, sequence_number
-
-    # -- lifecycle --
-
-    @property
-    def is_released(self) -> bool:
-        return self.view is not None and self.view.is_released
-
-    @property
-    def failure_cause(self) -> BaseException | None:
-        return getattr(self.view, "failure_cause", None) if self.view is not None else None
-
-    def release_all_resources(self) -> None:
-        if self.view is not None:
-            self.view.release_all_resources()
-
-    @property
-    def backlog(self) -> int:
-        """The backlog the reader would report now."""
-        return self.get_availability_and_backlog().backlog
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(receiver_id={self.receiver_id}, subpartition={self.subpartition}, "
-            f"credits={self.num_credits_available}, registered={self.is_registered_as_available})"
-        )
-
-
-class SequenceNumberingViewReader(CreditBasedSequenceNumberingViewReader):
-    """The reader of the model without credits (Flink <= 1.4): sends whenever its view has data."""
-
-    __slots__ = ()
-
-    credit_based = False
-
-    def __init__(self, receiver_id: int, initial_credit: int, queue: PartitionRequestQueue) -> None:
-        super().__init__(receiver_id, 0, queue)
-
-    def add_credit(self, credit: int) -> None:
-        """Credits mean nothing here."""
-
-    def get_availability_and_backlog(self) -> AvailabilityWithBacklog:
-        if self.view is None:
-            return AvailabilityWithBacklog(False, 0)
-        return self.view.get_availability_and_backlog(True)
-
-    def need_announce_backlog(self) -> bool:
-        return False
-
-    def get_next_buffer(self) -> BufferAndAvailability | None:
-        if self.view is None:
-            return None
-        nxt = self.view.get_next_buffer()
-        if nxt is None:
-            return None
-        return nxt.buffer, nxt.next_data_type.value != 0, nxt.backlog, nxt.sequence_number
-
-
-class LocalChannelViewReader(SequenceNumberingViewReader):
-    """The server side of a local channel: two tasks of one executor in different processes (Flink's
-    ``LocalInputChannel`` reading the producer's view, with the connection as the path for the bytes).
-
-    No credit: it sends whenever its view has data, as a local channel reads whenever the subpartition has
-    some. The segment of every data buffer it sends stays held, counted in the producer's LocalBufferPool
-    (and against its subpartition's ``max_buffers_per_channel``), until the consumer recycled the buffer:
-    :meth:`recycle` returns the oldest held segments to the pool. So what a slow consumer of a local
-    channel holds is bounded by the producer's pool, and backpressure shows as the producer's pool
-    filling, not as missing credit. Releasing the reader returns every held segment.
-    """
-
-    __slots__ = ("held",)
-
-    holds_buffers = True
-
-    def __init__(self, receiver_id: int, initial_credit: int, queue: PartitionRequestQueue) -> None:
-        super().__init__(receiver_id, 0, queue)
-        #: The data buffers sent and not yet recycled by the consumer, oldest first.
-        self.held: deque[Buffer] = deque()
-
-    def recycle(self, count: int) -> None:
-        """The consumer recycled its next ``count`` data buffers: return their segments to the pool."""
-        held = self.held
-        if not 0 < count <= len(held):
-            raise ProtocolError(
-                f"receiver {self.receiver_id}: RecycleBuffers of {count} buffers, but {len(held)} are held for it"
-            )
-        for _ in range(count):
-            held.popleft().recycle()
-
-    def release_all_resources(self) -> None:
-        held = self.held
-        while held:
-            held.popleft().recycle()
-        super().release_all_resources()
 
 
 class PartitionRequestQueue:
@@ -394,8 +184,8 @@ class PartitionRequestQueue:
                 BufferResponse,
                 (reader.receiver_id, reader.subpartition, sequence_number, backlog, data_type, False, buffer.data),
             )
-            if reader.holds_buffers and IS_BUFFER[data_type]:  # a local channel: held until recycled
-                reader.held.append(buffer)  # type: ignore[attr-defined]
+            if reader.holds_buffers and IS_BUFFER[data_type] and isinstance(reader, LocalChannelViewReader):
+                reader.held.append(buffer)  # a local channel: held until recycled
             else:
                 buffer.recycle()  # the message keeps the payload; the segment is free for the producer
             return message
@@ -419,7 +209,7 @@ class PartitionRequestServerHandler:
         *,
         credit_based: bool = True,
         secret: bytes | None = None,
-        max_frame_length: int = default_max_frame_length(32 * 1024),
+        max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE),
     ) -> None:
         self.partitions = partitions
         self.credit_based = credit_based
@@ -450,56 +240,59 @@ class PartitionRequestServerHandler:
     def receive_message(self, message: Message) -> None:
         """One decoded message from the client."""
         if not self.is_authenticated:
-            if type(message) is not Hello:
+            if not isinstance(message, Hello):
                 raise ProtocolError(f"connection not authenticated: first message was {type(message).__name__}")
             if not hmac.compare_digest(bytes(message.secret), self._secret or b""):
                 raise ProtocolError("connection not authenticated: wrong secret")
             self.is_authenticated = True
             return
-        kind = type(message)
         queue = self.queue
-        if kind is AddCredit:
-            credit = message.credit
-            if credit <= 0:
-                raise ProtocolError(f"AddCredit for receiver {message.receiver_id} announces {credit} credit")
-            reader = self._obtain_reader(message.receiver_id, "AddCredit")
-            if reader is not None:
-                reader.num_credits_available += credit
-                if not reader.is_registered_as_available:
-                    queue.enqueue_available_reader(reader)
-        elif kind is PartitionRequest:
-            self._on_partition_request(message)
-        elif kind is CancelPartitionRequest:
-            self._drop_pending(message.receiver_id)
-            queue.cancel(message.receiver_id)
-        elif kind is CloseRequest:
-            for receiver_id in list(self._pending):
-                self._drop_pending(receiver_id)
-            queue.release_all_resources()
-            self.is_closed = True
-        elif kind is ResumeConsumption:
-            if self._obtain_reader(message.receiver_id, "ResumeConsumption") is not None:
-                queue.add_credit_or_resume_consumption(message.receiver_id, lambda r: r.resume_consumption())
-        elif kind is AckAllUserRecordsProcessed:
-            reader = self._obtain_reader(message.receiver_id, "AckAllUserRecordsProcessed")
-            if reader is not None:
-                reader.acknowledge_all_records_processed()
-        elif kind is NewBufferSize:
-            # a consumer announces its buffer size to every upstream, ready or not: unknown ids are ignored
-            reader = queue.all_readers.get(message.receiver_id)
-            if reader is not None:
-                reader.notify_new_buffer_size(message.buffer_size)
-        elif kind is RecycleBuffers:
-            reader = queue.all_readers.get(message.receiver_id)
-            if reader is None:  # cancelled meanwhile: releasing it returned every held segment
-                return
-            if not reader.holds_buffers:
-                raise ProtocolError(f"RecycleBuffers for receiver {message.receiver_id}, which is not a local channel")
-            reader.recycle(message.count)  # type: ignore[attr-defined]
-        elif kind is Hello:
-            pass  # already authenticated, or no secret required
-        else:
-            raise ProtocolError(f"unexpected {kind.__name__} from a client")
+        match message:
+            case AddCredit():
+                credit = message.credit
+                if credit <= 0:
+                    raise ProtocolError(f"AddCredit for receiver {message.receiver_id} announces {credit} credit")
+                reader = self._obtain_reader(message.receiver_id, "AddCredit")
+                if reader is not None:
+                    reader.num_credits_available += credit
+                    if not reader.is_registered_as_available:
+                        queue.enqueue_available_reader(reader)
+            case PartitionRequest():
+                self._on_partition_request(message)
+            case CancelPartitionRequest():
+                self._drop_pending(message.receiver_id)
+                queue.cancel(message.receiver_id)
+            case CloseRequest():
+                for receiver_id in list(self._pending):
+                    self._drop_pending(receiver_id)
+                queue.release_all_resources()
+                self.is_closed = True
+            case ResumeConsumption():
+                if self._obtain_reader(message.receiver_id, "ResumeConsumption") is not None:
+                    queue.add_credit_or_resume_consumption(message.receiver_id, lambda r: r.resume_consumption())
+            case AckAllUserRecordsProcessed():
+                reader = self._obtain_reader(message.receiver_id, "AckAllUserRecordsProcessed")
+                if reader is not None:
+                    reader.acknowledge_all_records_processed()
+            case NewBufferSize():
+                # a consumer announces its buffer size to every upstream, ready or not: unknown ids are ignored
+                reader = queue.all_readers.get(message.receiver_id)
+                if reader is not None:
+                    reader.notify_new_buffer_size(message.buffer_size)
+            case RecycleBuffers():
+                self._on_recycle_buffers(message)
+            case Hello():
+                pass  # already authenticated, or no secret required
+            case _:
+                raise ProtocolError(f"unexpected {type(message).__name__} from a client")
+
+    def _on_recycle_buffers(self, message: RecycleBuffers) -> None:
+        reader = self.queue.all_readers.get(message.receiver_id)
+        if reader is None:  # cancelled meanwhile: releasing it returned every held segment
+            return
+        if not isinstance(reader, LocalChannelViewReader):
+            raise ProtocolError(f"RecycleBuffers for receiver {message.receiver_id}, which is not a local channel")
+        reader.recycle(message.count)
 
     def _obtain_reader(self, receiver_id: int, what: str) -> CreditBasedSequenceNumberingViewReader | None:
         """The reader of ``receiver_id``, as Flink's ``obtainReader``: a message naming a receiver that never

@@ -30,8 +30,9 @@ import pyarrow as pa
 from ..buffers.format import CheckpointBarrier
 from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow
-from ..protocol.partition import BlockingResultPartition, StoredBuffer
-from ..protocol.pools import NetworkBufferPool, PartitionType, result_partition_pool_size
+from ..protocol.blocking_partition import BlockingResultPartition, StoredBuffer
+from ..protocol.pools import NetworkBufferPool
+from ..protocol.sizing import PartitionType, result_partition_pool_size
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
 from .consumer import consume_partition
 from .engine import ProducerEngine, Settings
@@ -39,7 +40,7 @@ from .engine import ProducerEngine, Settings
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = ["STORAGE_SCHEMA", "build", "consume_partition", "produce_partition"]
 
@@ -152,11 +153,6 @@ def produce_partition(
     out.append((consumers[0], producer, -1, METRICS_TYPE, json.dumps(rows).encode()))
     yield _storage_batch(out)
     partition.release()
-
-
-def _producer_metrics(payload: bytes) -> list[MetricRow]:
-    """The metric rows a producer shipped (JSON lists of the MetricRow fields in order)."""
-    return [MetricRow(*row) for row in json.loads(payload)]
 
 
 def _partition_id() -> int:

@@ -23,12 +23,12 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import BufferDecodeError, CreditShuffleError, PartitionerError
-from ..metrics import METRIC_ROW_TYPE, MetricRow, rows_to_arrow
+from ..metrics import METRIC_ROW_FIELDS, METRIC_ROW_TYPE, MetricRow, metric_row_spark_type, rows_to_arrow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation
 
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = [
     "IN_BAND",
@@ -149,22 +149,11 @@ def unused_name(base: str, columns: Iterable[str]) -> str:
 
 def output_struct_type(df: DataFrame, column: str = METRICS_COLUMN):
     """Spark type of a consumer stage's output: the input's columns plus the metrics column ``column``."""
-    from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StringType, StructField, StructType
+    from pyspark.sql.types import ArrayType, StructField, StructType
 
     if column in df.columns:
         raise ValueError(f"the input already has a column named {column}")
-    row = StructType(
-        [
-            StructField("side", StringType()),
-            StructField("subtask", IntegerType()),
-            StructField("channel", IntegerType()),
-            StructField("metric", StringType()),
-            StructField("stat", StringType()),
-            StructField("value", DoubleType()),
-            StructField("time_ms", DoubleType()),  # timeline samples only; null on summary rows
-        ]
-    )
-    metrics_type = ArrayType(row)
+    metrics_type = ArrayType(metric_row_spark_type())
     return StructType([*df.schema.fields, StructField(column, metrics_type, True)])
 
 
@@ -256,14 +245,13 @@ class MetricsReport:
         ctx = TaskContext.get()
         if ctx is None:
             raise CreditShuffleError("metrics through an accumulator can only be reported from a Spark task")
-        fields = [tuple(getattr(r, f) for f in _ROW_FIELDS) for r in rows]
+        fields = [tuple(getattr(r, f) for f in METRIC_ROW_FIELDS) for r in rows]
         self.accumulator.add([(ctx.stageId(), ctx.partitionId(), ctx.taskAttemptId(), fields)])
         return []
 
 
 #: Metrics travel as a hidden column (the in-process harnesses, Spark Connect).
 IN_BAND = MetricsReport()
-_ROW_FIELDS = ("side", "subtask", "channel", "metric", "stat", "value", "time_ms")
 
 
 def metrics_report(spark: Any) -> MetricsReport:
@@ -279,10 +267,10 @@ def metrics_report(spark: Any) -> MetricsReport:
 try:
     from pyspark.accumulators import AccumulatorParam as _AccumulatorParam
 except ImportError:  # pyspark is an optional dependency of the package; the param is only used with it
-    _AccumulatorParam = object  # type: ignore[assignment,misc]
+    _AccumulatorParam = object  # type: ignore[assignment,misc]  # a stand-in base without pyspark
 
 
-class _ReportsParam(_AccumulatorParam):  # type: ignore[misc,valid-type]
+class _ReportsParam(_AccumulatorParam):
     """A list of (stage id, partition, task attempt id, metric rows) reports, merged by concatenation."""
 
     def zero(self, value: list) -> list:
@@ -307,7 +295,7 @@ class CollectedMetrics:
         """
         if self._observation is not None:
             cells = self._observation.get.get("metrics") or []
-            return [MetricRow(**{f: r[f] for f in _ROW_FIELDS}) for cell in cells for r in cell or []]
+            return [MetricRow(**{f: r[f] for f in METRIC_ROW_FIELDS}) for cell in cells for r in cell or []]
         reports = self._report.accumulator.value
         if not reports:
             raise CreditShuffleError(

@@ -29,7 +29,7 @@ from .common import IN_BAND, MetricsReport
 from .engine import ConsumerEngine, GateGauges, Settings, combine
 
 if TYPE_CHECKING:
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = ["GateGauges", "consume_partition"]
 

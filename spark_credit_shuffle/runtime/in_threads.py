@@ -16,7 +16,7 @@ from ..metrics import MetricRow
 from .task import PipelinedTask, TaskOptions
 
 if TYPE_CHECKING:
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = ["run_in_threads"]
 

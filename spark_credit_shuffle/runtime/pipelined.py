@@ -19,7 +19,7 @@ of one executor (``getTaskInfos()`` gives each task's executor address; in local
 is a local channel, as between two tasks of one Flink TaskManager: no credit and no exclusive buffers; a
 task's own subpartition is read directly (no copy), a subpartition of another task of the executor (another
 Python worker process) through that connection, with the producer's segment held in its pool until the
-consumer recycled the buffer (:class:`~spark_credit_shuffle.protocol.receiver.ConnectionSubpartitionView`):
+consumer recycled the buffer (:class:`~spark_credit_shuffle.protocol.client.ConnectionSubpartitionView`):
 backpressure on a local channel is the producer's pool filling. ``local_channels="task"`` makes every
 channel between tasks remote (credit-based) instead. Threads per task: the Spark task thread is the
 consumer (it yields the received rows as they arrive), one producer thread feeds the input batches to the
@@ -88,7 +88,6 @@ behind its rows. They finish no buffer, so they measure the time a row waits in 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import secrets as _secrets
@@ -112,13 +111,13 @@ from .common import (
     unused_name,
 )
 from .in_threads import _ThreadAllGather, run_in_threads
-from .session import is_connect, spark_context
+from .session import available_slots, is_connect, spark_context
 from .task import PipelinedTask, TaskOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from ..exchange import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = [
     "PipelinedTask",
@@ -141,47 +140,6 @@ _ = _ThreadAllGather
 
 
 # -- the Spark side ------------------------------------------------------------------------------------
-
-
-def _local_cluster(master: str) -> tuple[int, int] | None:
-    if not master.startswith("local-cluster["):
-        return None
-    parts = master[len("local-cluster[") : -1].split(",")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def available_slots(spark: Any) -> tuple[int, int, int] | None:
-    """(total task slots, executors, slots per executor) of the session's cluster; None if unknown.
-
-    Local mode: one executor with ``local[N]`` slots. A cluster: the registered executors (the driver
-    excluded) times ``planner.executor_slots``; on Spark Connect, ``spark.executor.instances``.
-    """
-    from ..planner import executor_slots
-
-    master = (spark.conf.get("spark.master", "") or "").strip()
-    task_cpus = int(spark.conf.get("spark.task.cpus", "1") or 1)
-    cluster = _local_cluster(master)
-    if cluster is not None:
-        executors, cores = cluster
-        per = max(1, cores // task_cpus)
-        return executors * per, executors, per
-    per = executor_slots(spark)
-    if master.startswith("local"):
-        return per, 1, per
-    executors = 0
-    sc = spark_context(spark)
-    if sc is not None:  # classic session: the executors registered now
-        with contextlib.suppress(Exception):
-            executors = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1
-    if executors <= 0:
-        with contextlib.suppress(Exception):
-            executors = int(spark.conf.get("spark.executor.instances", "0") or 0)
-    if executors <= 0:
-        return None
-    return executors * per, executors, per
 
 
 def check_slots(plan: ExchangePlan, spark: Any) -> None:

@@ -1,5 +1,10 @@
 """Which kind of SparkSession the exchange runs on, and what it can learn from it on the driver.
 
+The session's executors and task slots are read here, once, for the planner (network memory per executor)
+and the pipelined runtime (enough slots for a barrier stage); :func:`is_connect` and :func:`spark_context`
+live in the bottom layer (:mod:`spark_credit_shuffle._pyspark`, so that the config can ask them too) and
+are importable from here.
+
 A classic session has a driver JVM in this process (``SparkContext``, accumulators, RDDs); a Spark
 Connect session (``SparkSession.builder.remote(...)``, ``SPARK_REMOTE``, Databricks' shared and
 serverless compute) is a client of a remote driver and has none of them. Every place in the package that
@@ -9,41 +14,49 @@ nothing touches the JVM on a Connect session.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from .._pyspark import is_connect, spark_context
 from ..errors import CreditShuffleError
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
     from pyspark.sql import DataFrame
 
-__all__ = ["is_connect", "num_partitions", "spark_context"]
+__all__ = [
+    "available_slots",
+    "configured_executors",
+    "executor_slots",
+    "is_connect",
+    "num_partitions",
+    "spark_context",
+    "task_partition_id",
+]
 
-
-def is_connect(spark: Any) -> bool:
-    """True if ``spark`` (a SparkSession) is a Spark Connect session, False for a classic one.
-
-    Decided by the session's class (``pyspark.sql.connect.session.SparkSession``), not by the process's
-    environment: a process may hold a classic session and a Connect session at the same time.
-    """
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def spark_context(spark: Any) -> SparkContext | None:
-    """The SparkContext of a classic session; None on Spark Connect, which has none."""
-    return None if is_connect(spark) else spark.sparkContext
+_LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
+_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*(?:,[^\]]*)?\]$")
 
 
 def _partition_ids(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """One row per task, its partition id, whatever the partition holds (also when it is empty)."""
-    from pyspark import TaskContext
-
     for _ in batches:  # none: every row was dropped in the JVM
         pass
-    yield pa.record_batch([pa.array([TaskContext.get().partitionId()], pa.int32())], names=["partition"])
+    yield pa.record_batch([pa.array([task_partition_id()], pa.int32())], names=["partition"])
+
+
+def task_partition_id() -> int:
+    """The partition of the Spark task this runs in; :class:`CreditShuffleError` outside of a task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        raise CreditShuffleError("this function runs inside a Spark task only (no TaskContext here)")
+    return context.partitionId()
 
 
 def _count_partitions(df: DataFrame, drop_rows: bool) -> int:
@@ -75,3 +88,67 @@ def num_partitions(df: DataFrame) -> int:
     if sc is not None:
         return df.rdd.getNumPartitions()
     return _count_partitions(df, drop_rows=True) or _count_partitions(df, drop_rows=False)
+
+
+# -- executors and task slots ----------------------------------------------------------------------------
+
+
+def _master(spark: Any) -> str:
+    return (spark.conf.get("spark.master", "local[*]") or "local[*]").strip()
+
+
+def executor_slots(spark: Any) -> int:
+    """Tasks one executor runs at once: its cores / ``spark.task.cpus``. The cores: N for ``local[N]``
+    (the machine's for ``local[*]``, 1 for ``local``), C for ``local-cluster[E, C, M]``, otherwise
+    ``spark.executor.cores`` (1 if unset)."""
+    conf = spark.conf
+    master = _master(spark)
+    task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
+    cluster = _LOCAL_CLUSTER.match(master)
+    local = _LOCAL.match(master)
+    if cluster:
+        cores = int(cluster.group(2))
+    elif local:
+        n = local.group(1)
+        cores = 1 if master == "local" else (os.cpu_count() or 1) if n == "*" else int(n)
+    else:
+        cores = int(conf.get("spark.executor.cores", "1") or 1)
+    return max(1, cores // task_cpus)
+
+
+def configured_executors(spark: Any) -> int | None:
+    """Executors the session is configured with: 1 in local mode, E for ``local-cluster[E, C, M]``,
+    otherwise ``spark.executor.instances``; None when that is unset (dynamic allocation)."""
+    master = _master(spark)
+    cluster = _LOCAL_CLUSTER.match(master)
+    if cluster:
+        return int(cluster.group(1))
+    if _LOCAL.match(master):
+        return 1
+    with contextlib.suppress(ValueError, TypeError):
+        count = int(spark.conf.get("spark.executor.instances", "0") or 0)
+        if count > 0:
+            return count
+    return None
+
+
+def available_slots(spark: Any) -> tuple[int, int, int] | None:
+    """(total task slots, executors, slots per executor) of the session's cluster; None if unknown.
+
+    Local mode: one executor; ``local-cluster[E, C, M]``: E executors. A cluster: the registered
+    executors (the driver excluded) on a classic session, else (Spark Connect, or none registered yet)
+    ``spark.executor.instances``. Slots per executor: :func:`executor_slots`.
+    """
+    per = executor_slots(spark)
+    master = _master(spark)
+    executors = 0
+    if not (_LOCAL.match(master) or _LOCAL_CLUSTER.match(master)):
+        sc = spark_context(spark)
+        if sc is not None:  # classic session: the executors registered now
+            with contextlib.suppress(Exception):
+                executors = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1
+    if executors <= 0:
+        executors = configured_executors(spark) or 0
+    if executors <= 0:
+        return None
+    return executors * per, executors, per

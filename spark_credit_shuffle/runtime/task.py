@@ -32,8 +32,8 @@ from .engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings, 
 from .wiring import LockedPartition, TaskWiring, rss_bytes, thread_cpu_seconds
 
 if TYPE_CHECKING:
-    from ..exchange import ExchangePlan
     from ..protocol import BufferOrEvent
+    from .plan import ExchangePlan
 
 __all__ = ["PipelinedTask", "TaskOptions"]
 

@@ -37,8 +37,8 @@ from .common import IN_BAND, MetricsReport
 from .engine import ConsumerEngine, Fail, Settings, check_end
 
 if TYPE_CHECKING:
-    from ..exchange import ExchangePlan
     from ..protocol.messages import Message
+    from .plan import ExchangePlan
 
 __all__ = ["LockedPartition", "TaskWiring", "rss_bytes", "thread_cpu_seconds"]
 
@@ -173,7 +173,7 @@ class TaskWiring:
 
     def _server_handler(self, wakeup: Callable[[], None]) -> PartitionRequestServerHandler:
         handler = PartitionRequestServerHandler(
-            self.manager,  # type: ignore[arg-type]  # PartitionProvider types its listener as object, narrower here
+            self.manager,
             credit_based=self.config.credit_based,
             secret=self.secret,
             max_frame_length=self.max_frame_length,
@@ -205,6 +205,7 @@ class TaskWiring:
                 self.index
             )
             if producer == self.index:
+                assert self.partition is not None  # a task reading its own subpartition produces
                 with self.lock:
                     gate.local_channel(
                         channel, self.partition, partition_id=self.partition_id, subpartition=subpartition

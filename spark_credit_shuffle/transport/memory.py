@@ -19,14 +19,16 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from ..buffers.buffer import Buffer, DataType
-from ..config import NetworkConfig
+from ..config import DEFAULT_SEGMENT_SIZE, NetworkConfig
 from ..errors import ProtocolError
+from ..protocol.client import CreditBasedPartitionRequestClientHandler
 from ..protocol.codec import FrameDecoder, default_max_frame_length, encode, encoded_size
+from ..protocol.gate import BufferOrEvent, SingleInputGate
 from ..protocol.messages import BufferResponse, Message
-from ..protocol.partition import PipelinedSubpartition, ResultPartitionManager
+from ..protocol.partition import ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
-from ..protocol.receiver import BufferOrEvent, CreditBasedPartitionRequestClientHandler, SingleInputGate
 from ..protocol.sender import PartitionRequestServerHandler
+from ..protocol.subpartition import BufferAvailabilityListener, PipelinedSubpartition, PipelinedSubpartitionView
 
 __all__ = ["Link", "MemoryConnection", "MemoryNetwork", "StoredBuffersExchange"]
 
@@ -72,7 +74,7 @@ class Link:
         self.timed = latency > 0 or bandwidth is not None
         self.encode = encode_frames
         self.decoder = FrameDecoder(max_frame_length) if encode_frames else None
-        self.queue: deque[tuple[float, object, int]] = deque()
+        self.queue: deque[tuple[float, Message | bytes, int]] = deque()
         self.queued_bytes = 0
         self.busy_until = 0.0
         self.messages_sent = 0
@@ -97,7 +99,7 @@ class Link:
                 arrival = done + self.latency
             else:
                 arrival = now
-            item = b"".join(bytes(c) for c in encode(message)) if self.encode else message  # type: ignore[arg-type]
+            item = b"".join(bytes(c) for c in encode(message)) if self.encode else message
             queue.append((arrival, item, size))
             self.queued_bytes += size
             self.messages_sent += 1
@@ -115,11 +117,12 @@ class Link:
         while queue and queue[0][0] <= now and is_reading():
             _, item, size = queue.popleft()
             self.queued_bytes -= size
-            if decoder is not None:
-                for message in decoder.receive_data(item):  # type: ignore[arg-type]
+            if isinstance(item, bytes):
+                assert decoder is not None  # only a link that encodes queues frames
+                for message in decoder.receive_data(item):
                     deliver(message)
             else:
-                deliver(item)  # type: ignore[arg-type]
+                deliver(item)
             delivered += 1
         return delivered
 
@@ -128,12 +131,14 @@ class Link:
 
     def in_flight(self) -> list[Message]:
         """The messages written and not yet delivered (decoded again when the link encodes)."""
-        if self.decoder is None:
-            return [item for _, item, _ in self.queue]  # type: ignore[misc]
-        decoder = FrameDecoder(self.decoder.max_frame_length)
+        decoder = FrameDecoder(self.decoder.max_frame_length) if self.decoder is not None else None
         out: list[Message] = []
         for _, item, _ in self.queue:
-            out.extend(decoder.receive_data(item))  # type: ignore[arg-type]
+            if isinstance(item, bytes):
+                assert decoder is not None  # only a link that encodes queues frames
+                out.extend(decoder.receive_data(item))
+            else:
+                out.append(item)
         return out
 
 
@@ -149,7 +154,7 @@ class MemoryConnection:
         bandwidth: float | None = None,
         socket_buffer_bytes: int | None = None,
         encode: bool = False,
-        max_frame_length: int = default_max_frame_length(32 * 1024),
+        max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE),
     ) -> None:
         if latency < 0:
             raise ValueError(f"latency must be >= 0 virtual seconds, got {latency}")
@@ -159,26 +164,29 @@ class MemoryConnection:
             raise ValueError(f"socket_buffer_bytes must be > 0, got {socket_buffer_bytes}")
         self.client = client
         self.server = server
-        common = {
-            "latency": latency,
-            "bandwidth": bandwidth,
-            "capacity": socket_buffer_bytes,
-            "encode_frames": encode,
-            "max_frame_length": max_frame_length,
-        }
-        self.upstream = Link(client.next_message, server.receive_message, lambda: True, **common)  # type: ignore[arg-type]
-        self.downstream = Link(
-            server.next_message,
-            client.receive_message,
-            lambda: client.is_reading,
-            **common,  # type: ignore[arg-type]
-        )
+
+        def link(
+            source: Callable[[], Message | None], deliver: Callable[[Message], None], is_reading: Callable[[], bool]
+        ) -> Link:
+            return Link(
+                source,
+                deliver,
+                is_reading,
+                latency=latency,
+                bandwidth=bandwidth,
+                capacity=socket_buffer_bytes,
+                encode_frames=encode,
+                max_frame_length=max_frame_length,
+            )
+
+        self.upstream = link(client.next_message, server.receive_message, lambda: True)
+        self.downstream = link(server.next_message, client.receive_message, lambda: client.is_reading)
         if latency == 0 and bandwidth is None and socket_buffer_bytes is None and not encode:
             # nothing is ever held on the links: every pump hands each message straight to the other side
             client_parts = (client.next_message, client.receive_message, client._outbound)
             server_parts = (server.next_message, server.receive_message, server.queue._outbox)
             self._parts = (*client_parts, *server_parts, server.queue.available_readers)
-            self.pump = self._pump_direct  # type: ignore[method-assign]
+            self.pump = self._pump_direct  # type: ignore[method-assign]  # no link test on every pump
 
     def pump(self, now: float = 0.0) -> int:
         """Move every message that can move at ``now`` (both ways, until nothing changes); the count moved."""
@@ -201,11 +209,11 @@ class MemoryConnection:
         up = down = 0
         while True:
             before = up + down
-            while client_outbound and (message := client_next()) is not None:
-                server_receive(message)
+            while client_outbound and (request := client_next()) is not None:
+                server_receive(request)
                 up += 1
-            while (server_outbox or server_readers) and client.is_reading and (message := server_next()) is not None:
-                client_receive(message)
+            while (server_outbox or server_readers) and client.is_reading and (response := server_next()) is not None:
+                client_receive(response)
                 down += 1
             if up + down == before:
                 self.upstream.messages_sent += up
@@ -225,15 +233,6 @@ class MemoryConnection:
             if link.busy_until > now and has_data():
                 times.append(link.busy_until)
         return min(times) if times else None
-
-    def is_idle(self) -> bool:
-        """Nothing in flight and nothing to send on either side."""
-        return (
-            not self.upstream.queue
-            and not self.downstream.queue
-            and not self.client.has_data()
-            and not self.server.has_data()
-        )
 
     def data_in_flight(self, receiver_id: int) -> int:
         """Data buffers written for ``receiver_id`` and not yet delivered (for credit invariant checks)."""
@@ -386,5 +385,7 @@ class _StoredPartition:
         self.partition_id = partition_id
         self.subpartition = PipelinedSubpartition(0, None, receiver_exclusive_buffers)
 
-    def create_subpartition_view(self, subpartition: int, listener: object) -> object:
-        return self.subpartition.create_read_view(listener)  # type: ignore[arg-type]
+    def create_subpartition_view(
+        self, subpartition: int, listener: BufferAvailabilityListener
+    ) -> PipelinedSubpartitionView:
+        return self.subpartition.create_read_view(listener)

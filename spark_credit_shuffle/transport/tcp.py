@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import logging
 import re
@@ -495,7 +496,7 @@ class TcpTransport:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = Connection(sock, None, "server", f"client {peer}", next(self._ids))
             with self.lock:
-                conn.handler = self._factory(lambda conn=conn: self._ready(conn))
+                conn.handler = self._factory(functools.partial(self._ready, conn))
             self._add(conn)
 
     def _make_room(self) -> None:
@@ -650,7 +651,7 @@ class TcpTransport:
             if message is None:
                 return
             for chunk in encode(message):
-                view = memoryview(chunk)  # type: ignore[arg-type]
+                view = memoryview(chunk)
                 if view.nbytes:
                     out.append(view)
                     conn.out_bytes += view.nbytes

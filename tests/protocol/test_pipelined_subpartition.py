@@ -22,7 +22,7 @@ from spark_credit_shuffle.buffers.format import (
     encode_event,
 )
 from spark_credit_shuffle.errors import PartitionStateError
-from spark_credit_shuffle.protocol.partition import (
+from spark_credit_shuffle.protocol.subpartition import (
     ADD_BUFFER_ERROR_CODE,
     DEFAULT_BUFFER_SIZE,
     PipelinedSubpartition,

@@ -19,7 +19,7 @@ from spark_credit_shuffle.protocol import (
     network_buffers_for_announcing,
     result_partition_pool_size,
 )
-from spark_credit_shuffle.protocol.pools import UNBOUNDED
+from spark_credit_shuffle.protocol.sizing import UNBOUNDED
 
 
 def test_bounded_buffer():

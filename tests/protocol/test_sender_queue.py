@@ -30,7 +30,7 @@ from spark_credit_shuffle.protocol import (
     ResumeConsumption,
     StoredBuffer,
 )
-from spark_credit_shuffle.protocol.partition import DEFAULT_BUFFER_SIZE
+from spark_credit_shuffle.protocol.subpartition import DEFAULT_BUFFER_SIZE
 
 
 class SingleView:

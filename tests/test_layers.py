@@ -1,0 +1,135 @@
+"""The package's layers (README "Layout"): no import circle between modules, and no module imports one of
+a higher layer, counting every import (module level, inside functions and under ``TYPE_CHECKING``).
+
+Read from the source with :mod:`ast`, so the test sees the imports a run might never execute.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import spark_credit_shuffle
+
+PACKAGE = "spark_credit_shuffle"
+ROOT = Path(spark_credit_shuffle.__file__).parent
+
+#: Bottom to top. A module belongs to the layer of its longest matching prefix (a package's name covers
+#: its modules). A module may import modules of its own layer (without a circle) and of lower layers.
+LAYERS: list[tuple[str, ...]] = [
+    ("config", "errors", "metrics", "_pyspark"),
+    ("partitioners",),
+    ("buffers",),
+    ("protocol",),
+    ("transport",),
+    ("runtime",),
+    ("exchange", "dataframe", "planner", "simulation", "plot", "cli", "__main__", ""),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = [PACKAGE, *path.relative_to(ROOT).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere in its source."""
+    is_package = path.name == "__init__.py"
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                stem = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod
+            targets = [f"{stem}.{a.name}" if f"{stem}.{a.name}" in modules else stem for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def _layer(name: str) -> int:
+    rel = name[len(PACKAGE) + 1 :] if name != PACKAGE else ""
+    best, best_length = None, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = rel == prefix or (prefix and rel.startswith(prefix + "."))
+            if matches and len(prefix) > best_length:
+                best, best_length = index, len(prefix)
+    if best is None:
+        raise AssertionError(f"module {name} is in no layer of LAYERS: add it to the table (and to the README)")
+    return best
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_every_module_is_in_a_layer():
+    for name in _modules():
+        _layer(name)
+
+
+def test_no_module_imports_a_higher_layer():
+    upward = [
+        f"{name} (layer {_layer(name)}) imports {target} (layer {_layer(target)})"
+        for name, targets in _graph().items()
+        for target in sorted(targets)
+        if _layer(target) > _layer(name)
+    ]
+    assert not upward, "imports that run up a layer:\n" + "\n".join(upward)
+
+
+def test_no_import_circle():
+    graph = _graph()
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        path.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from ..protocol.messages import AddCredit", {"spark_credit_shuffle.protocol.messages"}),
+        ("def f():\n    from ..planner import executor_slots", {"spark_credit_shuffle.planner"}),
+        ("from .. import errors", {"spark_credit_shuffle.errors"}),
+        ("import spark_credit_shuffle.config", {"spark_credit_shuffle.config"}),
+        ("from .session import spark_context", {"spark_credit_shuffle.runtime.session"}),
+    ],
+)
+def test_the_graph_sees_every_kind_of_import(tmp_path, source, expected):
+    """The checks above are only as good as the import reader: relative, absolute, function-level."""
+    module = tmp_path / "probe.py"
+    module.write_text(source + "\n")
+    modules = _modules()
+    assert _imports("spark_credit_shuffle.runtime.probe", module, modules) == expected
