@@ -31,7 +31,9 @@ from ..protocol import (
     SingleInputGate,
 )
 from ..protocol.codec import default_max_frame_length
-from ..transport.tcp import AUTHENTICATION_TIMEOUT_S, Connection, TcpTransport, unauthenticated_cap
+from ..transport.authentication import AUTHENTICATION_TIMEOUT_S, unauthenticated_cap
+from ..transport.connection import Connection
+from ..transport.tcp import TcpTransport
 from .checkpoints import CheckpointTrigger
 from .common import IN_BAND, MetricsReport
 from .engine import ConsumerEngine, Fail, Settings, check_end

@@ -20,19 +20,17 @@ threads waits for the interpreter lock, and the credit loop (credit out, buffer 
 that bounds a channel's throughput.
 
 Input from the wire is untrusted. Every accepted connection must authenticate with the exchange's secret
-(the protocol's ``Hello``) within ``handshake_timeout_s`` (the authentication deadline, counted from the
-accept, so a peer that sends a byte a second gains nothing) and within :data:`MAX_HELLO_BYTES`; a wrong
-secret, garbage, an oversized frame length or a message out of turn raises
+(the protocol's ``Hello``) within ``handshake_timeout_s`` (counted from the accept) and within
+:data:`MAX_HELLO_BYTES`; a wrong secret, garbage, an oversized frame length or a message out of turn raises
 :class:`~spark_credit_shuffle.errors.ProtocolError` in the handler, and the transport closes that connection
-only: the exchange carries on. At most ``max_unauthenticated`` connections wait to authenticate (see
-:func:`unauthenticated_cap`): when one more arrives, whatever the waiting ones sent is read first (a peer
-whose ``Hello`` has arrived authenticates), then the oldest one still unauthenticated is closed to make room,
-so a flood of silent connections costs a bounded number of sockets and closes a legitimate peer only if
-``max_unauthenticated`` newer connections arrive before its Hello does: connected sockets are read before
-new connections are accepted, and at most :data:`ACCEPTS_PER_ROUND` are accepted per round of the I/O
-thread. Each kind of rejection is logged once per transport at WARNING (the
-limit, its setting if it has one, and the peer), the rest at DEBUG, and a count of each when the transport
-closes: a flood makes a few lines, not one per connection.
+only: the exchange carries on. At most ``max_unauthenticated`` connections wait to authenticate: when one
+more arrives, whatever the waiting ones sent is read first (a peer whose ``Hello`` has arrived
+authenticates), then the oldest one still unauthenticated is closed to make room, so a flood of silent
+connections costs a bounded number of sockets and closes a legitimate peer only if ``max_unauthenticated``
+newer connections arrive before its Hello does: connected sockets are read before new connections are
+accepted, and at most :data:`ACCEPTS_PER_ROUND` are accepted per round of the I/O thread. The limits, and
+how rejections are counted and logged, are :mod:`.authentication`'s; the connection's output queue is
+:mod:`.connection`'s and the selector with its wakeup :mod:`.event_loop`'s.
 
 Connections end with a half-close: a client whose handler sent ``CloseRequest`` (every channel on it
 received its end of partition) shuts down its sending side once its output is written; the server sees
@@ -47,19 +45,31 @@ import errno
 import functools
 import itertools
 import logging
-import re
 import selectors
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import ExchangeTimeoutError, ProtocolError
-from ..protocol.codec import FRAME_HEADER_LENGTH, MAX_SECRET_BYTES, encode
 from ..protocol.messages import Message
+from .authentication import (
+    ACCEPTS_PER_ROUND,
+    AUTHENTICATION_TIMEOUT_S,
+    MAX_HELLO_BYTES,
+    MIN_UNAUTHENTICATED,
+    RejectionLog,
+    check_hello_bytes,
+    expired_handshakes,
+    handshake_wait,
+    rejection_cause,
+    unauthenticated_cap,
+)
+from .connection import Connection, SansIOConnection, resolve_host
+from .event_loop import EventLoop
 
+# The names the runtime and tests take from here: the transport and its connection and limits.
 __all__ = [
     "ACCEPTS_PER_ROUND",
     "AUTHENTICATION_TIMEOUT_S",
@@ -74,109 +84,7 @@ __all__ = [
 
 log = logging.getLogger("spark_credit_shuffle")
 
-#: The longest a task's listener waits for a connected peer's ``Hello`` (at most, the runtime passes
-#: ``min(partition_request_timeout_ms, this)``): a legitimate peer sends it as soon as it is connected.
-AUTHENTICATION_TIMEOUT_S = 2.0
-#: The most bytes a peer may send before its ``Hello`` authenticates it: one Hello frame with the longest
-#: secret the codec accepts (frame header, secret size, secret).
-MAX_HELLO_BYTES = FRAME_HEADER_LENGTH + 2 + MAX_SECRET_BYTES
-#: The fewest connections allowed to wait for authentication at once, whatever the expected peers.
-MIN_UNAUTHENTICATED = 32
-#: The most connections the I/O thread accepts before it reads its other sockets again.
-ACCEPTS_PER_ROUND = 16
-
 _RECV_SIZE = 256 * 1024
-_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
-_MAX_IOV = 64
-_LISTENER = object()
-_WAKEUP = object()
-
-
-class SansIOConnection(Protocol):
-    """What the transport drives: a server or client connection handler of the protocol core."""
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None: ...
-
-    def next_message(self) -> Message | None: ...
-
-    def has_data(self) -> bool: ...
-
-    def connection_closed(self) -> None: ...
-
-
-def unauthenticated_cap(expected_peers: int) -> int:
-    """How many connections may wait to authenticate when ``expected_peers`` legitimate peers will connect.
-
-    Four times the legitimate peers, at least :data:`MIN_UNAUTHENTICATED`: every legitimate peer can be
-    waiting at once with room to spare, and a flood evicts the oldest waiting connection, not a new one.
-    """
-    return max(MIN_UNAUTHENTICATED, 4 * max(0, int(expected_peers)))
-
-
-def resolve_host(host: str) -> str:
-    """The IPv4 address of ``host`` (a name such as ``localhost`` or an address); raises ``OSError``."""
-    if not host:
-        raise OSError("empty host name")
-    infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
-    if not infos:
-        raise OSError(f"host {host!r} has no IPv4 address")
-    return str(infos[0][4][0])
-
-
-class Connection:
-    """One TCP connection: its socket, its protocol handler and its output queue.
-
-    ``role`` is ``"server"`` (accepted from a consumer) or ``"client"`` (opened to a producer); ``peer``
-    names the other side in logs and errors. Counters and timestamps (``time.monotonic()``) let the runtime
-    say what it waited for and from whom.
-    """
-
-    __slots__ = (
-        "accepted_at",
-        "bytes_in",
-        "bytes_out",
-        "closed",
-        "error",
-        "handler",
-        "id",
-        "last_received",
-        "messages_out",
-        "out",
-        "out_bytes",
-        "peer",
-        "role",
-        "sock",
-        "write_error",
-        "write_shut",
-    )
-
-    def __init__(self, sock: socket.socket, handler: Any, role: str, peer: str, conn_id: int) -> None:
-        now = time.monotonic()
-        self.sock = sock
-        self.handler = handler
-        self.role = role
-        self.peer = peer
-        self.id = conn_id
-        self.out: deque[memoryview] = deque()
-        self.out_bytes = 0
-        self.closed = False
-        self.write_shut = False
-        self.write_error: BaseException | None = None
-        self.error: BaseException | None = None
-        self.accepted_at = now
-        self.last_received = now
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.messages_out = 0
-
-    @property
-    def is_authenticated(self) -> bool:
-        """A server connection whose client presented the secret (client connections always are)."""
-        return bool(getattr(self.handler, "is_authenticated", True))
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else "open"
-        return f"Connection({self.role} {self.peer}, {state}, in={self.bytes_in}, out={self.bytes_out})"
 
 
 class _SendingBlock:
@@ -250,23 +158,8 @@ class TcpTransport:
         self._on_send = on_send
         self._on_closed = on_closed
         self._ids = itertools.count(1)
-        self._selector = selectors.DefaultSelector()
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind((host, port))
-            self._listener.listen(64)
-            self._listener.setblocking(False)
-        except OSError:
-            self._listener.close()
-            self._selector.close()
-            raise
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._woken = False
-        self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKEUP)
+        self._loop = EventLoop(host, port, backlog=64)
+        self._selector = self._loop.selector
         self._connections: dict[int, Connection] = {}
         self._interest: dict[int, int] = {}
         self._pending: list[Connection] = []
@@ -278,11 +171,7 @@ class TcpTransport:
         self._thread: threading.Thread | None = None
         #: The exception that stopped the I/O thread, if any (a bug or an OS failure, not a peer's fault).
         self.error: BaseException | None = None
-        self.num_rejected = 0
-        self.rejections: list[str] = []
-        #: Connections closed per cause (a short name: "evicted", "handshake timeout", a protocol error).
-        self.rejected_by_cause: dict[str, int] = {}
-        self._counts_logged = False
+        self._rejections = RejectionLog(self.name)
         #: CPU seconds the I/O thread used (set when it stops).
         self.thread_cpu_s = 0.0
 
@@ -291,8 +180,22 @@ class TcpTransport:
     @property
     def address(self) -> tuple[str, int]:
         """(host, port) the listener is bound to."""
-        host, port = self._listener.getsockname()[:2]
-        return str(host), int(port)
+        return self._loop.address
+
+    @property
+    def num_rejected(self) -> int:
+        """Connections closed before or while authenticating, or for breaking the protocol."""
+        return self._rejections.num_rejected
+
+    @property
+    def rejections(self) -> list[str]:
+        """What the first 100 of them were closed for, as logged."""
+        return self._rejections.rejections
+
+    @property
+    def rejected_by_cause(self) -> dict[str, int]:
+        """Connections closed per cause (a short name: "evicted", "handshake timeout", a protocol error)."""
+        return self._rejections.by_cause
 
     @property
     def connections(self) -> list[Connection]:
@@ -310,11 +213,7 @@ class TcpTransport:
 
     def wakeup(self) -> None:
         """Make the I/O thread look at every connection again (thread-safe, cheap when already woken)."""
-        if self._woken:
-            return
-        self._woken = True
-        with contextlib.suppress(BlockingIOError, OSError):
-            self._wake_w.send(b"\0")
+        self._loop.wakeup()
 
     def sending(self) -> _SendingBlock:
         """Within this block the calling thread writes what its protocol calls made sendable, at its end.
@@ -333,8 +232,8 @@ class TcpTransport:
             for conn in dirty:
                 if conn.closed or conn.write_shut or conn.write_error is not None:
                     continue
-                self._fill(conn)
-                self._write(conn)
+                conn.fill(self._high_water, self._on_send)
+                conn.write()
                 resumed = getattr(conn.handler, "is_reading", True) and not (
                     self._interest.get(conn.id, 0) & selectors.EVENT_READ
                 )
@@ -383,9 +282,12 @@ class TcpTransport:
         conn = Connection(sock, handler, "client", peer, next(self._ids))
         if hasattr(handler, "listener"):
             handler.listener = lambda: self._ready(conn)
-        with self.lock:  # the Hello goes out with the connect, from this thread: a producer whose port is
-            self._fill(conn)  # flooded closes the oldest connections waiting to authenticate, and this one
-            self._write(conn)  # must not wait for the I/O thread's turn to present the secret
+        # The Hello goes out with the connect, from this thread: a producer whose port is flooded closes the
+        # oldest connections waiting to authenticate, and this one must not wait for the I/O thread's turn
+        # to present the secret.
+        with self.lock:
+            conn.fill(self._high_water, self._on_send)
+            conn.write()
         with self._pending_lock:
             self._pending.append(conn)
         self.wakeup()
@@ -398,8 +300,7 @@ class TcpTransport:
         anyway).
         """
         self._stopping = True
-        self._woken = False
-        self.wakeup()
+        self._loop.wakeup(force=True)
         thread = self._thread
         alive = False
         if thread is not None and thread is not threading.current_thread():
@@ -423,21 +324,15 @@ class TcpTransport:
         started = time.thread_time()
         try:
             while not self._stopping:
-                events = self._selector.select(self._select_timeout())
-                accept = False
-                for key, mask in events:
-                    data = key.data
-                    if data is _LISTENER:
-                        accept = True  # after the other sockets were read: a Hello that arrived counts
-                    elif data is _WAKEUP:
-                        self._drain_wakeup()
-                    elif not data.closed:
+                accept, ready = self._loop.poll(self._select_timeout())
+                for conn, mask in ready:
+                    if not conn.closed:
                         if mask & selectors.EVENT_READ:
-                            self._read(data)
-                        if mask & selectors.EVENT_WRITE and not data.closed:
+                            self._read(conn)
+                        if mask & selectors.EVENT_WRITE and not conn.closed:
                             with self.lock:
-                                self._write(data)
-                if accept:
+                                conn.write()
+                if accept:  # after the other sockets were read: a Hello that arrived counts
                     self._accept()
                 self._adopt_pending()
                 self._pump()
@@ -452,18 +347,7 @@ class TcpTransport:
             self._close_all()
 
     def _select_timeout(self) -> float | None:
-        unauthenticated = [c.accepted_at for c in self._connections.values() if not c.is_authenticated]
-        if not unauthenticated:
-            return None
-        return max(0.0, min(unauthenticated) + self._handshake_timeout - time.monotonic())
-
-    def _drain_wakeup(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            while self._wake_r.recv(4096):
-                pass
-        # Cleared after draining: a wakeup racing with this sends one byte more (a spare loop), never one
-        # less; whatever its caller queued before calling it is seen by the _pump that follows.
-        self._woken = False
+        return handshake_wait(self._connections.values(), self._handshake_timeout, time.monotonic())
 
     def _adopt_pending(self) -> None:
         with self._pending_lock:
@@ -479,7 +363,7 @@ class TcpTransport:
     def _accept(self) -> None:
         for _ in range(ACCEPTS_PER_ROUND):  # the rest next round, after the other sockets were read again
             try:
-                sock, addr = self._listener.accept()
+                sock, addr = self._loop.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -512,7 +396,7 @@ class TcpTransport:
         if len(waiting) < self._max_unauthenticated:
             return
         oldest = min(waiting, key=lambda c: c.accepted_at)
-        self._record_rejection(
+        self._rejections.record(
             f"closing connection with {oldest.peer}: {len(waiting)} connections wait to authenticate, the limit "
             f"max_unauthenticated={self._max_unauthenticated} (from the expected peers) is reached and it is the "
             "oldest",
@@ -521,34 +405,8 @@ class TcpTransport:
         self._drop(oldest, ProtocolError("closed unauthenticated to make room"), clean=False, logged=True)
 
     def _refuse(self, sock: socket.socket, peer: str, reason: str) -> None:
-        self._record_rejection(f"refused connection from {peer}: {reason}", reason)
+        self._rejections.record(f"refused connection from {peer}: {reason}", reason)
         sock.close()
-
-    def _record_rejection(self, text: str, cause: str) -> None:
-        """Count a closed connection; log its ``cause`` at WARNING the first time, at DEBUG after that."""
-        self.num_rejected += 1
-        if len(self.rejections) < 100:
-            self.rejections.append(text)
-        seen = self.rejected_by_cause.get(cause, 0)
-        self.rejected_by_cause[cause] = seen + 1
-        if seen:
-            log.debug("%s: %s", self.name, text)
-        else:
-            log.warning(
-                "%s: %s (more connections closed for this cause are counted when the transport closes)",
-                self.name,
-                text,
-            )
-
-    def _log_rejection_counts(self) -> None:
-        """One WARNING with the count of every cause that closed more than one connection (once)."""
-        if self._counts_logged:
-            return
-        self._counts_logged = True
-        repeated = {cause: n for cause, n in self.rejected_by_cause.items() if n > 1}
-        if repeated:
-            counts = ", ".join(f"{n} x {cause}" for cause, n in sorted(repeated.items()))
-            log.warning("%s: connections closed before or while authenticating: %s", self.name, counts)
 
     def _read(self, conn: Connection) -> None:
         try:
@@ -566,11 +424,7 @@ class TcpTransport:
         with self.lock:
             try:
                 conn.handler.receive_data(data)
-                if conn.bytes_in > MAX_HELLO_BYTES and not conn.is_authenticated:
-                    raise ProtocolError(
-                        f"{conn.bytes_in} bytes received without a valid Hello (at most {MAX_HELLO_BYTES} "
-                        "bytes may come before it)"
-                    )
+                check_hello_bytes(conn)
             except ProtocolError as exc:
                 self._reject(conn, exc)
                 return
@@ -579,8 +433,7 @@ class TcpTransport:
 
     def _reject(self, conn: Connection, exc: ProtocolError) -> None:
         """A peer broke the protocol (wrong secret, garbage, oversized frame): log it, close it, carry on."""
-        cause = _NUMBERS.sub("N", str(exc))  # one cause per kind of error, whatever its numbers
-        self._record_rejection(f"closing connection with {conn.peer}: {exc}", cause)
+        self._rejections.record(f"closing connection with {conn.peer}: {exc}", rejection_cause(exc))
         self._drop(conn, exc, clean=False, logged=True)
 
     def _drop(self, conn: Connection, exc: BaseException | None, *, clean: bool, logged: bool = False) -> None:
@@ -629,9 +482,9 @@ class TcpTransport:
             self._dirty.clear()
             for conn in conns:
                 if conn.write_error is None and not conn.write_shut:
-                    self._fill(conn)
+                    conn.fill(self._high_water, self._on_send)
                     if conn.out:
-                        self._write(conn)
+                        conn.write()
         for conn in conns:
             if conn.write_error is not None and not conn.closed:
                 self._drop(conn, conn.write_error, clean=False)
@@ -640,55 +493,6 @@ class TcpTransport:
                 self._update_interest(conn)
         if self._dirty:  # a handler became ready while others were being filled: look again
             self.wakeup()
-
-    def _fill(self, conn: Connection) -> None:
-        handler = conn.handler
-        on_send = self._on_send
-        high_water = self._high_water
-        out = conn.out
-        while conn.out_bytes < high_water:
-            message = handler.next_message()
-            if message is None:
-                return
-            for chunk in encode(message):
-                view = memoryview(chunk)
-                if view.nbytes:
-                    out.append(view)
-                    conn.out_bytes += view.nbytes
-            conn.messages_out += 1
-            if on_send is not None:
-                on_send(conn, message)
-
-    def _write(self, conn: Connection) -> None:
-        """Write what the socket takes now (``lock`` held; any thread). A failure is recorded for the I/O
-        thread, which drops the connection."""
-        out = conn.out
-        sock = conn.sock
-        while out:
-            chunks = list(itertools.islice(out, _MAX_IOV))
-            wanted = sum(c.nbytes for c in chunks)
-            try:
-                sent = sock.sendmsg(chunks)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                conn.write_error = exc
-                out.clear()
-                conn.out_bytes = 0
-                return
-            conn.bytes_out += sent
-            conn.out_bytes -= sent
-            remaining = sent
-            while remaining:
-                head = out[0]
-                if head.nbytes <= remaining:
-                    remaining -= head.nbytes
-                    out.popleft()
-                else:
-                    out[0] = head[remaining:]
-                    remaining = 0
-            if sent < wanted:
-                return  # the socket is full: wait for EVENT_WRITE
 
     def _maybe_half_close(self, conn: Connection) -> None:
         """A client whose handler closed (CloseRequest queued) shuts down its sending side once written."""
@@ -719,10 +523,9 @@ class TcpTransport:
             self._selector.modify(conn.sock, interest, conn)
 
     def _expire_handshakes(self) -> None:
-        now = time.monotonic()
-        for conn in list(self._connections.values()):
-            if not conn.closed and not conn.is_authenticated and now - conn.accepted_at >= self._handshake_timeout:
-                self._record_rejection(
+        for conn in expired_handshakes(list(self._connections.values()), self._handshake_timeout, time.monotonic()):
+            if not conn.closed:  # the callbacks of an earlier drop may have closed it
+                self._rejections.record(
                     f"closing connection with {conn.peer}: no valid Hello within "
                     f"{self._handshake_timeout * 1000:.0f} ms of connecting "
                     f"(the authentication deadline, {self._handshake_setting})",
@@ -731,7 +534,7 @@ class TcpTransport:
                 self._drop(conn, ProtocolError("no Hello within the handshake timeout"), clean=False, logged=True)
 
     def _close_all(self) -> None:
-        self._log_rejection_counts()
+        self._rejections.log_counts()
         with self._pending_lock:
             pending, self._pending = self._pending, []
         for conn in [*self._connections.values(), *pending]:
@@ -740,8 +543,4 @@ class TcpTransport:
                 with contextlib.suppress(OSError):
                     conn.sock.close()
         self._connections.clear()
-        for sock in (self._listener, self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                sock.close()
-        with contextlib.suppress(Exception):
-            self._selector.close()
+        self._loop.close()

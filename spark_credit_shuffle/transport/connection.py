@@ -1,0 +1,146 @@
+"""One TCP connection of the transport: its socket, the protocol handler it drives, its output queue and
+the counters the runtime reports; and what a handler must offer (:class:`SansIOConnection`)."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..protocol.codec import encode
+from ..protocol.messages import Message
+
+__all__ = ["Connection", "SansIOConnection", "resolve_host"]
+
+#: The most buffers one ``sendmsg`` call is given.
+_MAX_IOV = 64
+
+
+class SansIOConnection(Protocol):
+    """What the transport drives: a server or client connection handler of the protocol core."""
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    def next_message(self) -> Message | None: ...
+
+    def has_data(self) -> bool: ...
+
+    def connection_closed(self) -> None: ...
+
+
+def resolve_host(host: str) -> str:
+    """The IPv4 address of ``host`` (a name such as ``localhost`` or an address); raises ``OSError``."""
+    if not host:
+        raise OSError("empty host name")
+    infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    if not infos:
+        raise OSError(f"host {host!r} has no IPv4 address")
+    return str(infos[0][4][0])
+
+
+class Connection:
+    """One TCP connection: its socket, its protocol handler and its output queue.
+
+    ``role`` is ``"server"`` (accepted from a consumer) or ``"client"`` (opened to a producer); ``peer``
+    names the other side in logs and errors. Counters and timestamps (``time.monotonic()``) let the runtime
+    say what it waited for and from whom.
+    """
+
+    __slots__ = (
+        "accepted_at",
+        "bytes_in",
+        "bytes_out",
+        "closed",
+        "error",
+        "handler",
+        "id",
+        "last_received",
+        "messages_out",
+        "out",
+        "out_bytes",
+        "peer",
+        "role",
+        "sock",
+        "write_error",
+        "write_shut",
+    )
+
+    def __init__(self, sock: socket.socket, handler: Any, role: str, peer: str, conn_id: int) -> None:
+        now = time.monotonic()
+        self.sock = sock
+        self.handler = handler
+        self.role = role
+        self.peer = peer
+        self.id = conn_id
+        self.out: deque[memoryview] = deque()
+        self.out_bytes = 0
+        self.closed = False
+        self.write_shut = False
+        self.write_error: BaseException | None = None
+        self.error: BaseException | None = None
+        self.accepted_at = now
+        self.last_received = now
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.messages_out = 0
+
+    def fill(self, high_water: int, on_send: Callable[[Connection, Message], None] | None) -> None:
+        """Pull messages from the handler, encoded without copying their payloads, while fewer than
+        ``high_water`` bytes wait in the output (Netty's write-buffer high watermark); ``on_send`` sees each."""
+        handler = self.handler
+        out = self.out
+        while self.out_bytes < high_water:
+            message = handler.next_message()
+            if message is None:
+                return
+            for chunk in encode(message):
+                view = memoryview(chunk)
+                if view.nbytes:
+                    out.append(view)
+                    self.out_bytes += view.nbytes
+            self.messages_out += 1
+            if on_send is not None:
+                on_send(self, message)
+
+    def write(self) -> None:
+        """Write what the socket takes now (the transport's ``lock`` held; any thread). A failure is
+        recorded in ``write_error`` for the I/O thread, which drops the connection."""
+        out = self.out
+        sock = self.sock
+        while out:
+            chunks = list(itertools.islice(out, _MAX_IOV))
+            wanted = sum(c.nbytes for c in chunks)
+            try:
+                sent = sock.sendmsg(chunks)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.write_error = exc
+                out.clear()
+                self.out_bytes = 0
+                return
+            self.bytes_out += sent
+            self.out_bytes -= sent
+            remaining = sent
+            while remaining:
+                head = out[0]
+                if head.nbytes <= remaining:
+                    remaining -= head.nbytes
+                    out.popleft()
+                else:
+                    out[0] = head[remaining:]
+                    remaining = 0
+            if sent < wanted:
+                return  # the socket is full: wait for EVENT_WRITE
+
+    @property
+    def is_authenticated(self) -> bool:
+        """A server connection whose client presented the secret (client connections always are)."""
+        return bool(getattr(self.handler, "is_authenticated", True))
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"Connection({self.role} {self.peer}, {state}, in={self.bytes_in}, out={self.bytes_out})"

@@ -1,0 +1,92 @@
+"""One thread's selector over a listening socket and its connections, with a wakeup: Netty's event loop,
+reduced to what the task's transport and the driver's address service both need.
+
+:class:`EventLoop` owns the listener (bound to one address only, never a wildcard), a socket pair that
+other threads write a byte to (:meth:`EventLoop.wakeup`) and the selector. Its thread calls
+:meth:`EventLoop.poll`, which drains the wakeup and answers whether the listener has connections to accept
+and which registered connections are ready: the owner reads those first and accepts after, so a peer
+whose request arrived in the same round counts before a new connection can push it out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+from typing import Any
+
+__all__ = ["EventLoop"]
+
+_LISTENER = object()
+_WAKEUP = object()
+
+
+class EventLoop:
+    """A non-blocking listener on ``(host, port)`` (port 0: a free one) with a ``backlog``, a wakeup
+    socket pair and a selector. Register connections with :attr:`selector` (their ``data`` is what
+    :meth:`poll` hands back). Raises ``OSError`` if the address cannot be bound (nothing is left open)."""
+
+    def __init__(self, host: str, port: int = 0, *, backlog: int) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.bind((host, port))
+            self.listener.listen(backlog)
+            self.listener.setblocking(False)
+        except OSError:
+            self.listener.close()
+            self.selector.close()
+            raise
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._woken = False
+        self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, _WAKEUP)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the listener is bound to."""
+        host, port = self.listener.getsockname()[:2]
+        return str(host), int(port)
+
+    def wakeup(self, *, force: bool = False) -> None:
+        """Make the loop's thread return from :meth:`poll` (thread-safe, cheap when already woken;
+        ``force``: send a byte even so, e.g. to stop)."""
+        if self._woken and not force:
+            return
+        self._woken = True
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._wake_w.send(b"\0")
+
+    def poll(self, timeout: float | None) -> tuple[bool, list[tuple[Any, int]]]:
+        """Wait up to ``timeout`` seconds (None: until something happens): (whether the listener has
+        connections to accept, the ``(data, event mask)`` of every ready connection)."""
+        accept = False
+        ready: list[tuple[Any, int]] = []
+        for key, mask in self.selector.select(timeout):
+            data = key.data
+            if data is _LISTENER:
+                accept = True
+            elif data is _WAKEUP:
+                self._drain_wakeup()
+            else:
+                ready.append((data, mask))
+        return accept, ready
+
+    def _drain_wakeup(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while self._wake_r.recv(4096):
+                pass
+        # Cleared after draining: a wakeup racing with this sends one byte more (a spare loop), never one
+        # less; whatever its caller queued before calling it is seen by the round that follows.
+        self._woken = False
+
+    def close(self) -> None:
+        """Close the listener, the wakeup pair and the selector (the connections are the owner's)."""
+        for sock in (self.listener, self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                sock.close()
+        with contextlib.suppress(Exception):
+            self.selector.close()
