@@ -1,44 +1,6 @@
-"""Where the tasks of a pipelined exchange learn each other's addresses: a small service on the driver.
-
-Spark's own ``BarrierTaskContext.allGather`` does the job, but each call costs about a second (the task
-polls the driver's barrier coordinator once a second), and during that second no consumer reads: the
-producers fill their pools and wait. On a classic Spark session the driver runs one
-:class:`AddressRendezvous` per process instead: every task of a barrier stage sends it one line (its
-exchange's name and secret, the stage attempt it belongs to, its index and its message) and gets back, as
-soon as every task index of that stage has arrived, every message in task order. A task that comes
-again before its group is complete (a new attempt of the stage, after a failure) replaces its earlier
-entry if its task attempt id is newer (Spark numbers task attempts in increasing order); an older one (a
-late task of a failed attempt) is turned away. The barrier stage
-still schedules all tasks at once and retries them together; only the address exchange is faster.
-
-The service listens on the driver's own address only. Each exchange registers its random secret with it
-(:meth:`AddressRendezvous.register`); a connection that presents a wrong secret, a malformed or oversized
-request (more than :data:`MAX_REQUEST` bytes), or that says nothing within ``request_timeout_s`` is closed
-and changes nothing. A task that gets no answer within its timeout raises
-:class:`~spark_credit_shuffle.errors.ExchangeTimeoutError` naming the service and what it waited for.
-Spark Connect sessions (no driver process here) and ``TaskOptions(address_exchange="allgather")`` use
-Spark's ``allGather``.
-
-The service is hardened against peers that never authenticate: one thread runs a selector over every
-socket (no thread per connection, no blocking read), at most ``max_pending`` connections wait to send their
-request (:func:`~spark_credit_shuffle.transport.tcp.unauthenticated_cap` of the registered exchanges' tasks:
-when one more arrives the oldest waiting one is closed), and a request or an answer not done within
-``request_timeout_s`` closes its connection. Connections that sent a valid request wait for their group
-(at most one per task of a registered exchange). A group's addresses are forgotten as soon as every task
-got them (or ``timeout_s`` after it started, if it never completes), and an exchange's secret
-``exchange_ttl_s`` after its last request: a later run of that exchange is told "unknown exchange", and
-its tasks fall back to Spark's ``allGather`` (all of them: every request of that run gets the same answer).
-:meth:`AddressRendezvous.unregister` forgets an exchange at once. Each kind of rejection is logged at
-WARNING once per minute (the limit and the peer), with a count of the others.
-
-**Failures that a retry repeats.** A task that meets a deterministic failure (a null key, a custom
-partitioner's function that raised: see :func:`~.common.is_deterministic`) reports it here
-(:func:`report_failure`) before it fails. From then on every address request of that exchange, of the
-attempt now waiting and of any later stage attempt, is answered with that failure, which the task raises at
-once, and the exchange's ``on_failure`` callback (given at :meth:`AddressRendezvous.register`; the
-pipelined runtime cancels the stage with it) runs once per stage: the exchange fails once, with the typed
-error, instead of after every barrier stage attempt Spark allows.
-"""
+"""The driver's address service (:class:`AddressRendezvous`): groups the tasks' requests per stage attempt
+and answers each group once complete; turns away connections that do not authenticate; holds the failures
+tasks reported (the package docstring says how)."""
 
 from __future__ import annotations
 
@@ -51,40 +13,24 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from .. import errors
-from ..errors import CreditShuffleError, ExchangeTimeoutError
-from ..transport.tcp import ACCEPTS_PER_ROUND, resolve_host, unauthenticated_cap
+from ...transport.authentication import ACCEPTS_PER_ROUND, unauthenticated_cap
+from ...transport.connection import resolve_host
+from ...transport.event_loop import EventLoop
+from .wire import MAX_LINE, MAX_REQUEST, UNKNOWN_EXCHANGE
 
-__all__ = [
-    "EXCHANGE_TTL_S",
-    "MAX_REQUEST",
-    "REQUEST_TIMEOUT_S",
-    "AddressRendezvous",
-    "all_gather_via",
-    "driver_rendezvous",
-    "report_failure",
-]
+__all__ = ["EXCHANGE_TTL_S", "REQUEST_TIMEOUT_S", "AddressRendezvous", "driver_rendezvous"]
 
 log = logging.getLogger("spark_credit_shuffle")
 
-#: The longest answer line a task accepts (one address message per task is about 100 bytes).
-MAX_LINE = 1 << 20
-#: The longest request line the service accepts (a task's request is a few hundred bytes).
-MAX_REQUEST = 64 * 1024
 #: How long a connection may take to send its request, and to take its answer.
 REQUEST_TIMEOUT_S = 5.0
 #: How long the service keeps an exchange's secret after its last request.
 EXCHANGE_TTL_S = 600.0
 #: How often a kind of rejection is logged at WARNING (the others in between are counted).
 _LOG_WINDOW_S = 60.0
-#: The answer to a request for an exchange the service does not know (never registered, or forgotten).
-UNKNOWN_EXCHANGE = "unknown exchange"
 _LOCK = threading.Lock()
 _SERVICES: dict[str, AddressRendezvous] = {}
-_LISTENER = object()
-_WAKEUP = object()
 
 
 def driver_rendezvous(host: str) -> AddressRendezvous:
@@ -179,22 +125,8 @@ class AddressRendezvous:
         self._peers: set[_Peer] = set()
         self._lock = threading.Lock()
         self._closing = False
-        self._selector = selectors.DefaultSelector()
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind((host, 0))
-            self._listener.listen(128)
-            self._listener.setblocking(False)
-        except OSError:
-            self._listener.close()
-            self._selector.close()
-            raise
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKEUP)
+        self._loop = EventLoop(host, backlog=128)
+        self._selector = self._loop.selector
         self.num_rejected = 0
         #: Connections closed per cause since the service started.
         self.rejected_by_cause: dict[str, int] = {}
@@ -204,8 +136,7 @@ class AddressRendezvous:
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._listener.getsockname()[:2]
-        return str(host), int(port)
+        return self._loop.address
 
     @property
     def is_alive(self) -> bool:
@@ -261,30 +192,21 @@ class AddressRendezvous:
             self._thread.join(timeout_s)
 
     def _wakeup(self) -> None:
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"\0")
+        self._loop.wakeup()
 
     # -- the service thread --
 
     def _run(self) -> None:
         try:
             while not self._closing:
-                events = self._selector.select(self._select_timeout())
-                accept = False
-                for key, mask in events:
-                    data = key.data
-                    if data is _LISTENER:
-                        accept = True  # after the other sockets were read
-                    elif data is _WAKEUP:
-                        with contextlib.suppress(OSError):
-                            while self._wake_r.recv(4096):
-                                pass
-                    elif data in self._peers:
+                accept, ready = self._loop.poll(self._select_timeout())
+                for peer, mask in ready:
+                    if peer in self._peers:
                         if mask & selectors.EVENT_READ:
-                            self._on_readable(data)
-                        if mask & selectors.EVENT_WRITE and data in self._peers:
-                            self._on_writable(data)
-                if accept:
+                            self._on_readable(peer)
+                        if mask & selectors.EVENT_WRITE and peer in self._peers:
+                            self._on_writable(peer)
+                if accept:  # after the other sockets were read
                     self._accept()
                 self._expire()
         except Exception:  # a bug or an OS failure: tasks then fail with a named error, not a hang
@@ -292,11 +214,7 @@ class AddressRendezvous:
         finally:
             for peer in list(self._peers):
                 self._close(peer)
-            for sock in (self._listener, self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    sock.close()
-            with contextlib.suppress(Exception):
-                self._selector.close()
+            self._loop.close()
 
     def _select_timeout(self) -> float:
         now = time.monotonic()
@@ -312,7 +230,7 @@ class AddressRendezvous:
     def _accept(self) -> None:
         for _ in range(ACCEPTS_PER_ROUND):
             try:
-                sock, address = self._listener.accept()
+                sock, address = self._loop.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # out of file descriptors: try again next round
@@ -548,118 +466,3 @@ class AddressRendezvous:
                     log.warning(
                         "address rendezvous: closed %d more connections in %.0f s: %s", count, now - start, cause
                     )
-
-
-def _read_line(sock: socket.socket) -> str:
-    """One line (without its newline) of at most :data:`MAX_LINE` bytes; raises ValueError otherwise."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        data = sock.recv(65536)
-        if not data:
-            raise ValueError("connection closed before the end of the line")
-        end = data.find(b"\n")
-        if end >= 0:
-            chunks.append(data[:end])
-            return b"".join(chunks).decode()
-        chunks.append(data)
-        size += len(data)
-        if size > MAX_LINE:
-            raise ValueError(f"line longer than {MAX_LINE} bytes")
-
-
-def all_gather_via(
-    address: tuple[str, int],
-    exchange: str,
-    secret: bytes,
-    group: str,
-    task: int,
-    attempt: int,
-    timeout_s: float,
-    fallback: Callable[[str], list[str]] | None = None,
-) -> Callable[[str], list[str]]:
-    """An ``allGather(message)`` for task ``task`` (task attempt id ``attempt``) through the rendezvous at
-    ``address``.
-
-    ``group`` names the stage (every task of it must use the same). Raises
-    :class:`ExchangeTimeoutError` if the answer does not come within ``timeout_s``. If the service does
-    not know the exchange (it forgot it, see :data:`EXCHANGE_TTL_S`), every task of the stage hears so, and
-    ``fallback`` (Spark's ``allGather``) is used instead; without one, :class:`CreditShuffleError`.
-    """
-    host, port = address
-
-    def all_gather(message: str) -> list[str]:
-        request = {
-            "exchange": exchange,
-            "group": group,
-            "task": task,
-            "attempt": attempt,
-            "message": message,
-            "secret": secret.hex(),
-        }
-        where = f"the driver's address service at {host}:{port}"
-        started = time.monotonic()
-        try:
-            with socket.create_connection((host, port), timeout=timeout_s) as sock:
-                sock.sendall((json.dumps(request) + "\n").encode())
-                sock.settimeout(max(0.01, timeout_s - (time.monotonic() - started)))
-                answer: Any = json.loads(_read_line(sock))
-        except TimeoutError:
-            raise ExchangeTimeoutError(
-                f"task {task} of {exchange} waited {(time.monotonic() - started) * 1000:.0f} ms for the addresses "
-                f"of the other tasks from {where} (partition_request_timeout_ms); set "
-                f"spark.creditShuffle.addressExchange=allgather if executors cannot reach the driver"
-            ) from None
-        except (OSError, ValueError) as exc:
-            raise CreditShuffleError(
-                f"task {task} of {exchange}: exchanging addresses through {where} failed: {exc}; set "
-                f"spark.creditShuffle.addressExchange=allgather if executors cannot reach the driver"
-            ) from exc
-        if isinstance(answer, dict) and answer.get("error") == UNKNOWN_EXCHANGE:
-            if fallback is None:
-                raise CreditShuffleError(f"task {task} of {exchange}: {where} answered: {UNKNOWN_EXCHANGE}")
-            log.info(
-                "task %d of %s: %s forgot the exchange; addresses through Spark's allGather", task, exchange, where
-            )
-            return fallback(message)
-        if isinstance(answer, dict) and "failed" in answer:  # another task met a failure that retries repeat
-            raise _reported_error(str(answer["failed"]), str(answer.get("message", "")))
-        if not isinstance(answer, list) or not all(isinstance(m, str) for m in answer):
-            raise CreditShuffleError(f"task {task} of {exchange}: malformed answer from {where}")
-        return answer
-
-    return all_gather
-
-
-def _reported_error(kind: str, message: str) -> CreditShuffleError:
-    """The error a task reported, as its own class if that is one of this package's partitioner errors."""
-    cls = getattr(errors, kind, None)
-    if isinstance(cls, type) and issubclass(cls, errors.PartitionerError):
-        return cls(message)
-    return CreditShuffleError(f"{kind}: {message}")
-
-
-def report_failure(
-    address: tuple[str, int], exchange: str, secret: bytes, stage: int, task: int, attempt: int, exc: BaseException
-) -> bool:
-    """Tell the rendezvous at ``address`` that task ``task`` of stage ``stage`` met ``exc``, a failure every
-    retry repeats (best effort, a few seconds at most: the task fails with ``exc`` either way). True if the
-    service took it (it answers with the failure it holds)."""
-    request = {
-        "exchange": exchange,
-        "group": f"stage {stage}",
-        "task": task,
-        "attempt": attempt,
-        "message": "",
-        "secret": secret.hex(),
-        "stage": stage,
-        "failure": {"type": type(exc).__name__, "message": str(exc)[: MAX_REQUEST // 2]},
-    }
-    try:
-        with socket.create_connection(address, timeout=5.0) as sock:
-            sock.sendall((json.dumps(request) + "\n").encode())
-            answer = json.loads(_read_line(sock))
-    except (OSError, ValueError) as e:
-        log.warning("task %d of %s: could not report its failure to the driver: %s", task, exchange, e)
-        return False
-    return isinstance(answer, dict) and "failed" in answer

@@ -1,0 +1,42 @@
+"""Failures that a retry repeats, reported by a task to the address service: from then on every task of
+the exchange hears of the failure instead of its addresses, and raises it (see the package docstring)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+
+from ... import errors
+from ...errors import CreditShuffleError
+from .wire import MAX_REQUEST, read_line, request_line
+
+__all__ = ["report_failure", "reported_error"]
+
+log = logging.getLogger("spark_credit_shuffle")
+
+
+def reported_error(kind: str, message: str) -> CreditShuffleError:
+    """The error a task reported, as its own class if that is one of this package's partitioner errors."""
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, errors.PartitionerError):
+        return cls(message)
+    return CreditShuffleError(f"{kind}: {message}")
+
+
+def report_failure(
+    address: tuple[str, int], exchange: str, secret: bytes, stage: int, task: int, attempt: int, exc: BaseException
+) -> bool:
+    """Tell the rendezvous at ``address`` that task ``task`` of stage ``stage`` met ``exc``, a failure every
+    retry repeats (best effort, a few seconds at most: the task fails with ``exc`` either way). True if the
+    service took it (it answers with the failure it holds)."""
+    failure = {"type": type(exc).__name__, "message": str(exc)[: MAX_REQUEST // 2]}
+    request = request_line(exchange, secret, f"stage {stage}", task, attempt, "", stage=stage, failure=failure)
+    try:
+        with socket.create_connection(address, timeout=5.0) as sock:
+            sock.sendall(request)
+            answer = json.loads(read_line(sock))
+    except (OSError, ValueError) as e:
+        log.warning("task %d of %s: could not report its failure to the driver: %s", task, exchange, e)
+        return False
+    return isinstance(answer, dict) and "failed" in answer
