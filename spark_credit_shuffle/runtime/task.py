@@ -29,7 +29,9 @@ from ..protocol import PipelinedResultPartition, SingleInputGate
 from .checkpoints import ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport
 from .engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings, TimeAccount, Wait
-from .wiring import LockedPartition, TaskWiring, rss_bytes, thread_cpu_seconds
+from .locked_partition import LockedPartition
+from .resources import rss_bytes, thread_cpu_seconds
+from .wiring import TaskWiring
 
 if TYPE_CHECKING:
     from ..protocol import BufferOrEvent

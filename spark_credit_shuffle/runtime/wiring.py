@@ -42,12 +42,11 @@ if TYPE_CHECKING:
     from ..protocol.messages import Message
     from .plan import ExchangePlan
 
-__all__ = ["LockedPartition", "TaskWiring", "rss_bytes", "thread_cpu_seconds"]
+__all__ = ["TaskWiring"]
 
 log = logging.getLogger("spark_credit_shuffle")
 #: Messages from a consumer that say it read and recycled this producer's buffers: progress for the end wait.
 _PROGRESS = (AddCredit, RecycleBuffers)
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class TaskWiring:
@@ -428,85 +427,3 @@ class TaskWiring:
             log.warning("task %d: threads %s did not stop in time", self.index, stuck)
         if transport_error is not None and not failed:
             raise transport_error
-
-
-def rss_bytes() -> int:
-    """Resident memory of this process in bytes (0 if it cannot be read)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        try:
-            import resource
-
-            return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-        except Exception:
-            return 0
-
-
-class LockedPartition:
-    """The ``ResultPartitionWriter`` the RecordWriter writes to: the partition, called under the task lock.
-
-    The writer's heavy work (channel selection, grouping, size model) runs outside the lock; only the
-    partition calls take it. A recycled segment also records the time of the last progress, which the
-    back-pressure timeout is measured from.
-    """
-
-    def __init__(self, partition: PipelinedResultPartition, lock: threading.RLock, on_recycle: Callable[[], None]):
-        self.partition = partition
-        self.num_subpartitions = partition.num_subpartitions
-        self._lock = lock
-        self._on_recycle = on_recycle
-
-    def request_segment(self, subpartition: int) -> Callable[[], None]:
-        with self._lock:
-            recycler = self.partition.request_segment(subpartition)
-        lock, on_recycle = self._lock, self._on_recycle
-
-        def recycle() -> None:
-            with lock:
-                recycler()
-                on_recycle()
-
-        return recycle
-
-    def add_consumer(self, subpartition: int, consumer: object, partial_record_length: int = 0) -> None:
-        with self._lock:
-            self.partition.add_consumer(subpartition, consumer, partial_record_length)  # type: ignore[arg-type]
-
-    def add_event(self, subpartition: int, buffer: object) -> None:
-        with self._lock:
-            self.partition.add_event(subpartition, buffer)  # type: ignore[arg-type]
-
-    def builder_opened(self, subpartition: int) -> None:
-        with self._lock:
-            self.partition.builder_opened(subpartition)
-
-    def builder_finished(self, subpartition: int, *, broadcast: bool = False) -> None:
-        with self._lock:
-            self.partition.builder_finished(subpartition, broadcast=broadcast)
-
-    def flush(self, subpartition: int) -> None:
-        with self._lock:
-            self.partition.flush(subpartition)
-
-    def flush_all(self) -> None:
-        with self._lock:
-            self.partition.flush_all()
-
-    def finish(self) -> None:
-        with self._lock:
-            self.partition.finish()
-
-    def is_available(self) -> bool:
-        return self.partition.is_available()
-
-
-def thread_cpu_seconds(thread: threading.Thread | None) -> float | None:
-    """CPU seconds a running thread used (Linux), or None."""
-    if thread is None or thread.ident is None or not thread.is_alive():
-        return None
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-    except (AttributeError, OSError):
-        return None
