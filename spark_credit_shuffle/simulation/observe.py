@@ -1,0 +1,129 @@
+"""What the simulation watches while it runs: the Flink metrics sampled over virtual time (as dicts and as
+the runtimes' timeline rows, from the task engine's gauges) and the invariants checked after every step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow, TaskMetrics
+from ..runtime.engine import GateGauges, channel_gauges, subpartition_gauges
+
+__all__ = ["check_invariants", "sample", "sample_rows"]
+
+
+def sample(sim: Any, now: float) -> None:
+    """Sample every subtask's Flink metrics at ``now``: a dict per subtask and the timeline rows."""
+    sample_rows(sim, now)
+    for producer in sim.producers:
+        partition = producer.partition
+        sim.samples.append(
+            {
+                "time": now,
+                "role": "producer",
+                "subtask": producer.index,
+                "outPoolUsage": partition.out_pool_usage,
+                "outputQueueLength": partition.output_queue_length(),
+                "backlog": sum(partition.backlogs()),
+                "isBackPressured": not partition.is_available() and not producer.finished,
+                "bytes": sum(producer.bytes_written),
+            }
+        )
+    for consumer in sim.consumers:
+        gate = consumer.gate
+        closed = gate.is_closed
+        sim.samples.append(
+            {
+                "time": now,
+                "role": "consumer",
+                "subtask": consumer.index,
+                "inPoolUsage": 0.0 if closed else gate.in_pool_usage,
+                "inputExclusiveBuffersUsage": 0.0 if closed else gate.input_exclusive_buffers_usage,
+                "inputFloatingBuffersUsage": 0.0 if closed else gate.input_floating_buffers_usage,
+                "inputQueueLength": 0 if closed else gate.input_queue_length(),
+                "bytes": consumer.bytes_consumed,
+            }
+        )
+
+
+def sample_rows(sim: Any, now: float) -> None:
+    """The runtimes' timeline gauges (the task engine's), as timeline rows stamped in virtual ms."""
+    stamp = now * 1000.0
+    rows = sim.timeline
+    for producer in sim.producers:
+        partition, p = producer.partition, producer.index
+        back_pressured = not partition.is_available() and not producer.finished
+        gauges = [
+            ("outPoolUsage", None, partition.out_pool_usage),
+            ("isBackPressured", None, 1.0 if back_pressured else 0.0),
+            *subpartition_gauges(partition, sim._consumers_of[p], {}),
+        ]
+        rows.extend(MetricRow(PRODUCER, p, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
+    for consumer in sim.consumers:
+        gate, c = consumer.gate, consumer.index
+        if gate.is_closed:
+            gauges = [(name, None, 0.0) for name in GateGauges.NAMES]
+        else:
+            usage = sim._gate_gauges.get(c)
+            if usage is None:
+                usage = sim._gate_gauges[c] = GateGauges(gate, TaskMetrics(CONSUMER, c))
+            gauges = [
+                *zip(GateGauges.NAMES, (None,) * 3, usage.values()),
+                *channel_gauges(gate, consumer.producers),
+            ]
+        rows.extend(MetricRow(CONSUMER, c, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
+
+
+def check_invariants(sim: Any) -> None:
+    """No producer holds more than its pool size plus the overdraft, no executor's pools hold more than
+    its network buffers, no data buffer is in flight or sendable without a receiver buffer reserved for
+    it, and on a local channel through a connection every buffer sent and not yet recycled holds a
+    segment of the producer's pool."""
+    sim.invariant_checks += 1
+    for producer in sim.producers:
+        pool = producer.partition.buffer_pool
+        held = pool.num_requested + pool.num_borrowed
+        if held > pool.current_pool_size + pool.max_overdraft_buffers:
+            raise AssertionError(
+                f"producer {producer.index} holds {held} segments, beyond its pool size "
+                f"{pool.current_pool_size} + overdraft {pool.max_overdraft_buffers}"
+            )
+    for host, network in sim.network_pools.items():
+        held = sum(p.num_requested + p.num_borrowed for p in network.buffer_pools) + network.num_unpooled
+        if held > network.total or network.num_available < 0:
+            raise AssertionError(f"host {host}: pools hold {held} segments of {network.total} network buffers")
+    segments: dict[int, set[int]] = {}  # per producer partition: the segments its local channels hold
+    for receiver_id, connection, partition in sim._local_links:
+        reader = connection.server.queue.all_readers.get(receiver_id)
+        if reader is not None:
+            mine = segments.setdefault(id(partition), set())
+            for buffer in reader.held:
+                recycler = buffer._recycler  # a slice's recycler is bound to its segment's lease
+                if recycler is None:
+                    raise AssertionError(f"local channel {receiver_id} holds a buffer already recycled")
+                mine.add(id(getattr(recycler, "__self__", recycler)))
+    for partition in {id(p): p for _, _, p in sim._local_links}.values():
+        held = len(segments.get(id(partition), ()))
+        if held > partition.buffer_pool.num_used:
+            raise AssertionError(
+                f"producer {partition.partition_id}: {held} segments held by local channels, "
+                f"{partition.buffer_pool.num_used} in use in its pool"
+            )
+    if not sim.config.credit_based:
+        return
+    for channel, connection in sim._remote:
+        if channel.is_released:
+            continue
+        if channel.unannounced_credit < 0:
+            raise AssertionError(f"negative unannounced credit on {channel!r}")
+        reader = connection.server.queue.all_readers.get(channel.receiver_id)
+        if reader is None:
+            continue
+        credits = reader.num_credits_available
+        if credits < 0:
+            raise AssertionError(f"negative credit on {reader!r}")
+        in_flight = connection.data_in_flight(channel.receiver_id)
+        if credits + in_flight > channel.num_available_buffers:
+            raise AssertionError(
+                f"channel {channel.receiver_id}: sender credit {credits} + {in_flight} data buffers in flight "
+                f"exceed the {channel.num_available_buffers} buffers the receiver reserved"
+            )
