@@ -235,8 +235,16 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
     frame = to_pandas(report, timeline=True)
     assert set(frame["stat"]) == {"sample"} and frame["time_ms"].notna().all()
     names = {side: set(frame[frame["side"] == side]["metric"]) for side in ("producer", "consumer")}
-    assert names["producer"] == {"outPoolUsage", "isBackPressured", "backlog", "outputQueueLength"}
+    assert names["producer"] == {
+        "outPoolUsage",
+        "isBackPressured",
+        "backPressuredTimeMsPerSecond",
+        "numRecordsOutPerSecond",
+        "backlog",
+        "outputQueueLength",
+    }
     assert names["consumer"] == {
+        "numRecordsInPerSecond",
         "inPoolUsage",
         "inputExclusiveBuffersUsage",
         "inputFloatingBuffersUsage",

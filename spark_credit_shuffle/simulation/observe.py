@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow, TaskMetrics
-from ..runtime.engine import GateGauges, channel_gauges, subpartition_gauges
+from ..metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow
+from ..runtime.engine import GateGauges
 
 __all__ = ["check_invariants", "sample", "sample_rows"]
 
@@ -50,27 +50,14 @@ def sample_rows(sim: Any, now: float) -> None:
     stamp = now * 1000.0
     rows = sim.timeline
     for producer in sim.producers:
-        partition, p = producer.partition, producer.index
-        back_pressured = not partition.is_available() and not producer.finished
-        gauges = [
-            ("outPoolUsage", None, partition.out_pool_usage),
-            ("isBackPressured", None, 1.0 if back_pressured else 0.0),
-            *subpartition_gauges(partition, sim._consumers_of[p], {}),
-        ]
-        rows.extend(MetricRow(PRODUCER, p, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
+        gauges = producer.engine.gauges(now, {})
+        rows.extend(MetricRow(PRODUCER, producer.index, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
     for consumer in sim.consumers:
-        gate, c = consumer.gate, consumer.index
-        if gate.is_closed:
-            gauges = [(name, None, 0.0) for name in GateGauges.NAMES]
+        if consumer.gate.is_closed:
+            gauges = ((name, None, 0.0) for name in GateGauges.NAMES)
         else:
-            usage = sim._gate_gauges.get(c)
-            if usage is None:
-                usage = sim._gate_gauges[c] = GateGauges(gate, TaskMetrics(CONSUMER, c))
-            gauges = [
-                *zip(GateGauges.NAMES, (None,) * 3, usage.values()),
-                *channel_gauges(gate, consumer.producers),
-            ]
-        rows.extend(MetricRow(CONSUMER, c, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
+            gauges = consumer.engine.gauges(now)
+        rows.extend(MetricRow(CONSUMER, consumer.index, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
 
 
 def check_invariants(sim: Any) -> None:
@@ -97,7 +84,9 @@ def check_invariants(sim: Any) -> None:
         if reader is not None:
             mine = segments.setdefault(id(partition), set())
             for buffer in reader.held:
-                recycler = buffer._recycler  # a slice's recycler is bound to its segment's lease
+                recycler = buffer._recycler  # a slice's recycler is bound to its segment's builder
+                if recycler is None and buffer.size == 0:
+                    continue  # an empty flush slice: no segment behind it
                 if recycler is None:
                     raise AssertionError(f"local channel {receiver_id} holds a buffer already recycled")
                 mine.add(id(getattr(recycler, "__self__", recycler)))
