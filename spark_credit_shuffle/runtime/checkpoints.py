@@ -169,7 +169,7 @@ class ConsumerCheckpoints:
         """Per completed checkpoint (``stat = "checkpoint"``, channel = its ordinal, ``checkpointId``): Flink's
         ``checkpointAlignmentTime`` and ``checkpointStartDelayNanos`` (ns), ``bytesPersistedDuringAlignment``
         (channel state, unaligned), ``unalignedCheckpoint`` and ``alignedCheckpointTimedOut`` (0/1), and
-        ``checkpointEndMs`` (wall clock); then their max and mean, the counts of completed and aborted
+        ``checkpointEndMs`` (on the records' clock); then their max and mean, the counts of completed and aborted
         checkpoints, and the barrier arrivals as timeline rows."""
         handler = self.handler
         rows: list[MetricRow] = []

@@ -14,6 +14,7 @@ from ..buffers.buffer import Buffer, DataType
 from ..buffers.format import CheckpointBarrier, barrier_data_type, decode_event
 from ..buffers.reader import RecordReader
 from ..errors import BufferDecodeError
+from ..metrics import MetricRow
 from ..protocol.gate import BufferOrEvent, SingleInputGate
 from ..runtime.checkpoints import ConsumerCheckpoints
 from ..runtime.engine import ConsumerEngine, Fail, Wait
@@ -215,6 +216,14 @@ class SimulatedConsumer:
         buffer.recycle()
         self.busy = False
         self.consume(now)
+
+    def metric_rows(self, end: float) -> list[MetricRow]:
+        """The engine's metric rows at the ``end`` of the run (idle time still going on ends there)."""
+        if self._idle_since is not None:
+            self.engine.time.idle += end - self._idle_since
+            self._idle_since = None
+        self.engine.time.stop(end)
+        return self.engine.metric_rows(end)
 
     def _finish(self, now: float) -> None:
         self.finished = True

@@ -344,6 +344,8 @@ class Simulation:
             pool.num_available == pool.total and pool.num_total_required_buffers == 0 and not pool.buffer_pools
             for pool in self.network_pools.values()
         )
+        rows = [row for p in self.producers for row in p.metric_rows(end)]
+        rows.extend(row for c in self.consumers for row in c.metric_rows(end))
         return SimulationReport(
             end_time=end,
             window=window,
@@ -356,6 +358,7 @@ class Simulation:
             timeline=self.timeline,
             buffers_returned=returned,
             connection_pauses=sum(c.client.num_times_paused for c in self.connections.values()),
+            rows=rows,
             messages=sum(c.upstream.messages_sent + c.downstream.messages_sent for c in self.connections.values()),
         )
 

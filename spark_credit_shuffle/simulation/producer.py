@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from ..buffers.buffer import Buffer, DataType
 from ..buffers.format import CheckpointBarrier
+from ..metrics import MetricRow
 from ..partitioners.selectors import RoundRobinSelector
 from ..protocol.partition import PipelinedResultPartition
 from ..runtime.engine import Fail, ProducerEngine
@@ -219,6 +220,12 @@ class SimulatedProducer:
             self._finish(now)
             return
         self.sim.clock.schedule(now + count * self.record_size / self.rate, self.emit)
+
+    def metric_rows(self, end: float) -> list[MetricRow]:
+        """The engine's metric rows at the ``end`` of the run (a wait still going on ends there)."""
+        self.engine.end_wait(end)
+        self.engine.time.stop(end)
+        return self.engine.metric_rows(end)
 
     def _finish(self, now: float) -> None:
         self.engine.finish()

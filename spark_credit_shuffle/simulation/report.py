@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..metrics import CONSUMER, PRODUCER, MetricRow
+from ..metrics import MetricRow
 from ..protocol.checkpointing import CompletedCheckpoint
 
 __all__ = ["ChannelStats", "ConsumerStats", "ProducerStats", "SimulationReport"]
@@ -64,6 +64,8 @@ class SimulationReport:
     buffers_returned: bool = False
     connection_pauses: int = 0
     messages: int = 0
+    #: The engine's metric rows of every subtask at the end of the run.
+    rows: list[MetricRow] = field(default_factory=list)
 
     @property
     def data_intact(self) -> bool:
@@ -88,18 +90,9 @@ class SimulationReport:
         return list(self.timeline)
 
     def metric_rows(self) -> list[MetricRow]:
-        """The run summed up as the runtimes' metric rows: ``numBytesOut`` per channel and
-        ``accumulateBackPressuredTimeMs`` (virtual) per producer, ``numBytesIn`` and ``numBuffersIn`` per
-        channel per consumer."""
-        rows = []
-        for p in self.producers:
-            rows.append(
-                MetricRow(
-                    PRODUCER, p.subtask, None, "accumulateBackPressuredTimeMs", "total", p.back_pressured_time * 1000.0
-                )
-            )
-        for c in self.channels:
-            rows.append(MetricRow(PRODUCER, c.producer, c.consumer, "numBytesOut", "total", float(c.bytes_sent)))
-            rows.append(MetricRow(CONSUMER, c.consumer, c.producer, "numBytesIn", "total", float(c.bytes_received)))
-            rows.append(MetricRow(CONSUMER, c.consumer, c.producer, "numBuffersIn", "total", float(c.buffers_received)))
-        return rows
+        """The run summed up as the runtimes' metric rows, from the task engine's halves (virtual times):
+        per channel ``numRecordsOut``/``numBytesOut``/``numBuffersOut`` and ``outputQueueLength``, per producer
+        ``outPoolUsage`` and the time metrics (``accumulateBackPressuredTimeMs``...); per channel
+        ``numRecordsIn``/``numBytesIn``/``numBuffersIn``, per consumer the pool usages, time metrics and, with
+        checkpoints, the checkpoint rows."""
+        return list(self.rows)
