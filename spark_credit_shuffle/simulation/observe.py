@@ -61,21 +61,27 @@ def sample_rows(sim: Any, now: float) -> None:
 
 
 def check_invariants(sim: Any) -> None:
-    """No producer holds more than its pool size plus the overdraft, no executor's pools hold more than
-    its network buffers, no data buffer is in flight or sendable without a receiver buffer reserved for
-    it, and on a local channel through a connection every buffer sent and not yet recycled holds a
-    segment of the producer's pool."""
+    """No producer holds more than its pool size plus the overdraft plus the fragments of one record, no
+    executor's pools hold more than its network buffers (borrowed segments are outside them), no data
+    buffer is in flight or sendable without a receiver buffer reserved for it, and on a local channel
+    through a connection every buffer sent and not yet recycled holds a segment of the producer's pool."""
     sim.invariant_checks += 1
     for producer in sim.producers:
         pool = producer.partition.buffer_pool
         held = pool.num_requested + pool.num_borrowed
-        if held > pool.current_pool_size + pool.max_overdraft_buffers:
+        # the writer's one exception: the fragments of the record being written are forced (a free global
+        # segment or one borrowed outside network memory), as many as the record's segments and the one it
+        # starts in
+        fragments = producer.record_size // sim.config.segment_size + 2
+        if held > pool.current_pool_size + pool.max_overdraft_buffers + fragments:
             raise AssertionError(
                 f"producer {producer.index} holds {held} segments, beyond its pool size "
-                f"{pool.current_pool_size} + overdraft {pool.max_overdraft_buffers}"
+                f"{pool.current_pool_size} + overdraft {pool.max_overdraft_buffers} + {fragments} "
+                "fragments of one record"
             )
     for host, network in sim.network_pools.items():
-        held = sum(p.num_requested + p.num_borrowed for p in network.buffer_pools) + network.num_unpooled
+        # borrowed segments are outside network memory
+        held = sum(p.num_requested for p in network.buffer_pools) + network.num_unpooled
         if held > network.total or network.num_available < 0:
             raise AssertionError(f"host {host}: pools hold {held} segments of {network.total} network buffers")
     segments: dict[int, set[int]] = {}  # per producer partition: the segments its local channels hold
