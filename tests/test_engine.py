@@ -219,7 +219,8 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
     """Given a simulated exchange 2 -> 2 on separate hosts with consumer 0 sixteen times slower, when it
     samples every 10 virtual ms, then its timeline has the runtimes' rows (side, subtask, channel, metric,
     stat 'sample', value, time_ms) with their metric names, the slow consumer's channels show a backlog,
-    and plot_timeline draws the report as it would an exchange's timeline."""
+    plot_timeline draws the report as it would an exchange's timeline, and its metric rows are the engine's
+    counters."""
     from spark_credit_shuffle.plot import plot_timeline, to_pandas
     from spark_credit_shuffle.simulation import simulate
 
@@ -235,8 +236,16 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
     frame = to_pandas(report, timeline=True)
     assert set(frame["stat"]) == {"sample"} and frame["time_ms"].notna().all()
     names = {side: set(frame[frame["side"] == side]["metric"]) for side in ("producer", "consumer")}
-    assert names["producer"] == {"outPoolUsage", "isBackPressured", "backlog", "outputQueueLength"}
+    assert names["producer"] == {
+        "outPoolUsage",
+        "isBackPressured",
+        "backPressuredTimeMsPerSecond",
+        "numRecordsOutPerSecond",
+        "backlog",
+        "outputQueueLength",
+    }
     assert names["consumer"] == {
+        "numRecordsInPerSecond",
         "inPoolUsage",
         "inputExclusiveBuffersUsage",
         "inputFloatingBuffersUsage",
@@ -247,6 +256,13 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
     }
     backlog = frame[(frame["side"] == "producer") & (frame["metric"] == "backlog")]
     assert backlog[backlog["channel"] == 0]["value"].max() > backlog[backlog["channel"] == 1]["value"].max()
-    assert {r.metric for r in report.metric_rows()} >= {"numBytesOut", "numBytesIn", "numBuffersIn"}
+    rows = report.metric_rows()
+    assert {r.metric for r in rows} >= {"numBytesOut", "numBytesIn", "numBuffersIn", "accumulateBackPressuredTimeMs"}
+    # the engine's counters: every record written to a channel by the end was decoded by its consumer, or is
+    # still queued (the run stops at 0.5 s with the slow consumer behind)
+    out = {(r.subtask, r.channel): r.value for r in rows if r.side == "producer" and r.metric == "numRecordsOut"}
+    into = {(r.channel, r.subtask): r.value for r in rows if r.side == "consumer" and r.metric == "numRecordsIn"}
+    assert out.keys() == into.keys() and all(0 < into[k] <= out[k] for k in out)
+    assert into[(1, 1)] > into[(1, 0)]  # the fast consumer decoded more
     figure = plot_timeline(report, ["outPoolUsage", "backlog", "inPoolUsage"])
     assert len(figure.axes) == 3

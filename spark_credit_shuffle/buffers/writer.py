@@ -549,6 +549,8 @@ class RecordWriter:
                 self._resume_row = lo
             # row lo does not fit in this builder
             if item(lo + 1) - item(lo) > max_row_bits:
+                if self.resumable and not self.partition.is_available():
+                    raise _NoBuffer  # a new record, though it starts in the open buffer: only while available
                 self._write_spanning(target, batch.slice(lo, 1))
                 lo += 1
             else:

@@ -13,6 +13,7 @@ checkpoint id as the value and the producer as the channel).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ..buffers.format import CancelCheckpointMarker, CheckpointBarrier, CheckpointOptions, EndOfPartition, Event
 from ..metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow
@@ -128,15 +129,17 @@ class CheckpointTrigger:
 class ConsumerCheckpoints:
     """A consumer subtask's barrier handler with its records; ``producers[c]`` is channel ``c``'s producer."""
 
-    def __init__(self, subtask: int, producers: list[int]) -> None:
+    def __init__(self, subtask: int, producers: list[int], clock_ns: Callable[[], int] = time.time_ns) -> None:
         self.subtask = subtask
         self.producers = producers
+        #: The clock the records are stamped with: the wall clock, or the simulation's virtual one.
+        self.clock_ns = clock_ns
         self.handler = SingleCheckpointBarrierHandler(max(1, len(producers)))
         self.barrier_rows: list[MetricRow] = []
 
     def on_event(self, channel: int, event: Event, sequence_number: int) -> tuple[int, ...]:
         """Hand a barrier, cancel marker or end of partition to the handler; the channels to resume."""
-        now_ns = time.time_ns()
+        now_ns = self.clock_ns()
         handler = self.handler
         if isinstance(event, CheckpointBarrier):
             if len(self.barrier_rows) < _MAX_BARRIER_ROWS:
@@ -160,13 +163,13 @@ class ConsumerCheckpoints:
 
     def check_timeout(self) -> tuple[int, ...]:
         """Channels to resume if an aligned-with-timeout checkpoint just switched to unaligned."""
-        return self.handler.check_alignment_timeout(time.time_ns()) if self.handler.is_checkpoint_pending else ()
+        return self.handler.check_alignment_timeout(self.clock_ns()) if self.handler.is_checkpoint_pending else ()
 
     def metric_rows(self) -> list[MetricRow]:
         """Per completed checkpoint (``stat = "checkpoint"``, channel = its ordinal, ``checkpointId``): Flink's
         ``checkpointAlignmentTime`` and ``checkpointStartDelayNanos`` (ns), ``bytesPersistedDuringAlignment``
         (channel state, unaligned), ``unalignedCheckpoint`` and ``alignedCheckpointTimedOut`` (0/1), and
-        ``checkpointEndMs`` (wall clock); then their max and mean, the counts of completed and aborted
+        ``checkpointEndMs`` (on the records' clock); then their max and mean, the counts of completed and aborted
         checkpoints, and the barrier arrivals as timeline rows."""
         handler = self.handler
         rows: list[MetricRow] = []

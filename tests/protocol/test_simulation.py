@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_credit_shuffle.config import NetworkConfig
-from spark_credit_shuffle.errors import ConfigError
+from spark_credit_shuffle.errors import ConfigError, ExchangeTimeoutError
 from spark_credit_shuffle.simulation import Simulation, VirtualClock, simulate
 
 MB = 1_000_000
@@ -265,3 +265,18 @@ def test_few_buffers_on_one_host_do_not_deadlock(case):
             **scenario,
         }
     )
+
+
+def test_a_producer_whose_buffers_never_come_back_in_time_fails_as_the_runtimes_do():
+    """Given a consumer that spends 4 virtual seconds on each 4 KiB buffer and a 500 ms buffers request
+    timeout, the simulated producer (the task engine's producer half) fills its pool, waits, and fails with
+    the engine's typed error naming the setting, as a task of either runtime would."""
+    with pytest.raises(ExchangeTimeoutError, match="buffers_request_timeout_ms=500"):
+        simulate(
+            NetworkConfig(segment_size=4096, buffers_request_timeout_ms=500, partition_request_timeout_ms=60_000),
+            num_producers=1,
+            num_consumers=1,
+            producer_rate=MB,
+            consumer_rate=1024,
+            bytes_per_producer=MB,
+        )

@@ -6,10 +6,11 @@ how long it may wait for a buffer, when a consumer gives up on a silent channel,
 for more before they go to Spark, what its gauges and timeline say. Every method that depends on time takes
 ``now`` (seconds on any monotonic clock) and returns what to do next: a time to be woken at
 (:class:`Wait`), a typed error to fail with (:class:`Fail`), or the rows to hand on. The pipelined runtime
-drives it with threads, sockets and ``time.monotonic()``; the blocking runtime with its own loop; tests
-with a virtual clock, which makes the engine's decisions reproducible. The one clock read left is in the
-checkpoint records the consumer half hands barriers to (:mod:`~spark_credit_shuffle.runtime.checkpoints`),
-which stamp alignment with the wall clock.
+drives it with threads, sockets and ``time.monotonic()``; the blocking runtime with its own loop; the
+simulation (:mod:`spark_credit_shuffle.simulation`) and tests with a virtual clock, which makes the engine's
+decisions reproducible. The checkpoint records the consumer half hands barriers to
+(:mod:`~spark_credit_shuffle.runtime.checkpoints`) stamp alignment with the clock they are given: the wall
+clock in the runtimes, the virtual one in the simulation.
 
 - :class:`Settings`: the one place where the network settings and task knobs become the engine's rules
   (``buffer_timeout_ms`` among them: 0 flushes after every record, > 0 is the flusher's interval and

@@ -1,0 +1,234 @@
+"""A simulated consumer subtask: the task engine's consumer half (:class:`ConsumerEngine`) reading and decoding
+its gate at a rate on the virtual clock, aligning checkpoint barriers with credits as current Flink does and
+without as Flink did before credits (see :mod:`.checkpoints`)."""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+
+import numpy as np
+import pyarrow as pa
+
+from ..buffers.buffer import Buffer, DataType
+from ..buffers.format import CheckpointBarrier, barrier_data_type, decode_event
+from ..buffers.reader import RecordReader
+from ..errors import BufferDecodeError
+from ..metrics import MetricRow
+from ..protocol.gate import BufferOrEvent, SingleInputGate
+from ..runtime.checkpoints import ConsumerCheckpoints
+from ..runtime.engine import ConsumerEngine, Fail, Wait
+from .clock import Context
+from .producer import RECORD_OVERHEAD, RECORD_SCHEMA
+
+__all__ = ["SimulatedConsumer"]
+
+
+def _keep() -> None:
+    """The recycler the engine's reader calls: the consumer recycles the buffer itself once processed."""
+
+
+class SimulatedConsumer:
+    """Reads its gate through the task engine's consumer half and spends ``size / rate`` virtual seconds on
+    each data buffer before recycling it.
+
+    Channel ``c`` reads subpartition ``subpartitions[c]`` of producer ``producers[c]``, which has
+    ``fan_out[c]`` subpartitions: its rows carry ``seq`` ``subpartitions[c]``, ``+ fan_out[c]``, ... in
+    order, which the decoded batches are checked against. Without credits, aligned checkpoints align at
+    the consumer (see :func:`.checkpoints.barrier_buffer`): what a channel blocked by the pending alignment
+    delivers is spilled (its network buffer recycled at once, the spill assumed free) and replayed before
+    new input when the alignment ends."""
+
+    def __init__(
+        self,
+        sim: Context,
+        index: int,
+        gate: SingleInputGate,
+        rate: float,
+        producers: list[int],
+        subpartitions: list[int],
+        fan_out: list[int],
+        record_size: int,
+    ) -> None:
+        self.sim = sim
+        self.index = index
+        self.gate = gate
+        self.rate = rate
+        self.producers = producers
+        n = len(producers)
+        self.bytes_per_channel = [0] * n
+        self.buffers_per_channel = [0] * n
+        self.records_per_channel = [0] * n
+        self.in_order = [True] * n
+        self._next_seq = list(subpartitions)
+        self._step = list(fan_out)
+        self._payload_size = max(0, record_size - RECORD_OVERHEAD)
+        self.channel_finish_time: list[float | None] = [None] * n
+        self.busy = False
+        self.finished = False
+        self.finish_time: float | None = None
+        self.scheduled = False
+        clock = sim.clock
+        records = ConsumerCheckpoints(index, producers, clock_ns=lambda: round(clock.now * 1e9))
+        self.checkpoints = records.handler
+        self.engine = ConsumerEngine(
+            index,
+            gate,
+            [RecordReader(RECORD_SCHEMA, channel=p) for p in producers],
+            producers,
+            sim.settings,
+            0.0,
+            checkpoints=records,
+        )
+        self._idle_since: float | None = None
+        self._wake: int | None = None
+        self._wake_at = float("inf")
+        #: Model without credits: spilled items (buffer, channel, sequence number) of blocked channels, and the
+        #: spilled items to replay before the gate.
+        self.aligns_by_spilling = not sim.config.credit_based
+        self.barrier_data_type = barrier_data_type(sim.config.checkpoint_options)
+        self.spilled: deque[BufferOrEvent] = deque()
+        self.replay: deque[BufferOrEvent] = deque()
+        self.spilled_bytes = 0
+        gate.listener = self._on_data
+
+    def start(self, now: float) -> None:
+        """The channels were requested: the engine's silence rule and time accounts start now."""
+        self.engine.start(now, round(now * 1e9))
+
+    @property
+    def checkpoint_done(self) -> int:
+        """The last checkpoint this consumer aligned (the one pending not counted)."""
+        handler = self.checkpoints
+        return handler.current_checkpoint_id - (1 if handler.is_checkpoint_pending else 0)
+
+    @property
+    def bytes_consumed(self) -> int:
+        return sum(self.bytes_per_channel)
+
+    def _on_data(self) -> None:
+        if not self.busy and not self.finished and not self.scheduled:
+            self.scheduled = True
+            self.sim.clock.schedule(self.sim.clock.now, self.consume)
+
+    def _on_wake(self, now: float) -> None:
+        self._wake, self._wake_at = None, float("inf")
+        if not self.busy and not self.finished:
+            self.consume(now)
+
+    def consume(self, now: float) -> None:
+        self.scheduled = False
+        engine = self.engine
+        while not self.busy and not self.finished:
+            if self.replay:
+                polled = self.replay.popleft()
+            else:
+                step = engine.next(now)
+                if step is None:  # every channel ended
+                    if not self.spilled:
+                        self._finish(now)
+                    return
+                if isinstance(step, Wait):
+                    self._idle(now, step.until)
+                    return
+                if isinstance(step, Fail):  # a channel silent for partition_request_timeout_ms
+                    raise step.error
+                assert isinstance(step, BufferOrEvent)  # no linger is asked for
+                polled = step
+                if self._idle_since is not None:
+                    engine.time.idle += now - self._idle_since
+                    self._idle_since = None
+            channel, buffer = polled.channel_index, polled.buffer
+            if self.aligns_by_spilling and self.checkpoints.is_blocked(channel):
+                self._spill(polled)
+                continue
+            if buffer.data_type.is_buffer:
+                size = buffer.size
+                self.bytes_per_channel[channel] += size
+                self.buffers_per_channel[channel] += 1
+                batches, resume = engine.take(polled, round(now * 1e9), _keep)  # recycled once processed
+                self._check(channel, batches)
+                self._resume(resume, now)
+                self.busy = True
+                self.sim.clock.schedule(now + size / self.rate, functools.partial(self._done, buffer=buffer))
+                return
+            if buffer.data_type is DataType.END_OF_PARTITION:
+                self.channel_finish_time[channel] = now
+            elif (
+                self.aligns_by_spilling and buffer.data_type is DataType.EVENT_BUFFER and self._is_barrier(buffer)
+            ):  # an aligned barrier travels as a plain event here: the handler sees it as what it is
+                polled = polled._replace(buffer=Buffer(self.barrier_data_type, buffer.data))
+            _, resume = engine.take(polled, round(now * 1e9), buffer.recycle)
+            self._resume(resume, now)
+
+    def _is_barrier(self, buffer: Buffer) -> bool:
+        """Whether the plain event ``buffer`` is an aligned barrier of the model without credits."""
+        try:
+            return isinstance(decode_event(self.barrier_data_type, buffer.data), CheckpointBarrier)
+        except BufferDecodeError:
+            return False
+
+    def _idle(self, now: float, until: float) -> None:
+        """Nothing to read: idle time runs, and the engine's silence rule is checked again at ``until``."""
+        if self._idle_since is None:
+            self._idle_since = now
+        if until < self._wake_at:
+            self.sim.clock.cancel(self._wake)
+            self._wake, self._wake_at = self.sim.clock.schedule(until, self._on_wake), until
+
+    def _check(self, channel: int, batches: list[pa.RecordBatch]) -> None:
+        """The decoded rows continue their channel's ``seq`` in order, each with its whole payload."""
+        step, size = self._step[channel], self._payload_size
+        for batch in batches:
+            rows = batch.num_rows
+            seq = batch.column(0).to_numpy()
+            first = self._next_seq[channel]
+            column = batch.column(1)
+            offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=column.offset + rows + 1)
+            payload = int(offsets[-1] - offsets[column.offset]) if rows else 0
+            if payload != rows * size or not np.array_equal(seq, np.arange(first, first + rows * step, step)):
+                self.in_order[channel] = False
+            self._next_seq[channel] = first + rows * step
+            self.records_per_channel[channel] += rows
+
+    def _resume(self, channels: tuple[int, ...], now: float) -> None:
+        """The barrier handler released ``channels``: resume their subpartitions (with credits) or replay
+        what was spilled while they were blocked (without)."""
+        if channels:
+            self.engine.resumed(channels, now)
+        if not self.aligns_by_spilling:
+            for channel in channels:
+                self.gate.resume_consumption(channel)
+        elif self.spilled and not self.checkpoints.blocked_channels:
+            self.spilled.extend(self.replay)  # the newer spill first, then what was still to replay
+            self.replay, self.spilled = self.spilled, deque()
+
+    def _spill(self, polled: BufferOrEvent) -> None:
+        buffer = polled.buffer
+        if buffer.data_type.is_buffer:
+            spilled = Buffer(buffer.data_type, bytes(buffer.data))
+            self.spilled_bytes += spilled.size
+            buffer.recycle()
+            polled = polled._replace(buffer=spilled)
+        self.spilled.append(polled)
+
+    def _done(self, now: float, buffer: Buffer) -> None:
+        buffer.recycle()
+        self.busy = False
+        self.consume(now)
+
+    def metric_rows(self, end: float) -> list[MetricRow]:
+        """The engine's metric rows at the ``end`` of the run (idle time still going on ends there)."""
+        if self._idle_since is not None:
+            self.engine.time.idle += end - self._idle_since
+            self._idle_since = None
+        self.engine.time.stop(end)
+        return self.engine.metric_rows(end)
+
+    def _finish(self, now: float) -> None:
+        self.finished = True
+        self.finish_time = now
+        self.engine.time.stop(now)
+        self.sim.clock.cancel(self._wake)
+        self._wake = None
+        self.gate.close()

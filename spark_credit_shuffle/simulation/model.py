@@ -1,0 +1,368 @@
+"""The simulation: an exchange's topology (subtasks, hosts, network memory, channels and connections) built
+from the real protocol core, run on a virtual clock."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+from ..config import NetworkConfig
+from ..errors import ConfigError, SimulationStalledError
+from ..metrics import MetricRow
+from ..planner import consumer_buffers, producer_buffers
+from ..protocol.channels import RemoteInputChannel
+from ..protocol.client import CreditBasedPartitionRequestClientHandler
+from ..protocol.gate import SingleInputGate
+from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
+from ..protocol.pools import NetworkBufferPool
+from ..protocol.sender import PartitionRequestServerHandler
+from ..runtime.engine import Settings
+from ..transport.memory import MemoryConnection, MemoryNetwork
+from .checkpoints import CheckpointCoordinator
+from .clock import VirtualClock, per_subtask
+from .consumer import SimulatedConsumer
+from .observe import check_invariants, sample
+from .producer import SimulatedProducer
+from .report import ChannelStats, ConsumerStats, ProducerStats, SimulationReport
+
+__all__ = ["Simulation", "simulate"]
+
+
+class Simulation:
+    """An exchange of ``num_producers`` -> ``num_consumers`` subtasks on virtual time.
+
+    ``consumers_of(p)`` lists the consumer of each subpartition of producer ``p`` (default all-to-all;
+    ``"forward"`` for p -> p). Rates are per subtask, in bytes per virtual second (``rate_unit="records"``
+    multiplies by ``record_size``). ``bytes_per_producer`` ends the run when all is consumed; otherwise
+    give ``duration``. Hosts place subtasks; ``connections="host_pair"`` multiplexes every channel between
+    two hosts over one connection, ``"task_pair"`` gives each (consumer, producer) pair its own.
+    ``network_buffers`` per host default to ``config.total_network_buffers``;
+    ``extra_buffers_per_host`` instead sizes each host at exactly its minimum plus that many.
+    ``local_channels``: how a consumer reads a producer of its own host: ``"direct"`` (one process, Flink's
+    TaskManager) or ``"connection"`` (one process per task, as Spark's Python workers: a local channel over
+    a connection, credit-free, the producer's segment held until the consumer recycled it).
+    """
+
+    def __init__(
+        self,
+        config: NetworkConfig,
+        *,
+        num_producers: int,
+        num_consumers: int,
+        producer_rate: float | Sequence[float],
+        consumer_rate: float | Sequence[float],
+        consumers_of: str | Callable[[int], list[int]] = "all_to_all",
+        bytes_per_producer: float | Sequence[float] | None = None,
+        duration: float | None = None,
+        record_size: int = 1024,
+        batch_records: int = 32,
+        rate_unit: str = "bytes",
+        producer_hosts: Sequence[int] | None = None,
+        consumer_hosts: Sequence[int] | None = None,
+        connections: str = "host_pair",
+        latency: float = 0.0,
+        bandwidth: float | None = None,
+        socket_buffer_bytes: int | None = 256 * 1024,
+        encode: bool = False,
+        network_buffers: int | None = None,
+        extra_buffers_per_host: int | None = None,
+        sample_interval: float | None = None,
+        check_invariants: bool = False,
+        max_steps: int = 2_000_000,
+        local_channels: str = "direct",
+    ) -> None:
+        if num_producers < 1 or num_consumers < 1:
+            raise ConfigError("parallelism", (num_producers, num_consumers), "at least 1 producer and 1 consumer")
+        if bytes_per_producer is None and duration is None:
+            raise ConfigError("duration", None, "a duration when bytes_per_producer is not given")
+        if rate_unit not in ("bytes", "records"):
+            raise ConfigError("rate_unit", rate_unit, "'bytes' or 'records'")
+        if connections not in ("host_pair", "task_pair"):
+            raise ConfigError("connections", connections, "'host_pair' or 'task_pair'")
+        if local_channels not in ("direct", "connection"):
+            raise ConfigError("local_channels", local_channels, "'direct' or 'connection'")
+        if record_size < 1 or batch_records < 1:
+            raise ConfigError("record_size", (record_size, batch_records), "record_size and batch_records >= 1")
+        self.config = config
+        self.settings = Settings.of(config)  # the task engine's reading of the settings (flush rule)
+        self.duration = duration
+        self.check_invariants = check_invariants
+        self.max_steps = max_steps
+        self.sample_interval = sample_interval
+        self.clock = VirtualClock()
+        scale = record_size if rate_unit == "records" else 1
+        producer_rates = [r * scale for r in per_subtask(producer_rate, num_producers, "producer_rate")]
+        consumer_rates = [r * scale for r in per_subtask(consumer_rate, num_consumers, "consumer_rate")]
+        for name, rates in (("producer_rate", producer_rates), ("consumer_rate", consumer_rates)):
+            if any(not (r > 0 and math.isfinite(r)) for r in rates):
+                raise ConfigError(name, rates, "finite rates > 0")
+        totals = per_subtask(bytes_per_producer, num_producers, "bytes_per_producer")
+        totals = [math.inf if t is None else t for t in totals]
+        if consumers_of == "all_to_all":
+            wiring = [list(range(num_consumers)) for _ in range(num_producers)]
+        elif consumers_of == "forward":
+            if num_producers != num_consumers:
+                raise ConfigError("consumers_of", "forward", "equal producer and consumer parallelism")
+            wiring = [[p] for p in range(num_producers)]
+        elif callable(consumers_of):
+            wiring = [list(consumers_of(p)) for p in range(num_producers)]
+        else:
+            raise ConfigError("consumers_of", consumers_of, "'all_to_all', 'forward' or a function")
+        producers_of: list[list[tuple[int, int]]] = [[] for _ in range(num_consumers)]
+        for p, consumers in enumerate(wiring):
+            if not consumers:
+                raise ConfigError("consumers_of", p, "at least one consumer per producer")
+            for sp, c in enumerate(consumers):
+                producers_of[c].append((p, sp))
+        if any(not channels for channels in producers_of):
+            raise ConfigError("consumers_of", consumers_of, "at least one producer per consumer")
+        self.producer_hosts = list(producer_hosts) if producer_hosts is not None else [0] * num_producers
+        self.consumer_hosts = list(consumer_hosts) if consumer_hosts is not None else [1] * num_consumers
+        if len(self.producer_hosts) != num_producers or len(self.consumer_hosts) != num_consumers:
+            raise ConfigError("hosts", (producer_hosts, consumer_hosts), "one host per subtask")
+
+        # network memory per host
+        hosts = sorted(set(self.producer_hosts) | set(self.consumer_hosts))
+        required = dict.fromkeys(hosts, 0)
+        for p, consumers in enumerate(wiring):  # the planner's sums, placed on these hosts
+            required[self.producer_hosts[p]] += producer_buffers(len(consumers), config, "pipelined").required
+        for c, channels in enumerate(producers_of):
+            remote = sum(1 for p, _ in channels if self.producer_hosts[p] != self.consumer_hosts[c])
+            required[self.consumer_hosts[c]] += consumer_buffers(len(channels), remote, config, "pipelined").required
+        self.required_buffers_per_host = required
+        self.network_pools: dict[int, NetworkBufferPool] = {}
+        for host in hosts:
+            if extra_buffers_per_host is not None:
+                total = required[host] + extra_buffers_per_host
+            else:
+                total = network_buffers if network_buffers is not None else config.total_network_buffers
+            self.network_pools[host] = NetworkBufferPool(total, config.segment_size)
+        self.managers = {host: ResultPartitionManager() for host in hosts}
+
+        # producers
+        self._consumers_of = wiring
+        self.producers: list[SimulatedProducer] = []
+        for p, consumers in enumerate(wiring):
+            host = self.producer_hosts[p]
+            partition = PipelinedResultPartition.create(
+                self.network_pools[host], len(consumers), config, partition_id=p
+            )
+            self.managers[host].register_partition(partition)
+            self.producers.append(
+                SimulatedProducer(
+                    self, p, partition, consumers, producer_rates[p], totals[p], record_size, batch_records
+                )
+            )
+
+        # consumers, channels, connections
+        self.connections: dict[tuple, MemoryConnection] = {}
+        self.network = MemoryNetwork()
+        self._pump_at: dict[MemoryConnection, float] = {}
+        self.consumers: list[SimulatedConsumer] = []
+        self._remote: list[tuple[RemoteInputChannel, MemoryConnection]] = []
+        self._local_links: list[tuple[int, MemoryConnection, PipelinedResultPartition]] = []
+        self._channel_origin: list[list[tuple[int, int, bool]]] = []
+        link = {
+            "latency": latency,
+            "bandwidth": bandwidth,
+            "socket_buffer_bytes": socket_buffer_bytes,
+            "encode": encode,
+        }
+        receiver_id = 0
+        for c, channels in enumerate(producers_of):
+            host = self.consumer_hosts[c]
+            remote_count = sum(1 for p, _ in channels if self.producer_hosts[p] != host)
+            gate = SingleInputGate(self.network_pools[host], len(channels), config, num_remote_channels=remote_count)
+            origins = []
+            for index, (p, sp) in enumerate(channels):
+                producer_host = self.producer_hosts[p]
+                if producer_host == host and local_channels == "direct":
+                    gate.local_channel(index, self.managers[host], partition_id=p, subpartition=sp)
+                    origins.append((p, sp, True))
+                    continue
+                key = (producer_host, host) if connections == "host_pair" else (p, c)
+                connection = self.connections.get(key)
+                if connection is None:
+                    client = CreditBasedPartitionRequestClientHandler(credit_based=config.credit_based)
+                    server = PartitionRequestServerHandler(
+                        self.managers[producer_host],
+                        credit_based=config.credit_based,
+                    )
+                    connection = self.network.connect(client, server, **link)
+                    self.connections[key] = connection
+                receiver_id += 1
+                if producer_host == host:  # a local channel through the connection
+                    gate.local_channel(
+                        index, connection.client, receiver_id=receiver_id, partition_id=p, subpartition=sp
+                    )
+                    self._local_links.append((receiver_id, connection, self.producers[p].partition))
+                    origins.append((p, sp, True))
+                    continue
+                channel = gate.remote_channel(index, receiver_id, connection.client, partition_id=p, subpartition=sp)
+                self._remote.append((channel, connection))
+                origins.append((p, sp, False))
+            self._channel_origin.append(origins)
+            self.consumers.append(
+                SimulatedConsumer(
+                    self,
+                    c,
+                    gate,
+                    consumer_rates[c],
+                    [p for p, _ in channels],
+                    [sp for _, sp in channels],
+                    [len(wiring[p]) for p, _ in channels],
+                    record_size,
+                )
+            )
+        self.samples: list[dict] = []
+        self.timeline: list[MetricRow] = []
+        self.coordinator = CheckpointCoordinator(config.checkpoint_interval_ms / 1000.0)
+        self.steps = 0
+        self.invariant_checks = 0
+
+    # -- driving --
+
+    def _settle(self, now: float) -> None:
+        self.network.pump(now, self._later)
+        if self.check_invariants:
+            self._check_invariants()
+
+    def _later(self, connection: MemoryConnection, at: float) -> None:
+        """Wake ``connection`` at ``at``, unless a wake-up no later than that is already due."""
+        scheduled = self._pump_at.get(connection)
+        if scheduled is None or scheduled <= self.clock.now or at < scheduled:
+            self._pump_at[connection] = at
+            self.clock.schedule(at, functools.partial(self._wake, connection=connection))
+
+    def _wake(self, now: float, connection: MemoryConnection) -> None:
+        self.network.mark(connection)
+
+    def _trigger_checkpoint(self, now: float) -> None:
+        at = self.coordinator.tick(now, self.producers, self.consumers)
+        if at is not None:
+            self.clock.schedule(at, self._trigger_checkpoint)
+
+    def _sample(self, now: float) -> None:
+        sample(self, now)
+        if not all(c.finished for c in self.consumers) and self.sample_interval:
+            self.clock.schedule(now + self.sample_interval, self._sample)
+
+    def _check_invariants(self) -> None:
+        check_invariants(self)
+
+    def run(self) -> SimulationReport:
+        """Run to completion (or to ``duration``); raises :class:`SimulationStalledError` on a deadlock."""
+        for consumer in self.consumers:
+            consumer.gate.request_partitions()
+            consumer.start(0.0)
+        for producer in self.producers:
+            producer.start()
+        if self.config.checkpoint_interval_ms > 0:
+            self.clock.schedule(self.config.checkpoint_interval_ms / 1000.0, self._trigger_checkpoint)
+        for connection in self.connections.values():
+            self.network.mark(connection)
+        if self.sample_interval:
+            self.clock.schedule(0.0, self._sample)
+        clock = self.clock
+        self._settle(0.0)
+        while True:
+            at = clock.next_time()
+            if at is None:
+                break
+            if self.duration is not None and at > self.duration:
+                clock.now = self.duration
+                break
+            clock.run_next()
+            self._settle(clock.now)
+            self.steps += 1
+            if self.steps > self.max_steps:
+                raise SimulationStalledError(
+                    f"simulation exceeded {self.max_steps} steps at virtual time {clock.now:.6f}s; "
+                    f"{self._describe_state()}"
+                )
+        finished = all(c.finished for c in self.consumers)
+        if not finished and self.duration is None:
+            raise SimulationStalledError(
+                f"simulation deadlocked at virtual time {clock.now:.6f}s: nothing left to happen, "
+                f"{self._describe_state()}"
+            )
+        return self._report(finished)
+
+    def _describe_state(self) -> str:
+        waiting = [p.index for p in self.producers if p.waiting_since is not None]
+        open_consumers = [c.index for c in self.consumers if not c.finished]
+        paused = sum(1 for c in self.connections.values() if not c.client.is_reading)
+        return f"producers waiting for buffers {waiting}, consumers not finished {open_consumers}, paused {paused}"
+
+    def _report(self, finished: bool) -> SimulationReport:
+        end = self.clock.now
+        window = self.duration if self.duration is not None else end
+        producers = [
+            ProducerStats(
+                p.index,
+                self.producer_hosts[p.index],
+                sum(p.bytes_written),
+                p.back_pressured_time + ((end - p.waiting_since) if p.waiting_since is not None else 0.0),
+                p.finish_time,
+            )
+            for p in self.producers
+        ]
+        consumers = []
+        channels = []
+        for consumer in self.consumers:
+            consumed = consumer.bytes_consumed
+            consumers.append(
+                ConsumerStats(
+                    consumer.index,
+                    self.consumer_hosts[consumer.index],
+                    consumed,
+                    sum(consumer.buffers_per_channel),
+                    consumer.finish_time,
+                    consumed / window if window else 0.0,
+                    tuple(consumer.checkpoints.completed),
+                )
+            )
+            for index, (p, sp, local) in enumerate(self._channel_origin[consumer.index]):
+                producer = self.producers[p]
+                channels.append(
+                    ChannelStats(
+                        consumer.index,
+                        index,
+                        p,
+                        sp,
+                        local,
+                        producer.bytes_written[sp],
+                        consumer.bytes_per_channel[index],
+                        consumer.buffers_per_channel[index],
+                        consumer.in_order[index]
+                        and consumer.records_per_channel[index] == producer.records_written[sp],
+                        consumer.channel_finish_time[index],
+                    )
+                )
+        returned = finished and all(
+            pool.num_available == pool.total and pool.num_total_required_buffers == 0 and not pool.buffer_pools
+            for pool in self.network_pools.values()
+        )
+        rows = [row for p in self.producers for row in p.metric_rows(end)]
+        rows.extend(row for c in self.consumers for row in c.metric_rows(end))
+        return SimulationReport(
+            end_time=end,
+            window=window,
+            steps=self.steps,
+            finished=finished,
+            producers=producers,
+            consumers=consumers,
+            channels=channels,
+            samples=self.samples,
+            timeline=self.timeline,
+            buffers_returned=returned,
+            connection_pauses=sum(c.client.num_times_paused for c in self.connections.values()),
+            rows=rows,
+            messages=sum(c.upstream.messages_sent + c.downstream.messages_sent for c in self.connections.values()),
+        )
+
+
+def simulate(config: NetworkConfig | None = None, **kwargs) -> SimulationReport:
+    """Build a :class:`Simulation` with ``kwargs`` and run it."""
+    return Simulation(config or NetworkConfig(), **kwargs).run()

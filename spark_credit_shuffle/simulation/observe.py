@@ -1,0 +1,124 @@
+"""What the simulation watches while it runs: the Flink metrics sampled over virtual time (as dicts and as
+the runtimes' timeline rows, from the task engine's gauges) and the invariants checked after every step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow
+from ..runtime.engine import GateGauges
+
+__all__ = ["check_invariants", "sample", "sample_rows"]
+
+
+def sample(sim: Any, now: float) -> None:
+    """Sample every subtask's Flink metrics at ``now``: a dict per subtask and the timeline rows."""
+    sample_rows(sim, now)
+    for producer in sim.producers:
+        partition = producer.partition
+        sim.samples.append(
+            {
+                "time": now,
+                "role": "producer",
+                "subtask": producer.index,
+                "outPoolUsage": partition.out_pool_usage,
+                "outputQueueLength": partition.output_queue_length(),
+                "backlog": sum(partition.backlogs()),
+                "isBackPressured": not partition.is_available() and not producer.finished,
+                "bytes": sum(producer.bytes_written),
+            }
+        )
+    for consumer in sim.consumers:
+        gate = consumer.gate
+        closed = gate.is_closed
+        sim.samples.append(
+            {
+                "time": now,
+                "role": "consumer",
+                "subtask": consumer.index,
+                "inPoolUsage": 0.0 if closed else gate.in_pool_usage,
+                "inputExclusiveBuffersUsage": 0.0 if closed else gate.input_exclusive_buffers_usage,
+                "inputFloatingBuffersUsage": 0.0 if closed else gate.input_floating_buffers_usage,
+                "inputQueueLength": 0 if closed else gate.input_queue_length(),
+                "bytes": consumer.bytes_consumed,
+            }
+        )
+
+
+def sample_rows(sim: Any, now: float) -> None:
+    """The runtimes' timeline gauges (the task engine's), as timeline rows stamped in virtual ms."""
+    stamp = now * 1000.0
+    rows = sim.timeline
+    for producer in sim.producers:
+        gauges = producer.engine.gauges(now, {})
+        rows.extend(MetricRow(PRODUCER, producer.index, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
+    for consumer in sim.consumers:
+        if consumer.gate.is_closed:
+            gauges = ((name, None, 0.0) for name in GateGauges.NAMES)
+        else:
+            gauges = consumer.engine.gauges(now)
+        rows.extend(MetricRow(CONSUMER, consumer.index, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
+
+
+def check_invariants(sim: Any) -> None:
+    """No producer holds more than its pool size plus the overdraft plus the fragments of one record, no
+    executor's pools hold more than its network buffers (borrowed segments are outside them), no data
+    buffer is in flight or sendable without a receiver buffer reserved for it, and on a local channel
+    through a connection every buffer sent and not yet recycled holds a segment of the producer's pool."""
+    sim.invariant_checks += 1
+    for producer in sim.producers:
+        pool = producer.partition.buffer_pool
+        held = pool.num_requested + pool.num_borrowed
+        # the writer's one exception: the fragments of the record being written are forced (a free global
+        # segment or one borrowed outside network memory), as many as the record's segments and the one it
+        # starts in
+        fragments = producer.record_size // sim.config.segment_size + 2
+        if held > pool.current_pool_size + pool.max_overdraft_buffers + fragments:
+            raise AssertionError(
+                f"producer {producer.index} holds {held} segments, beyond its pool size "
+                f"{pool.current_pool_size} + overdraft {pool.max_overdraft_buffers} + {fragments} "
+                "fragments of one record"
+            )
+    for host, network in sim.network_pools.items():
+        # borrowed segments are outside network memory
+        held = sum(p.num_requested for p in network.buffer_pools) + network.num_unpooled
+        if held > network.total or network.num_available < 0:
+            raise AssertionError(f"host {host}: pools hold {held} segments of {network.total} network buffers")
+    segments: dict[int, set[int]] = {}  # per producer partition: the segments its local channels hold
+    for receiver_id, connection, partition in sim._local_links:
+        reader = connection.server.queue.all_readers.get(receiver_id)
+        if reader is not None:
+            mine = segments.setdefault(id(partition), set())
+            for buffer in reader.held:
+                recycler = buffer._recycler  # a slice's recycler is bound to its segment's builder
+                if recycler is None and buffer.size == 0:
+                    continue  # an empty flush slice: no segment behind it
+                if recycler is None:
+                    raise AssertionError(f"local channel {receiver_id} holds a buffer already recycled")
+                mine.add(id(getattr(recycler, "__self__", recycler)))
+    for partition in {id(p): p for _, _, p in sim._local_links}.values():
+        held = len(segments.get(id(partition), ()))
+        if held > partition.buffer_pool.num_used:
+            raise AssertionError(
+                f"producer {partition.partition_id}: {held} segments held by local channels, "
+                f"{partition.buffer_pool.num_used} in use in its pool"
+            )
+    if not sim.config.credit_based:
+        return
+    for channel, connection in sim._remote:
+        if channel.is_released:
+            continue
+        if channel.unannounced_credit < 0:
+            raise AssertionError(f"negative unannounced credit on {channel!r}")
+        reader = connection.server.queue.all_readers.get(channel.receiver_id)
+        if reader is None:
+            continue
+        credits = reader.num_credits_available
+        if credits < 0:
+            raise AssertionError(f"negative credit on {reader!r}")
+        in_flight = connection.data_in_flight(channel.receiver_id)
+        if credits + in_flight > channel.num_available_buffers:
+            raise AssertionError(
+                f"channel {channel.receiver_id}: sender credit {credits} + {in_flight} data buffers in flight "
+                f"exceed the {channel.num_available_buffers} buffers the receiver reserved"
+            )

@@ -1,0 +1,237 @@
+"""A simulated producer subtask: the task engine's producer half (:class:`ProducerEngine`) writing Arrow
+record batches at a rate into a real result partition, on the virtual clock."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from ..buffers.buffer import Buffer, DataType
+from ..buffers.format import CheckpointBarrier
+from ..metrics import MetricRow
+from ..partitioners.selectors import RoundRobinSelector
+from ..protocol.partition import PipelinedResultPartition
+from ..runtime.engine import Fail, ProducerEngine
+from .clock import Context
+
+__all__ = ["RECORD_SCHEMA", "SimulatedProducer", "record_payload"]
+
+#: A simulated record: its position in its producer's output (``seq``, which checks order and completeness at
+#: the consumer) and a payload that brings the record to about ``record_size`` bytes in a network buffer.
+RECORD_SCHEMA = pa.schema([("seq", pa.int64()), ("payload", pa.binary())])
+#: The bytes a record takes in a buffer besides its payload: the int64 and the binary column's offset.
+RECORD_OVERHEAD = 12
+
+
+def record_payload(record_size: int, rows: int, fill: int) -> pa.Array:
+    """``rows`` payloads of ``record_size - RECORD_OVERHEAD`` bytes (at least 0), built once and sliced per
+    batch: one data buffer and one offsets buffer, no Python object per row."""
+    size = max(0, record_size - RECORD_OVERHEAD)
+    offsets = np.arange(rows + 1, dtype=np.int32) * size
+    data = np.full(rows * size, fill % 256, dtype=np.uint8)
+    return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+class _SimulatedPartition:
+    """The partition as the producer's RecordWriter sees it: the real partition, with a recycled segment
+    recorded as progress (the backpressure wait is measured from it), and, in the model without credits,
+    aligned barriers sent as plain events (see :mod:`.checkpoints`)."""
+
+    def __init__(self, partition: PipelinedResultPartition, credit_based: bool, on_recycle: Callable[[], None]):
+        self.partition = partition
+        self.num_subpartitions = partition.num_subpartitions
+        self._credit_based = credit_based
+        self._on_recycle = on_recycle
+
+    def request_segment(self, subpartition: int) -> Callable[[], None]:
+        recycler = self.partition.request_segment(subpartition)
+        on_recycle = self._on_recycle
+
+        def recycle() -> None:
+            recycler()
+            on_recycle()
+
+        return recycle
+
+    def add_event(self, subpartition: int, buffer: Buffer) -> None:
+        if not self._credit_based and buffer.data_type.is_blocking_upstream:
+            buffer = Buffer(DataType.EVENT_BUFFER, buffer.data)
+        self.partition.add_event(subpartition, buffer)
+
+    def __getattr__(self, name: str) -> object:  # add_consumer, flush, finish, is_available, builder hooks
+        return getattr(self.partition, name)
+
+
+class SimulatedProducer:
+    """Writes records of about ``record_size`` bytes at ``rate`` bytes per virtual second, round robin over its
+    subpartitions (``consumers[sp]``: the consumer of subpartition ``sp``), in batches of ``batch_records``,
+    through the task engine's producer half.
+
+    The engine decides what happens: its resumable RecordWriter stops at a buffer the pool cannot give
+    (Flink's ``requestBufferBuilderBlocking``; a record that spans buffers takes its continuation buffers
+    from the overdraft) and the producer writes on from there once the pool is available again; its timer
+    flushes (buffer timeout) and sends keep-alives; its backpressure wait fails the run after
+    ``buffers_request_timeout_ms`` without a segment coming back."""
+
+    def __init__(
+        self,
+        sim: Context,
+        index: int,
+        partition: PipelinedResultPartition,
+        consumers: list[int],
+        rate: float,
+        total_bytes: float,
+        record_size: int,
+        batch_records: int,
+    ) -> None:
+        self.sim = sim
+        self.index = index
+        self.partition = partition
+        self.rate = rate
+        self.record_size = record_size
+        self.batch_records = batch_records
+        self.remaining_records = math.inf if math.isinf(total_bytes) else int(total_bytes // record_size)
+        self.n = partition.num_subpartitions
+        self.payload = record_payload(record_size, batch_records, index)
+        self.next_seq = 0
+        self.pending_count = 0
+        self.progress_at = 0.0
+        self.finished = False
+        self.finish_time: float | None = None
+        self._timer: int | None = None
+        self._wait_check: int | None = None
+        self.engine = ProducerEngine(
+            index,
+            partition,
+            RoundRobinSelector(self.n),  # row seq goes to subpartition seq % n
+            consumers,
+            sim.settings,
+            sim.config.segment_size,
+            RECORD_SCHEMA,
+            0.0,
+            partition_writer=_SimulatedPartition(partition, sim.config.credit_based, self._recycled),
+            resumable=True,
+        )
+        partition.buffer_pool.add_availability_listener(self._on_available)
+
+    @property
+    def waiting_since(self) -> float | None:
+        return self.engine.waiting_since
+
+    @property
+    def back_pressured_time(self) -> float:
+        return self.engine.time.back_pressured
+
+    @property
+    def records_written(self) -> list[int]:
+        return self.engine.writer.num_records_out
+
+    @property
+    def bytes_written(self) -> list[int]:
+        """Bytes of the finished buffers of each subpartition (numBytesOut)."""
+        return self.engine.writer.num_bytes_out
+
+    def start(self) -> None:
+        self.sim.clock.schedule(0.0, self.emit)
+        self._schedule_timer()
+
+    def _schedule_timer(self) -> None:
+        at = self.engine.next_timer()
+        self._timer = self.sim.clock.schedule(at, self._on_timer) if math.isfinite(at) else None
+
+    def _on_timer(self, now: float) -> None:
+        """The engine's timer: the flusher (buffer timeout > 0) and keep-alives."""
+        self._timer = None
+        if not self.finished:
+            self.engine.on_timer(now, round(now * 1e9))
+            self._schedule_timer()
+
+    def inject_barrier(self, now: float, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was triggered at ``now``: open buffers finish, then the barrier goes
+        into every subpartition (also in the middle of a batch the writer waits in)."""
+        if not self.finished:
+            options = self.sim.config.checkpoint_options
+            self.engine.writer.broadcast_event(CheckpointBarrier(checkpoint_id, round(now * 1000), options))
+
+    def _recycled(self) -> None:
+        self.progress_at = self.sim.clock.now
+
+    def _on_available(self) -> None:
+        if self.engine.waiting_since is not None and not self.finished:
+            now = self.sim.clock.now
+            self.engine.end_wait(now)
+            self.sim.clock.cancel(self._wait_check)
+            self._wait_check = None
+            self.sim.clock.schedule(now, self.emit)
+
+    def _wait(self, now: float) -> None:
+        self.engine.begin_wait(now)
+        self._check_wait(now)
+
+    def _check_wait(self, now: float) -> None:
+        """The engine's backpressure wait: wake up at its deadline, or fail with its error."""
+        self._wait_check = None
+        if self.engine.waiting_since is None or self.finished:
+            return
+        step = self.engine.check_wait(now, self.progress_at, self._describe_wait)
+        if isinstance(step, Fail):
+            raise step.error
+        self._wait_check = self.sim.clock.schedule(step.until, self._check_wait)
+
+    def _describe_wait(self, waited: float) -> str:
+        pool = self.partition.buffer_pool
+        return (
+            f"producer subtask {self.index} waited {waited * 1000:.0f} ms of virtual time for a network buffer "
+            f"(buffers_request_timeout_ms={self.sim.config.buffers_request_timeout_ms}): {pool.num_used} of its "
+            f"pool's {pool.current_pool_size} buffers are with consumers that do not recycle them"
+        )
+
+    def emit(self, now: float) -> None:
+        engine = self.engine
+        if self.finished or engine.waiting_since is not None:
+            return
+        if engine.writer.has_pending_write:  # a batch stopped at a buffer it could not get: write on from there
+            if not engine.resume():
+                self._wait(now)
+                return
+            self._end_batch(now, self.pending_count)
+            return
+        if not engine.is_available():
+            self._wait(now)
+            return
+        count = int(min(self.batch_records, self.remaining_records))
+        if count > 0:
+            seq = pa.array(np.arange(self.next_seq, self.next_seq + count, dtype=np.int64))
+            batch = pa.RecordBatch.from_arrays([seq, self.payload.slice(0, count)], schema=RECORD_SCHEMA)
+            self.next_seq += count
+            self.remaining_records -= count
+            self.pending_count = count
+            if not engine.write(batch):
+                self._wait(now)
+                return
+        self._end_batch(now, count)
+
+    def _end_batch(self, now: float, count: int) -> None:
+        self.engine.sample_output()
+        if self.remaining_records <= 0:
+            self._finish(now)
+            return
+        self.sim.clock.schedule(now + count * self.record_size / self.rate, self.emit)
+
+    def metric_rows(self, end: float) -> list[MetricRow]:
+        """The engine's metric rows at the ``end`` of the run (a wait still going on ends there)."""
+        self.engine.end_wait(end)
+        self.engine.time.stop(end)
+        return self.engine.metric_rows(end)
+
+    def _finish(self, now: float) -> None:
+        self.engine.finish()
+        self.engine.time.stop(now)
+        self.partition.close()
+        self.finished = True
+        self.finish_time = now
+        self.sim.clock.cancel(self._timer)
+        self._timer = None
