@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable
+from typing import Any
 
 from ..buffers.format import AlignmentType, CancelCheckpointMarker, CheckpointBarrier
 from ..errors import ProtocolError
@@ -111,13 +112,13 @@ class ChannelStatePersister:
 
     def __init__(self, channel: int) -> None:
         self.channel = channel
-        #: [checkpoint id, status, barrier sequence number]
-        self._entries: list[list[object]] = []
+        #: [checkpoint id, status, barrier sequence number] (mutable: the status and number change in place)
+        self._entries: list[list[Any]] = []
 
     def status(self, checkpoint_id: int) -> CheckpointStatus:
         for entry in self._entries:
             if entry[0] == checkpoint_id:
-                return entry[1]  # type: ignore[return-value]
+                return entry[1]  # type: ignore[no-any-return]  # entries hold a CheckpointStatus there
         return CheckpointStatus.COMPLETED
 
     @property
@@ -150,10 +151,10 @@ class ChannelStatePersister:
     def maybe_persist(self, sequence_number: int) -> list[int]:
         """The checkpoints whose channel state the buffer numbered ``sequence_number``, consumed now, is in."""
         hits: list[int] = []
-        keep: list[list[object]] = []
+        keep: list[list[Any]] = []
         for entry in self._entries:
-            if entry[1] is CheckpointStatus.BARRIER_PENDING or sequence_number < entry[2]:  # type: ignore[operator]
-                hits.append(entry[0])  # type: ignore[arg-type]
+            if entry[1] is CheckpointStatus.BARRIER_PENDING or sequence_number < entry[2]:
+                hits.append(entry[0])
                 keep.append(entry)
             # else: a buffer behind the barrier: every overtaken one was consumed, the entry ends
         self._entries = keep

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from ..buffers import Buffer, BufferConsumer
 from ..protocol import PipelinedResultPartition
 
 __all__ = ["LockedPartition"]
@@ -37,13 +38,13 @@ class LockedPartition:
 
         return recycle
 
-    def add_consumer(self, subpartition: int, consumer: object, partial_record_length: int = 0) -> None:
+    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None:
         with self._lock:
-            self.partition.add_consumer(subpartition, consumer, partial_record_length)  # type: ignore[arg-type]
+            self.partition.add_consumer(subpartition, consumer, partial_record_length)
 
-    def add_event(self, subpartition: int, buffer: object) -> None:
+    def add_event(self, subpartition: int, buffer: Buffer) -> None:
         with self._lock:
-            self.partition.add_event(subpartition, buffer)  # type: ignore[arg-type]
+            self.partition.add_event(subpartition, buffer)
 
     def builder_opened(self, subpartition: int) -> None:
         with self._lock:

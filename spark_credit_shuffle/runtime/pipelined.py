@@ -233,7 +233,7 @@ def _stage_canceller(spark: Any, name: str) -> Callable[[int, str], None]:
 
     def cancel(stage: int, reason: str) -> None:
         try:
-            spark_context(spark)._jsc.sc().cancelStage(stage, reason)  # type: ignore[union-attr]
+            spark_context(spark)._jsc.sc().cancelStage(stage, reason)  # type: ignore[union-attr]  # classic only
         except Exception as exc:  # the stage fails anyway; later attempts fail at the address exchange
             log.info("%s: could not cancel stage %d: %s", name, stage, exc)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -209,6 +210,12 @@ class PipelinedTask(TaskWiring):
         finally:
             self._close()
 
+    def _sending(self) -> AbstractContextManager[None]:
+        """The transport's sending block (see :meth:`TcpTransport.sending`); the transport runs once set up."""
+        transport = self.transport
+        assert transport is not None, "the task's transport is started before any thread that sends"
+        return transport.sending()
+
     def _start_thread(self, target: Callable[[], None], role: str) -> None:
         thread = threading.Thread(target=target, name=f"credit-shuffle-{role}-{self.index}", daemon=True)
         self._threads.append(thread)
@@ -343,7 +350,7 @@ class PipelinedTask(TaskWiring):
                     next_timeline = max(next_timeline + self._sample_timeline(now), now)
                 if not producing or producer is None:
                     continue
-                with self.transport.sending(), self.writer_lock:  # type: ignore[union-attr]
+                with self._sending(), self.writer_lock:
                     if producer.is_finished:
                         continue
                     with self.lock:
@@ -369,7 +376,7 @@ class PipelinedTask(TaskWiring):
     def _consume(self, consumer: ConsumerEngine) -> Iterator[pa.RecordBatch]:
         delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
         lock = self.lock
-        sending = self.transport.sending  # type: ignore[union-attr]
+        sending = self._sending
         data = self.report.data
         output = consumer.output
         while True:
@@ -401,7 +408,7 @@ class PipelinedTask(TaskWiring):
         """ResumeConsumption on ``channels`` (their subpartitions blocked themselves after an aligned barrier)."""
         if not channels:
             return
-        with self.transport.sending(), self.lock:  # type: ignore[union-attr]
+        with self._sending(), self.lock:
             for channel in channels:
                 consumer.gate.resume_consumption(channel)
             consumer.resumed(channels, time.monotonic())

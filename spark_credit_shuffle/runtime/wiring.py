@@ -187,7 +187,7 @@ class TaskWiring:
                 self._last_progress = time.monotonic()
             receive(message)
 
-        handler.receive_message = receive_message  # type: ignore[method-assign]
+        handler.receive_message = receive_message  # type: ignore[method-assign]  # observed, then handled as before
         return handler
 
     def _connect(self, peers: list[dict[str, Any]]) -> None:

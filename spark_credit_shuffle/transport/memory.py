@@ -260,7 +260,7 @@ class MemoryNetwork:
     ) -> MemoryConnection:
         """A :class:`MemoryConnection` between ``client`` and ``server`` (``link``: its latency, bandwidth,
         socket buffer, encoding), pumped whenever either handler has something new."""
-        connection = MemoryConnection(client, server, **link)  # type: ignore[arg-type]
+        connection = MemoryConnection(client, server, **link)  # type: ignore[arg-type]  # link: MemoryConnection's keywords
         dirty = self._dirty
 
         def mark() -> None:

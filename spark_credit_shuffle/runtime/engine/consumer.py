@@ -129,7 +129,11 @@ class ConsumerEngine:
         timeout = self.settings.silence_timeout
         blocked = self.checkpoints.handler.blocked_channels if self.checkpoints is not None else ()
         channels = gate.channels
-        live = [(ch, last) for ch, last in enumerate(self.last_delivery) if not channels[ch].is_released]  # type: ignore[union-attr]
+        live = [
+            (ch, last)
+            for ch, last in enumerate(self.last_delivery)
+            if (input_channel := channels[ch]) is not None and not input_channel.is_released
+        ]
         silent = [(now - last, ch) for ch, last in live if now - last >= timeout and ch not in blocked]
         if silent:  # a channel blocked by an aligned barrier is silent on purpose
             seconds, channel = max(silent)
