@@ -5,33 +5,33 @@ with credits than without, because without credits the data ahead of a barrier f
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
+from pathlib import Path
 
 import pytest
 
 from spark_credit_shuffle import NetworkConfig
-from spark_credit_shuffle.simulation import Simulation, simulate
+from spark_credit_shuffle.simulation import Simulation
 
 SLOW = 500_000.0  # bytes per virtual second
+_DEMO = Path(__file__).resolve().parents[2] / "jobs" / "checkpoint_alignment_demo.py"
 
 
-def slow_consumer_run(credit: bool, socket_buffer_bytes: int = 1 << 20, duration: float = 30.0, **config):
-    """The checkpoint demo's documented configuration: 4 producers on 4 hosts, all-to-all to 4 consumers on
-    2 hosts, consumer 0 at 0.5 MB/s and the others 16x faster, aligned barriers every 100 ms, a 10 Gbit/s
-    link with 50 us latency, Flink's default buffers."""
-    return simulate(
-        NetworkConfig(credit_based=credit, checkpoint_interval_ms=100, **config),
-        num_producers=4,
-        num_consumers=4,
-        producer_rate=[4 * SLOW, 6 * SLOW, 8 * SLOW, 10 * SLOW],
-        consumer_rate=[SLOW] + [16 * SLOW] * 3,
-        duration=duration,
-        producer_hosts=[0, 1, 2, 3],
-        consumer_hosts=[4, 4, 5, 5],
-        latency=50e-6,
-        bandwidth=1.25e9,
-        socket_buffer_bytes=socket_buffer_bytes,
-    )
+def _demo():
+    spec = importlib.util.spec_from_file_location("checkpoint_alignment_demo", _DEMO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+DEMO = _demo()
+
+
+def slow_consumer_run(credit: bool, socket_buffer_bytes: int = 1 << 20, duration: float = 30.0):
+    """The checkpoint demo's documented configuration (its own function, so the two cannot drift apart):
+    aligned barriers every 100 ms, consumer 0 at 0.5 MB/s, Flink's default buffers."""
+    return DEMO.slow_consumer_report(credit, False, 100, SLOW, duration, socket_buffer_bytes)
 
 
 def slow_alignment_ms(report) -> float:
