@@ -736,3 +736,19 @@ def test_a_producer_waits_for_a_slow_consumer_that_works_through_the_buffers_it_
     # when the exchange runs, then no task times out waiting for the end, and every row arrives once
     received, _ = run_in_threads(plan, data, timeout_s=60)
     assert sum(b.num_rows for c in received for b in c) == 40_000
+
+
+def test_the_in_process_address_exchange_names_a_timeout_apart_from_a_failed_task():
+    from spark_credit_shuffle.errors import CreditShuffleError
+    from spark_credit_shuffle.runtime.in_threads import _ThreadAllGather
+
+    # given two tasks of which only one ever publishes its address: a timeout that says what it waited for
+    lonely = _ThreadAllGather(2, timeout_s=0.2)
+    with pytest.raises(ExchangeTimeoutError, match="not every task published its address within"):
+        lonely.all_gather('{"task": 0}')
+    # given a task that failed (abort) while another waits: the failure, not a timeout
+    gather = _ThreadAllGather(2, timeout_s=30)
+    threading.Timer(0.05, gather.abort).start()
+    with pytest.raises(CreditShuffleError, match="another task failed") as err:
+        gather.all_gather('{"task": 0}')
+    assert not isinstance(err.value, ExchangeTimeoutError)

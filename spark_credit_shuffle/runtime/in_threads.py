@@ -92,6 +92,8 @@ class _ThreadAllGather:
 
     def __init__(self, parties: int, timeout_s: float) -> None:
         self._barrier = threading.Barrier(parties, timeout=timeout_s)
+        self._timeout_s = timeout_s
+        self._aborted = False
         self._messages: list[str] = [""] * parties
         self._lock = threading.Lock()
 
@@ -102,8 +104,13 @@ class _ThreadAllGather:
         try:
             self._barrier.wait()
         except threading.BrokenBarrierError:
-            raise CreditShuffleError("another task failed before the addresses were exchanged") from None
+            if self._aborted:
+                raise CreditShuffleError("another task failed before the addresses were exchanged") from None
+            raise ExchangeTimeoutError(
+                f"task {index}: not every task published its address within {self._timeout_s:.0f} s"
+            ) from None
         return list(self._messages)
 
     def abort(self) -> None:
+        self._aborted = True
         self._barrier.abort()
