@@ -266,3 +266,23 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
     assert into[(1, 1)] > into[(1, 0)]  # the fast consumer decoded more
     figure = plot_timeline(report, ["outPoolUsage", "backlog", "inPoolUsage"])
     assert len(figure.axes) == 3
+
+
+def test_the_output_batcher_hands_on_by_rows_and_by_bytes():
+    from spark_credit_shuffle.runtime.engine.consumer import OUTPUT_BATCH_BYTES, OutputBatcher
+
+    small = pa.record_batch({"s": pa.array(["x"] * 100)})
+    batcher = OutputBatcher(target_rows=250, linger=0.01)
+    for _ in range(2):
+        batcher.add(small)
+        assert batcher.ready(True, 0.0) is None  # more is coming: wait for 250 rows
+    batcher.add(small)
+    assert batcher.ready(True, 0.0).num_rows == 300
+    big = pa.record_batch({"s": pa.array(["y" * (OUTPUT_BATCH_BYTES // 2)])})  # rows larger than a segment
+    batcher.add(big)
+    assert batcher.ready(True, 0.0) is None
+    batcher.add(big)
+    assert batcher.ready(True, 0.0).num_rows == 2  # by bytes, long before 250 rows
+    batcher.add(small)
+    assert batcher.ready(False, 1.0) is None and batcher.linger_until == pytest.approx(1.01)  # lingers
+    assert batcher.take().num_rows == 100 and not batcher.pending

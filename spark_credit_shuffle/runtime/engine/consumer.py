@@ -33,29 +33,40 @@ def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 MAX_LATENCY_SAMPLES = 100_000
 
 
-class OutputBatcher:
-    """Decoded rows on their way to Spark: joined up to ``target_rows`` when they are ready at once, held at
-    most ``linger`` seconds for more when fewer are ready (each output batch costs Spark a fixed amount, as
-    a network buffer costs Flink)."""
+#: An output batch holds at most about this many bytes, whatever ``output_batch_rows`` says (rows larger than a
+#: segment would otherwise join into one batch of gigabytes).
+OUTPUT_BATCH_BYTES = 16 << 20
 
-    __slots__ = ("linger", "linger_until", "pending", "pending_rows", "target_rows")
+
+class OutputBatcher:
+    """Decoded rows on their way to Spark: joined up to ``target_rows`` (and :data:`OUTPUT_BATCH_BYTES`) when
+    they are ready at once, held at most ``linger`` seconds for more when fewer are ready (each output batch
+    costs Spark a fixed amount, as a network buffer costs Flink)."""
+
+    __slots__ = ("linger", "linger_until", "pending", "pending_bytes", "pending_rows", "target_rows")
 
     def __init__(self, target_rows: int, linger: float) -> None:
         self.target_rows = target_rows
         self.linger = linger
         self.pending: list[pa.RecordBatch] = []
         self.pending_rows = 0
+        self.pending_bytes = 0
         self.linger_until: float | None = None
 
     def add(self, batch: pa.RecordBatch) -> None:
         self.pending.append(batch)
         self.pending_rows += batch.num_rows
+        self.pending_bytes += batch.nbytes
 
     def ready(self, more_available: bool, now: float) -> pa.RecordBatch | None:
-        """The batch to hand on now, if any: enough rows, or nothing more ready and no linger."""
+        """The batch to hand on now, if any: enough rows or bytes, or nothing more ready and no linger."""
         if not self.pending:
             return None
-        if self.pending_rows >= self.target_rows or (not more_available and self.linger <= 0):
+        if (
+            self.pending_rows >= self.target_rows
+            or self.pending_bytes >= OUTPUT_BATCH_BYTES
+            or (not more_available and self.linger <= 0)
+        ):
             return self.take()
         if not more_available and self.linger_until is None:
             self.linger_until = now + self.linger
@@ -64,7 +75,7 @@ class OutputBatcher:
     def take(self) -> pa.RecordBatch:
         """Every pending row as one batch (the linger ends)."""
         batch = combine(self.pending)
-        self.pending, self.pending_rows, self.linger_until = [], 0, None
+        self.pending, self.pending_rows, self.pending_bytes, self.linger_until = [], 0, 0, None
         return batch
 
 
