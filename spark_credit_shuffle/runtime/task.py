@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -130,7 +131,7 @@ class PipelinedTask(TaskWiring):
             self.network, len(consumers), config, partition_id=self.partition_id, bounded=True
         )
         self.partition = partition
-        partition.buffer_pool.add_availability_listener(self._notify)
+        partition.buffer_pool.add_availability_listener(self._notify_producer)
         if self.checkpoint_trigger.enabled:  # what unaligned barriers overtake: output channel state
             partition.set_channel_state_writer(self.checkpoint_trigger.persist_output)
         self.manager.register_partition(partition)
@@ -156,7 +157,7 @@ class PipelinedTask(TaskWiring):
             return
         remote = sum(1 for p in producers if not self.is_local(p))
         self.gate = SingleInputGate(self.network, len(producers), self.config, num_remote_channels=remote)
-        self.gate.listener = self._notify
+        self.gate.listener = self._notify_consumer
         checkpoints = ConsumerCheckpoints(index, producers) if self.config.checkpoint_interval_ms > 0 else None
         readers = [RecordReader(plan.schema, channel=p, validate=p != index) for p in producers]
         self.consumer = ConsumerEngine(
@@ -171,7 +172,7 @@ class PipelinedTask(TaskWiring):
         """A segment came back (lock held): progress, and the producer may be waiting for it."""
         self._last_progress = time.monotonic()
         if self.producer is not None and self.producer.waiting_since is not None:
-            self.cond.notify_all()
+            self.producer_cond.notify()
 
     # -- the task --
 
@@ -278,7 +279,7 @@ class PipelinedTask(TaskWiring):
         the engine allows. Every recycled segment wakes this wait (``_on_recycle``)."""
         if producer.is_available():
             return
-        with self.cond:
+        with self.producer_cond:
             producer.begin_wait(time.monotonic())
             try:
                 while not producer.is_available():
@@ -289,7 +290,7 @@ class PipelinedTask(TaskWiring):
                     step = producer.check_wait(now, self._last_progress, self._describe_buffer_wait)
                     if isinstance(step, Fail):
                         raise step.error
-                    self.cond.wait(step.until - now)
+                    self.producer_cond.wait(step.until - now)
             finally:
                 producer.end_wait(time.monotonic())
 
@@ -374,35 +375,50 @@ class PipelinedTask(TaskWiring):
     # -- consumer half (the task thread) --
 
     def _consume(self, consumer: ConsumerEngine) -> Iterator[pa.RecordBatch]:
+        """The consumer loop. Returning a buffer may send credit (or, on a local channel, the producer's
+        segment): this thread writes it itself, once for every buffer it returned since it last did, just
+        before it waits for data or hands rows to Spark (one write per burst instead of one per buffer)."""
         delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
         lock = self.lock
-        sending = self._sending
         data = self.report.data
         output = consumer.output
-        while True:
-            polled = self._next_buffer(consumer, output.linger_until)
-            if isinstance(polled, LingerOver):  # nothing more came while the pending rows waited: hand them on
+        block = self._sending()
+        transport = self.transport
+        assert transport is not None
+        flush = transport.flush
+
+        def locked_recycle(recycle: Callable[[], None]) -> None:
+            with lock:
+                recycle()
+
+        block.__enter__()  # what the recycles make sendable waits for flush(), not for the I/O thread
+        try:
+            while True:
+                polled = self._next_buffer(consumer, output.linger_until, flush)
+                if isinstance(polled, LingerOver):  # nothing more came while the pending rows waited: hand them on
+                    flush()
+                    yield data(output.take())
+                    continue
+                if polled is None:
+                    break
+                batches, resume = consumer.take(polled, time.time_ns(), partial(locked_recycle, polled.buffer.recycle))
+                if resume:
+                    self._resume(consumer, resume)
+                    flush()
+                for batch in batches:
+                    if delay:  # a slow consumer (injected): what it returned goes out before it works
+                        flush()
+                        time.sleep(delay * batch.num_rows)
+                    output.add(batch)
+                ready = output.ready(polled.more_available, time.monotonic())
+                if ready is not None:
+                    flush()
+                    yield data(ready)
+            flush()
+            if output.pending:
                 yield data(output.take())
-                continue
-            if polled is None:
-                break
-            recycle = polled.buffer.recycle
-
-            def locked_recycle(recycle: Callable[[], None] = recycle) -> None:
-                with sending(), lock:  # returning the buffer may send credit: write it from here
-                    recycle()
-
-            batches, resume = consumer.take(polled, time.time_ns(), locked_recycle)
-            self._resume(consumer, resume)
-            for batch in batches:
-                if delay:
-                    time.sleep(delay * batch.num_rows)
-                output.add(batch)
-            ready = output.ready(polled.more_available, time.monotonic())
-            if ready is not None:
-                yield data(ready)
-        if output.pending:
-            yield data(output.take())
+        finally:
+            block.__exit__(None, None, None)
 
     def _resume(self, consumer: ConsumerEngine, channels: tuple[int, ...]) -> None:
         """ResumeConsumption on ``channels`` (their subpartitions blocked themselves after an aligned barrier)."""
@@ -413,11 +429,14 @@ class PipelinedTask(TaskWiring):
                 consumer.gate.resume_consumption(channel)
             consumer.resumed(channels, time.monotonic())
 
-    def _next_buffer(self, consumer: ConsumerEngine, linger_until: float | None) -> BufferOrEvent | LingerOver | None:
+    def _next_buffer(
+        self, consumer: ConsumerEngine, linger_until: float | None, before_wait: Callable[[], None]
+    ) -> BufferOrEvent | LingerOver | None:
         """The gate's next buffer or event, waiting as long as the engine says; None once every channel
-        ended; ``LINGER_OVER`` if ``linger_until`` (a ``time.monotonic()`` deadline) passed first."""
+        ended; ``LINGER_OVER`` if ``linger_until`` (a ``time.monotonic()`` deadline) passed first.
+        ``before_wait`` runs before the first wait."""
         waited_since: float | None = None
-        with self.cond:
+        with self.consumer_cond:
             try:
                 while True:
                     self._raise_if_failed()
@@ -429,7 +448,9 @@ class PipelinedTask(TaskWiring):
                     if isinstance(step, Wait):
                         if waited_since is None:
                             waited_since = now
-                        self.cond.wait(max(0.0005, step.until - now))
+                            before_wait()
+                            continue  # writing took time: look again before waiting
+                        self.consumer_cond.wait(max(0.0005, step.until - now))
                         continue
                     if isinstance(step, Fail):
                         raise step.error

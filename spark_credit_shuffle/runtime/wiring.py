@@ -79,6 +79,10 @@ class TaskWiring:
         self.partition_id = int(attempt_id) & 0xFFFF_FFFF_FFFF
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
+        #: What the consumer thread waits on (data on the gate) and what the producer thread waits on (a
+        #: buffer of its pool): one condition each, so that neither wakes for the other's events.
+        self.consumer_cond = threading.Condition(self.lock)
+        self.producer_cond = threading.Condition(self.lock)
         self.writer_lock = threading.Lock()
         self.max_frame_length = default_max_frame_length(config.segment_size)
         self._failure: BaseException | None = None
@@ -115,15 +119,37 @@ class TaskWiring:
     # -- notifications (lock held) --
 
     def _notify(self) -> None:
+        """Something happened (input processed, a connection closed): wake every waiting thread."""
         with self.cond:  # re-entrant: usually called with the lock already held
             self.cond.notify_all()
+            self.consumer_cond.notify_all()
+            self.producer_cond.notify_all()
+
+    def _on_transport_event(self) -> None:
+        """Input was processed or a connection closed (lock held): the general waiters look again; the consumer
+        and producer threads wake on their own events (data on the gate, a buffer in the pool) or a failure."""
+        transport = self.transport
+        if self._failure is not None or (transport is not None and transport.error is not None):
+            self._notify()
+        else:
+            self.cond.notify_all()
+
+    def _notify_consumer(self) -> None:
+        """The gate has data (the consumer thread's wait)."""
+        with self.lock:
+            self.consumer_cond.notify()
+
+    def _notify_producer(self) -> None:
+        """The partition's pool has a buffer (the producer thread's wait)."""
+        with self.lock:
+            self.producer_cond.notify()
 
     def _fail(self, exc: BaseException) -> None:
         with self.cond:
             if self._failure is None:
                 self._failure = exc
                 self.failed_at = time.monotonic() if self.failed_at is None else self.failed_at
-            self.cond.notify_all()
+            self._notify()
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -145,7 +171,7 @@ class TaskWiring:
             handshake_timeout_s=min(self.config.partition_request_timeout_ms / 1000.0, AUTHENTICATION_TIMEOUT_S),
             handshake_timeout_setting=f"min(partition_request_timeout_ms, {AUTHENTICATION_TIMEOUT_S * 1000:.0f} ms)",
             max_unauthenticated=unauthenticated_cap(len(remote_consumers)),
-            on_event=self._notify,
+            on_event=self._on_transport_event,
             on_send=self._on_send,
             on_closed=self._on_connection_closed,
             name=f"{self.plan.name} task {self.index}",
@@ -400,8 +426,7 @@ class TaskWiring:
     def _close(self) -> None:
         """Stop the timer, join the threads, close the sockets, release the partition and the gate."""
         self._stop.set()
-        with self.cond:
-            self.cond.notify_all()
+        self._notify()
         failed = self._failure is not None
         current = threading.current_thread()
         stuck = []

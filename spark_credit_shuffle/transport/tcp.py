@@ -168,6 +168,11 @@ class TcpTransport:
         self._pending: list[Connection] = []
         self._pending_lock = threading.Lock()
         self._dirty: set[Connection] = set()
+        #: Connections the I/O thread looks at in its next round besides its events and the dirty ones: new
+        #: ones, and those a writer thread left data or a state change in (I/O thread and ``lock`` only).
+        self._attention: set[Connection] = set()
+        #: Server connections still waiting to authenticate (their deadline is the I/O thread's timeout).
+        self._unauthenticated: dict[int, Connection] = {}
         self._local = threading.local()
         self._sending_block = _SendingBlock(self)
         self._stopping = False
@@ -235,16 +240,30 @@ class TcpTransport:
             for conn in dirty:
                 if conn.closed or conn.write_shut or conn.write_error is not None:
                     continue
-                conn.fill(self._high_water, self._on_send)
-                conn.write()
+                self._drain(conn)
                 resumed = getattr(conn.handler, "is_reading", True) and not (
                     self._interest.get(conn.id, 0) & selectors.EVENT_READ
                 )
-                leftover = leftover or bool(conn.out) or conn.write_error is not None or resumed
+                closing = conn.role == "client" and getattr(conn.handler, "is_closed", False)
+                if conn.out or conn.write_error is not None or resumed or closing:
+                    leftover = True
+                    self._attention.add(conn)
         if leftover:
-            # the I/O thread waits for the socket to drain, drops a failed connection, or reads again from a
-            # connection whose handler stopped reading (the model without credits) and now resumed
+            # the I/O thread waits for the socket to drain, drops a failed connection, half-closes a client that
+            # sent its CloseRequest, or reads again from a connection whose handler stopped reading (the model
+            # without credits) and now resumed
             self.wakeup()
+
+    def _drain(self, conn: Connection) -> None:
+        """Pull the handler's messages and write them until it has none left or the socket is full (then
+        ``conn.out`` keeps the rest for EVENT_WRITE); ``lock`` held."""
+        while True:
+            conn.fill(self._high_water, self._on_send)
+            if not conn.out:
+                return
+            conn.write()
+            if conn.out or conn.write_error is not None:
+                return
 
     def _ready(self, conn: Connection) -> None:
         """A handler went from nothing to send to something to send (called with ``lock`` held)."""
@@ -328,8 +347,10 @@ class TcpTransport:
         try:
             while not self._stopping:
                 accept, ready = self._loop.poll(self._select_timeout())
+                touched = self._attention
                 for conn, mask in ready:
                     if not conn.closed:
+                        touched.add(conn)
                         if mask & selectors.EVENT_READ:
                             self._read(conn)
                         if mask & selectors.EVENT_WRITE and not conn.closed:
@@ -339,7 +360,8 @@ class TcpTransport:
                     self._accept()
                 self._adopt_pending()
                 self._pump()
-                self._expire_handshakes()
+                if self._unauthenticated:
+                    self._expire_handshakes()
         except BaseException as exc:  # a bug or an OS failure: make it visible to the runtime
             self.error = exc
             log.exception("I/O thread of %s failed", self.name)
@@ -350,7 +372,12 @@ class TcpTransport:
             self._close_all()
 
     def _select_timeout(self) -> float | None:
-        return handshake_wait(self._connections.values(), self._handshake_timeout, time.monotonic())
+        waiting = self._unauthenticated
+        if not waiting:
+            return None
+        for conn_id in [i for i, c in waiting.items() if c.closed or c.is_authenticated]:
+            del waiting[conn_id]
+        return handshake_wait(waiting.values(), self._handshake_timeout, time.monotonic())
 
     def _adopt_pending(self) -> None:
         with self._pending_lock:
@@ -362,6 +389,9 @@ class TcpTransport:
         self._connections[conn.id] = conn
         self._interest[conn.id] = selectors.EVENT_READ
         self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        self._attention.add(conn)
+        if not conn.is_authenticated:
+            self._unauthenticated[conn.id] = conn
 
     def _accept(self) -> None:
         for _ in range(ACCEPTS_PER_ROUND):  # the rest next round, after the other sockets were read again
@@ -389,7 +419,7 @@ class TcpTransport:
     def _make_room(self) -> None:
         """Before accepting one more: if ``max_unauthenticated`` connections wait to authenticate, read what
         they sent (a Hello that arrived authenticates its peer), then close the oldest still waiting."""
-        waiting = [c for c in self._connections.values() if not c.is_authenticated]
+        waiting = [c for c in self._unauthenticated.values() if not c.closed and not c.is_authenticated]
         if len(waiting) < self._max_unauthenticated:
             return
         for conn in waiting:
@@ -453,6 +483,7 @@ class TcpTransport:
                 self._selector.unregister(conn.sock)
             self._interest.pop(conn.id, None)
             self._connections.pop(conn.id, None)
+            self._unauthenticated.pop(conn.id, None)
             self._dirty.discard(conn)
             with contextlib.suppress(OSError):
                 conn.sock.close()
@@ -477,17 +508,18 @@ class TcpTransport:
             self._on_event()
 
     def _pump(self) -> None:
-        """Pull messages from every handler while its connection is below the high watermark, and write."""
-        conns = [c for c in self._connections.values() if not c.closed]
-        if not conns:
-            return
+        """Pull messages from the handlers that have some and write them (below the high watermark), then look
+        at every connection this round touched: its events, its handler's readiness, a writer thread's
+        leftovers (see :meth:`flush`)."""
         with self.lock:
+            touched, self._attention = self._attention, set()
+            touched |= self._dirty
             self._dirty.clear()
+            connections = self._connections  # one connected meanwhile is looked at once adopted (see _add)
+            conns = [c for c in touched if not c.closed and c.id in connections]
             for conn in conns:
                 if conn.write_error is None and not conn.write_shut:
-                    conn.fill(self._high_water, self._on_send)
-                    if conn.out:
-                        conn.write()
+                    self._drain(conn)
         for conn in conns:
             if conn.write_error is not None and not conn.closed:
                 self._drop(conn, conn.write_error, clean=False)
@@ -526,7 +558,7 @@ class TcpTransport:
             self._selector.modify(conn.sock, interest, conn)
 
     def _expire_handshakes(self) -> None:
-        for conn in expired_handshakes(list(self._connections.values()), self._handshake_timeout, time.monotonic()):
+        for conn in expired_handshakes(list(self._unauthenticated.values()), self._handshake_timeout, time.monotonic()):
             if not conn.closed:  # the callbacks of an earlier drop may have closed it
                 self._rejections.record(
                     f"closing connection with {conn.peer}: no valid Hello within "

@@ -56,7 +56,7 @@ class OutputBatcher:
     def add(self, batch: pa.RecordBatch) -> None:
         self.pending.append(batch)
         self.pending_rows += batch.num_rows
-        self.pending_bytes += batch.nbytes
+        self.pending_bytes += batch.get_total_buffer_size()
 
     def ready(self, more_available: bool, now: float) -> pa.RecordBatch | None:
         """The batch to hand on now, if any: enough rows or bytes, or nothing more ready and no linger."""
