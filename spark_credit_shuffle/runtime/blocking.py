@@ -64,13 +64,13 @@ _STORAGE_BATCH_BYTES = 4 << 20
 _METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(MetricRow))
 
 
-def _storage_batch(rows: list[tuple[int, int, int, int, object]]) -> pa.RecordBatch:
-    channel, producer, seq, data_type, payloads = zip(*rows)
-    lengths = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
-    offsets = np.zeros(len(payloads) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    data = pa.py_buffer(b"".join(payloads))
-    payload = pa.Array.from_buffers(pa.binary(), len(payloads), [None, pa.py_buffer(offsets), data])
+def _storage_batch(rows: list[tuple[int, int, int, int, int]], data: bytearray) -> pa.RecordBatch:
+    """The stored buffers ``rows`` (channel, producer, seq, data type, payload length) whose payloads are
+    ``data``, one after the other."""
+    channel, producer, seq, data_type, lengths = zip(*rows)
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
+    payload = pa.Array.from_buffers(pa.binary(), len(rows), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     return pa.RecordBatch.from_arrays(
         [
             pa.array(channel, pa.int32()),
@@ -109,17 +109,16 @@ def produce_partition(
         max_buffers_per_channel=config.max_buffers_per_channel,
         max_overdraft_buffers=config.max_overdraft_buffers_per_gate,
     )
-    out: list[tuple[int, int, int, int, object]] = []
+    out: list[tuple[int, int, int, int, int]] = []
+    data = bytearray()  # the payloads of ``out``, one after the other
     seqs = [0] * n
-    out_bytes = 0
 
     def store(subpartition: int, buffer: StoredBuffer) -> None:
-        nonlocal out_bytes
         seq = seqs[subpartition]
         seqs[subpartition] = seq + 1
-        payload = bytes(cast("bytes | memoryview", buffer.payload))  # the segment's bytes, copied
-        out_bytes += len(payload)
-        out.append((consumers[subpartition], producer, seq, int(buffer.data_type), payload))
+        before = len(data)
+        data.extend(cast("bytes | memoryview", buffer.payload))  # the segment's bytes, copied once
+        out.append((consumers[subpartition], producer, seq, int(buffer.data_type), len(data) - before))
 
     partition = BlockingResultPartition(n, pool, partition_id=producer, sink=store)
     settings = Settings.of(config, blocking=True)
@@ -139,10 +138,10 @@ def produce_partition(
             now = time.monotonic()
             if timeline.due(now):
                 sample(now)
-        if out_bytes >= _STORAGE_BATCH_BYTES:
-            yield _storage_batch(out)
-            out.clear()
-            out_bytes = 0
+        if len(data) >= _STORAGE_BATCH_BYTES:
+            yield _storage_batch(out, data)
+            out = []
+            data = bytearray()  # the batch handed to Spark keeps the old one
     if config.checkpoint_interval_ms > 0:  # blocking mode: one barrier at the end of each producer
         engine.writer.broadcast_event(CheckpointBarrier(1, time.time_ns() // 1_000_000, config.checkpoint_options))
     engine.finish()
@@ -150,8 +149,10 @@ def produce_partition(
     sample(time.monotonic())
     metric_rows = [*engine.metric_rows(time.monotonic()), *timeline.timeline_rows()]
     rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in metric_rows]
-    out.append((consumers[0], producer, -1, METRICS_TYPE, json.dumps(rows).encode()))
-    yield _storage_batch(out)
+    metrics = json.dumps(rows).encode()
+    data.extend(metrics)
+    out.append((consumers[0], producer, -1, METRICS_TYPE, len(metrics)))
+    yield _storage_batch(out, data)
     partition.release()
 
 
