@@ -11,7 +11,7 @@ action, ``write.format("noop")``, repeated ``--repeat`` times; the table shows t
   the rows into Python after Spark's own shuffle): the reference of the ratios;
 - ``exchange blocking``: ``exchange(df, key_by("a"), P, mode="blocking")``;
 - ``exchange pipelined``: ``exchange(..., mode="pipelined")`` as it comes (its output placed by an
-  identity shuffle, so that Spark can retry the barrier stage);
+  identity shuffle of nested rows, so that Spark can retry the barrier stage);
 - ``pipelined, streaming``: the same barrier stage writing straight into the sink (``retryable=False``);
 - ``pipelined, streaming, deep``: the same with more buffers in flight per channel (``DEEP_BUFFERS``);
 - ``pipelined, checkpoints``: the streaming form with aligned checkpoint barriers every

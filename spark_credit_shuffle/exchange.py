@@ -249,8 +249,9 @@ def exchange(
     goes through unchanged, timestamps in the session time zone.
 
     ``retryable`` (pipelined mode; default True): the barrier stage's output is placed on its partitions
-    by an identity shuffle, so that Spark can re-run the whole stage after a task failure (output exact)
-    and every operation works downstream (``show``, ``take``, ``limit``). ``retryable=False`` streams the
+    by an identity shuffle (of one nested row per output batch, unnested in the JVM), so that Spark can
+    re-run the whole stage after a task failure (output exact) and every operation works downstream
+    (``show``, ``take``, ``limit``). ``retryable=False`` streams the
     consumers' rows straight into what follows: faster (no shuffle of the output), but a failed task
     fails the job (Spark never retries a barrier result stage) and only actions over every partition run
     (``write``, ``count``, ``collect``, ``foreachPartition``). Blocking mode's output always comes from
