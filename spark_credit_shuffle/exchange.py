@@ -86,7 +86,7 @@ class Exchange:
         :mod:`spark_credit_shuffle.metrics`). Available after an action, like :meth:`metrics`."""
         spark = self.df.sparkSession
         data = [
-            (self.plan.name, self.plan.mode, r.side, r.subtask, r.channel, r.metric, r.stat, r.value, r.time_ms)
+            (self.plan.name, self.plan.mode, r.side, r.subtask, r.channel, r.metric, r.stat, float(r.value), r.time_ms)
             for r in self.timeline_rows()
         ]
         return spark.createDataFrame(data, TIMELINE_DDL)
@@ -95,7 +95,7 @@ class Exchange:
         """The metrics as a DataFrame (see :mod:`spark_credit_shuffle.metrics` for the schema)."""
         spark = self.df.sparkSession
         data = [
-            (self.plan.name, self.plan.mode, r.side, r.subtask, r.channel, r.metric, r.stat, r.value)
+            (self.plan.name, self.plan.mode, r.side, r.subtask, r.channel, r.metric, r.stat, float(r.value))
             for r in self.metric_rows()
         ]
         return spark.createDataFrame(data, METRICS_DDL)
@@ -118,7 +118,7 @@ class Exchange:
                     "alignment_time_ms": values["checkpointAlignmentTime"] / 1e6,
                     "start_delay_ms": values["checkpointStartDelayNanos"] / 1e6,
                     "persisted_bytes": int(values["bytesPersistedDuringAlignment"]),
-                    "end_ms": values["checkpointEndMs"],
+                    "end_ms": float(values["checkpointEndMs"]),
                 }
             )
         return sorted(out, key=lambda d: (d["subtask"], d["checkpoint_id"]))

@@ -102,16 +102,18 @@ def test_blocking_mode_aligns_one_barrier_at_the_end_of_each_producer(mode):
 @pytest.mark.parametrize("mode", ["blocking", "pipelined"])
 def test_rows_out_are_rows_in_with_checkpoints_on_spark(spark, mode):
     df = spark.range(0, 20_000, 1, 3).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
-    # consumer 0 reads its ~7000 rows in about 0.2 s and back-pressures the producers (4 KiB buffers), so
-    # they are still writing at several checkpoint instants
-    slow = Injection(consumer_delay_s=((0, 3e-5),))
+    # consumer 0 reads its ~7000 rows in about 0.7 s and back-pressures the producers (4 KiB buffers), so
+    # they are still writing at dozens of checkpoint instants (on a loaded machine, where the three tasks'
+    # timers fire milliseconds apart and a barrier n+1 overtaking n aborts n, 0.2 s at 5 ms once saw none
+    # completed)
+    slow = Injection(consumer_delay_s=((0, 1e-4),))
     ex = scs.exchange(
         df,
         scs.key_by("k"),
         parallelism=3,
         mode=mode,
         injection=slow,
-        checkpoint_interval_ms=5,
+        checkpoint_interval_ms=10,
         unaligned_checkpoints=True,
         segment_size=4096,
     )
@@ -119,6 +121,9 @@ def test_rows_out_are_rows_in_with_checkpoints_on_spark(spark, mode):
     checkpoints = ex.checkpoints().collect()
     assert checkpoints and {r.subtask for r in checkpoints} <= {0, 1, 2}
     assert all(r.alignment == "unaligned" and r.alignment_time_ms >= 0 for r in checkpoints)
+    counts = ex.metrics().where(F.col("metric") == "numberOfCompletedCheckpoints").collect()  # counts are doubles
+    assert sorted(r.subtask for r in counts) == [0, 1, 2]
+    assert sum(r.value for r in counts) == len(checkpoints)
     if mode == "blocking":
         assert sorted(r.subtask for r in checkpoints) == [0, 1, 2]  # one checkpoint per consumer subtask
 

@@ -203,7 +203,11 @@ class ConsumerCheckpoints:
                     float(sum(handler.channel_state_bytes.values())),
                 )
             )
-        rows.append(MetricRow(CONSUMER, subtask, None, "numberOfCompletedCheckpoints", "total", len(handler.completed)))
-        rows.append(MetricRow(CONSUMER, subtask, None, "numberOfFailedCheckpoints", "total", len(handler.aborted)))
+        rows.append(
+            MetricRow(CONSUMER, subtask, None, "numberOfCompletedCheckpoints", "total", float(len(handler.completed)))
+        )
+        rows.append(
+            MetricRow(CONSUMER, subtask, None, "numberOfFailedCheckpoints", "total", float(len(handler.aborted)))
+        )
         rows.extend(self.barrier_rows)
         return rows
