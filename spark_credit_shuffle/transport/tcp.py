@@ -220,7 +220,8 @@ class TcpTransport:
         self._thread.start()
 
     def wakeup(self) -> None:
-        """Make the I/O thread look at every connection again (thread-safe, cheap when already woken)."""
+        """Wake the I/O thread for a round: it writes the dirty connections and looks at the ones marked for
+        its attention (thread-safe, cheap when already woken)."""
         self._loop.wakeup()
 
     def sending(self) -> _SendingBlock:
@@ -269,7 +270,7 @@ class TcpTransport:
         """A handler went from nothing to send to something to send (called with ``lock`` held)."""
         self._dirty.add(conn)
         if threading.current_thread() is self._thread:
-            return  # the I/O thread pumps every connection after handling its events
+            return  # the I/O thread pumps the dirty connections after handling its events
         if getattr(self._local, "depth", 0):
             return  # the calling thread writes at the end of its sending() block
         self.wakeup()
