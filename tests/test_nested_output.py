@@ -8,6 +8,7 @@ from chispa import assert_df_equality
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
+from test_pipelined import spark_rows
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.runtime import nested_output
@@ -48,14 +49,6 @@ def test_nesting_keeps_every_row_in_order_and_bounds_a_nested_rows_bytes(sizes, 
     else:
         for cell in cells:
             assert pa.RecordBatch.from_pylist(cell, schema=SCHEMA).nbytes <= 2 * limit + 64
-
-
-def spark_rows(spark, n, partitions):
-    return spark.range(0, n, 1, partitions).select(
-        F.col("id"),
-        (F.col("id") % 23).cast("int").alias("k"),
-        F.concat(F.lit("row-"), F.col("id").cast("string")).alias("s"),
-    )
 
 
 @pytest.mark.spark

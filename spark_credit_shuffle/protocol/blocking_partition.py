@@ -18,9 +18,9 @@ from typing import NamedTuple
 from ..buffers.buffer import Buffer, BufferConsumer, DataType, Payload
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
-from .partition import ResultPartition
+from .partition import ResultPartition, partition_buffer_pool
 from .pools import LocalBufferPool, NetworkBufferPool, SegmentRecycler
-from .sizing import PartitionType, result_partition_pool_size
+from .sizing import PartitionType
 from .subpartition import AvailabilityWithBacklog, BufferAndBacklog, BufferAvailabilityListener, end_of_partition
 
 __all__ = ["BlockingResultPartition", "BoundedBlockingSubpartitionReader", "StoredBuffer"]
@@ -73,10 +73,7 @@ class BlockingResultPartition(ResultPartition):
     ) -> BlockingResultPartition:
         """A partition with its LocalBufferPool sized as Flink's hash BLOCKING partition (min N + 1,
         unbounded max, no overdraft)."""
-        lo, hi = result_partition_pool_size(num_subpartitions, config, PartitionType.BLOCKING)
-        pool = network_pool.create_buffer_pool(
-            lo, hi, num_subpartitions=num_subpartitions, max_buffers_per_channel=config.max_buffers_per_channel
-        )
+        pool = partition_buffer_pool(network_pool, num_subpartitions, config, PartitionType.BLOCKING, overdraft=False)
         return cls(num_subpartitions, pool, partition_id=partition_id, sink=sink)
 
     def request_segment(self, subpartition: int) -> SegmentRecycler:

@@ -35,10 +35,33 @@ __all__ = [
     "ResultPartitionManager",
     "ResultPartitionWriter",
     "ServedPartition",
+    "partition_buffer_pool",
 ]
 
 
 # -- base -----------------------------------------------------------------------------------------------
+
+
+def partition_buffer_pool(
+    network_pool: NetworkBufferPool,
+    num_subpartitions: int,
+    config: NetworkConfig,
+    partition_type: str,
+    *,
+    overdraft: bool = True,
+) -> LocalBufferPool:
+    """The LocalBufferPool of a result partition of ``partition_type``, taken from ``network_pool`` and sized
+    as Flink sizes it (:func:`~.sizing.result_partition_pool_size`), with ``max_buffers_per_channel`` per
+    subpartition and, if ``overdraft``, the overdraft limit. Raises InsufficientNetworkBuffersError if the
+    minimum does not fit."""
+    lo, hi = result_partition_pool_size(num_subpartitions, config, partition_type)
+    return network_pool.create_buffer_pool(
+        lo,
+        hi,
+        num_subpartitions=num_subpartitions,
+        max_buffers_per_channel=config.max_buffers_per_channel,
+        max_overdraft_buffers=config.max_overdraft_buffers_per_gate if overdraft else 0,
+    )
 
 
 class ResultPartition:
@@ -151,14 +174,7 @@ class PipelinedResultPartition(ResultPartition):
         subpartition and the overdraft limit. Raises InsufficientNetworkBuffersError if the minimum does
         not fit."""
         partition_type = PartitionType.PIPELINED_BOUNDED if bounded else PartitionType.PIPELINED
-        lo, hi = result_partition_pool_size(num_subpartitions, config, partition_type)
-        pool = network_pool.create_buffer_pool(
-            lo,
-            hi,
-            num_subpartitions=num_subpartitions,
-            max_buffers_per_channel=config.max_buffers_per_channel,
-            max_overdraft_buffers=config.max_overdraft_buffers_per_gate,
-        )
+        pool = partition_buffer_pool(network_pool, num_subpartitions, config, partition_type)
         return cls(
             num_subpartitions,
             pool,

@@ -31,8 +31,9 @@ from ..buffers.format import CheckpointBarrier
 from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow
 from ..protocol.blocking_partition import BlockingResultPartition, StoredBuffer
+from ..protocol.partition import partition_buffer_pool
 from ..protocol.pools import NetworkBufferPool
-from ..protocol.sizing import PartitionType, result_partition_pool_size
+from ..protocol.sizing import PartitionType
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
 from .consumer import consume_partition
 from .engine import ProducerEngine, Settings
@@ -103,12 +104,7 @@ def produce_partition(
     config = plan.config
     if network is None:
         network = NetworkBufferPool.from_config(config)
-    pool = network.create_buffer_pool(
-        *result_partition_pool_size(n, config, PartitionType.BLOCKING),
-        num_subpartitions=n,
-        max_buffers_per_channel=config.max_buffers_per_channel,
-        max_overdraft_buffers=config.max_overdraft_buffers_per_gate,
-    )
+    pool = partition_buffer_pool(network, n, config, PartitionType.BLOCKING)
     out: list[tuple[int, int, int, int, int]] = []
     data = bytearray()  # the payloads of ``out``, one after the other
     seqs = [0] * n
