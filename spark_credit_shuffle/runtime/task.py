@@ -382,7 +382,6 @@ class PipelinedTask(TaskWiring):
         lock = self.lock
         data = self.report.data
         output = consumer.output
-        block = self._sending()
         transport = self.transport
         assert transport is not None
         flush = transport.flush
@@ -391,8 +390,7 @@ class PipelinedTask(TaskWiring):
             with lock:
                 recycle()
 
-        block.__enter__()  # what the recycles make sendable waits for flush(), not for the I/O thread
-        try:
+        with self._sending():  # what the recycles make sendable waits for flush(), not for the I/O thread
             while True:
                 polled = self._next_buffer(consumer, output.linger_until, flush)
                 if isinstance(polled, LingerOver):  # nothing more came while the pending rows waited: hand them on
@@ -417,8 +415,6 @@ class PipelinedTask(TaskWiring):
             flush()
             if output.pending:
                 yield data(output.take())
-        finally:
-            block.__exit__(None, None, None)
 
     def _resume(self, consumer: ConsumerEngine, channels: tuple[int, ...]) -> None:
         """ResumeConsumption on ``channels`` (their subpartitions blocked themselves after an aligned barrier)."""
