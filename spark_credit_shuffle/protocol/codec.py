@@ -29,8 +29,8 @@ violation raises :class:`~spark_credit_shuffle.errors.ProtocolError`, after whic
 further input (the connection must be closed).
 
 Encoding a :class:`BufferResponse` returns the header and the payload as separate chunks, so the payload
-is never copied before it reaches the socket (``socket.sendmsg`` takes the list as is); decoding copies
-it exactly once, out of the receive buffer.
+is never copied before it reaches the socket (``socket.sendmsg`` takes the list as is); decoding does not
+copy it either, unless its frame arrived in pieces (then once, out of their assembly).
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def _expect(body: memoryview, size: int, name: str) -> None:
         raise ProtocolError(f"{name} body is {len(body)} bytes, expected exactly {size}")
 
 
-def _decode_buffer_response(body: memoryview) -> BufferResponse:
+def _decode_buffer_response(body: memoryview, copy: bool = True) -> BufferResponse:
     if len(body) < _BUFFER_RESPONSE_BODY.size:
         raise ProtocolError(
             f"BufferResponse body is {len(body)} bytes, shorter than its {_BUFFER_RESPONSE_BODY.size}-byte header"
@@ -229,7 +229,8 @@ def _decode_buffer_response(body: memoryview) -> BufferResponse:
         raise ProtocolError(f"BufferResponse has unknown data type {data_type}")
     if compressed > 1:
         raise ProtocolError(f"BufferResponse has compressed flag {compressed}, allowed is 0 or 1")
-    payload = bytes(body[_BUFFER_RESPONSE_BODY.size :])
+    view = body[_BUFFER_RESPONSE_BODY.size :]
+    payload: Payload = bytes(view) if copy else view
     return BufferResponse(receiver_id, subpartition, seq, backlog, dt, compressed == 1, payload)
 
 
@@ -328,45 +329,51 @@ class FrameDecoder:
 
     Keeps at most one partial frame (never more than ``max_frame_length`` bytes of it) between calls.
     After a :class:`ProtocolError` every further call raises it again: close the connection.
+
+    A payload is copied only if its frame arrived in pieces: one whole inside the ``bytes`` it came in
+    is a read-only view of them (those bytes stay alive as long as the payload does); a frame cut
+    between two calls is assembled from the pieces, and its payload copied out of the assembly.
     """
 
     def __init__(self, max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE)) -> None:
         if max_frame_length < FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size:
             raise ValueError(f"max_frame_length must be at least {FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size}")
         self.max_frame_length = max_frame_length
-        self._buffer = bytearray()
-        self._pos = 0
+        self._partial = bytearray()  # the start of a frame that has not arrived whole
         self._error: ProtocolError | None = None
         self._pending: list[Message] = []
 
     @property
     def pending_bytes(self) -> int:
         """Bytes of an incomplete frame held since the last complete one."""
-        return len(self._buffer) - self._pos
+        return len(self._partial)
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Message]:
         """Take ``data`` and return every message it completes, in order (an empty list: need more data)."""
         self._raise_if_failed()
-        if data:
-            self._buffer += data
         out = self._pending
         self._pending = []
-        try:
-            while True:
-                message = self._parse_one()
-                if message is None:
-                    break
-                out.append(message)
-        finally:
-            if self._pos:
-                del self._buffer[: self._pos]
-                self._pos = 0
+        if not data:
+            return out
+        if not isinstance(data, bytes):  # memory that may change after this call: payloads must not point into it
+            data = bytes(data)
+        size = len(data)
+        pos = self._complete_partial(data, out) if self._partial else 0
+        if pos == size:
+            return out
+        view = memoryview(data)  # not released: the payloads are views of it
+        while True:
+            parsed = self._parse_one(view, pos, size, copy=False)
+            if parsed is None:
+                break
+            message, pos = parsed
+            out.append(message)
+        if pos < size:  # the start of the next frame: its header was checked as far as it came
+            self._partial += data[pos:]
         return out
 
     def next_message(self) -> Message | _NeedData:
         """The next complete message from the data received so far, or :data:`NEED_DATA`."""
-        if not self._pending:
-            self._pending = self.receive_data(b"")
         if self._pending:
             return self._pending.pop(0)
         return NEED_DATA
@@ -387,10 +394,35 @@ class FrameDecoder:
         self._error = ProtocolError(message)
         raise self._error
 
-    def _parse_one(self) -> Message | None:
-        buf = self._buffer
-        pos = self._pos
-        available = len(buf) - pos
+    def _complete_partial(self, data: bytes, out: list[Message]) -> int:
+        """Add to the partial frame the bytes of ``data`` it still needs (no more: never beyond the frame's
+        declared length); decode it if whole. Returns how many bytes of ``data`` it took."""
+        partial = self._partial
+        taken = 0
+        size = len(data)
+        while taken < size:
+            have = len(partial)
+            if have < 4:
+                need = 4 - have
+            else:
+                (length,) = struct.unpack_from(">I", partial, 0)
+                need = length - have
+            chunk = data[taken : taken + need]
+            partial += chunk
+            taken += len(chunk)
+            with memoryview(partial) as view:
+                parsed = self._parse_one(view, 0, len(partial), copy=True)
+            if parsed is not None:
+                out.append(parsed[0])
+                partial.clear()
+                return taken
+        return taken
+
+    def _parse_one(self, buf: memoryview, pos: int, end: int, *, copy: bool) -> tuple[Message, int] | None:
+        """The message of the frame at ``pos`` of ``buf[:end]`` and where the next frame starts, or None if it
+        is incomplete; its header is checked as far as it is there. ``copy``: a payload is copied out of
+        ``buf`` (which will change) instead of viewed."""
+        available = end - pos
         if available < 4:
             return None
         (length,) = struct.unpack_from(">I", buf, pos)
@@ -411,15 +443,14 @@ class FrameDecoder:
                 self._fail(f"unknown message id {msg_id}")
         if available < length:
             return None
-        decoder = _DECODERS[buf[pos + 9]]
-        with memoryview(buf) as view:
-            body = view[pos + FRAME_HEADER_LENGTH : pos + length]
-            try:
-                message = decoder(body)
-            except ProtocolError as exc:
-                self._error = exc
-                raise
-            finally:
+        msg_id = buf[pos + 9]
+        body = buf[pos + FRAME_HEADER_LENGTH : pos + length]
+        try:
+            message = _decode_buffer_response(body, copy) if msg_id == 0 else _DECODERS[msg_id](body)
+        except ProtocolError as exc:
+            self._error = exc
+            raise
+        finally:
+            if copy:
                 body.release()
-        self._pos = pos + length
-        return message
+        return message, pos + length

@@ -86,6 +86,28 @@ def test_next_message_returns_need_data_until_a_frame_is_complete():
     assert decoder.receive_data(frame[-1:]) == [AddCredit(5, 3)]
 
 
+def test_a_payload_that_arrived_whole_is_a_view_and_one_cut_by_the_wire_is_assembled():
+    first = BufferResponse(1, 0, 0, 0, DataType.DATA_BUFFER, False, b"a" * 3000)
+    second = BufferResponse(1, 0, 1, 0, DataType.DATA_BUFFER, False, b"b" * 3000)
+    wire = encode_to_bytes(first) + encode_to_bytes(second)
+    cut = len(wire) - 1000  # the second frame arrives in two pieces
+    decoder = FrameDecoder(MAX_FRAME)
+    head = wire[:cut]
+    (whole,) = decoder.receive_data(head)
+    assert isinstance(whole.payload, memoryview) and whole.payload.obj is head  # no copy: a view of what came
+    assert whole == first and decoder.pending_bytes == cut - encoded_size(first)
+    (assembled,) = decoder.receive_data(wire[cut:])
+    assert assembled == second and decoder.pending_bytes == 0
+
+
+def test_a_payload_never_points_into_memory_the_caller_may_reuse():
+    message = BufferResponse(1, 0, 0, 0, DataType.DATA_BUFFER, False, b"x" * 100)
+    receive_buffer = bytearray(encode_to_bytes(message))
+    (decoded,) = FrameDecoder(MAX_FRAME).receive_data(memoryview(receive_buffer))
+    receive_buffer[:] = b"\0" * len(receive_buffer)  # the caller reads the next bytes into the same memory
+    assert decoded == message
+
+
 def _frame(msg_id: int, body: bytes, *, magic: int = MAGIC_NUMBER, version: int = PROTOCOL_VERSION, length=None):
     length = FRAME_HEADER_LENGTH + len(body) if length is None else length
     return struct.pack(">IIBB", length, magic, version, msg_id) + body
