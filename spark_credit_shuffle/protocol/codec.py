@@ -331,8 +331,10 @@ class FrameDecoder:
     After a :class:`ProtocolError` every further call raises it again: close the connection.
 
     A payload is copied only if its frame arrived in pieces: one whole inside the ``bytes`` it came in
-    is a read-only view of them (those bytes stay alive as long as the payload does); a frame cut
-    between two calls is assembled from the pieces, and its payload copied out of the assembly.
+    is a read-only view of them; a frame cut between two calls is assembled from the pieces, and its
+    payload copied out of the assembly. A view keeps the whole read it came in alive: on a connection
+    whose buffers are consumed in the order they arrived (one channel per connection, as between two
+    tasks), that is at most one read's bytes beyond the payloads still queued.
     """
 
     def __init__(self, max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE)) -> None:
