@@ -195,20 +195,29 @@ def main(argv: list[str] | None = None) -> int:
     core_plan = dataclasses.replace(scs.exchange(df, scs.key_by("a"), p, mode="blocking").plan, num_producers=1)
 
     def in_place(batches):  # the "exchange core in place" case: the core on a task's own rows, in the task
+        import itertools
+
         import pyarrow.compute as pc
 
         from spark_credit_shuffle.runtime.blocking import consume_partition, produce_partition
 
-        stored = list(produce_partition(batches, 0, core_plan))
+        n = core_plan.num_consumers
+        stored = itertools.tee(produce_partition(batches, 0, core_plan), n)
+        outputs = [
+            consume_partition((b.filter(pc.equal(b.column(0), c)) for b in stored[c]), c, core_plan) for c in range(n)
+        ]
         width = len(core_plan.schema)
-        for consumer in range(core_plan.num_consumers):
-            last = None  # a consumer's last batch is its metrics row, not data
-            for out in consume_partition(
-                (b.filter(pc.equal(b.column(0), consumer)) for b in stored), consumer, core_plan
-            ):
-                if last is not None:
-                    yield last.select(range(width))
-                last = out
+        held = [None] * n  # a consumer's last batch is its metrics row, not data
+        live = list(range(n))
+        while live:  # the consumers in turn: the stored buffers wait for the slowest one only, memory stays small
+            for c in list(live):
+                out = next(outputs[c], None)
+                if out is None:
+                    live.remove(c)
+                    continue
+                if held[c] is not None:
+                    yield held[c].select(range(width))
+                held[c] = out
 
     cases: list[tuple[str, Callable[[], Any]]] = [
         ("repartition", lambda: noop(df.repartition(p, "a"))),
