@@ -9,10 +9,11 @@ action, ``write.format("noop")``, repeated ``--repeat`` times; the table shows t
   Python step pays, the floor of the streaming exchange;
 - ``repartition + mapInArrow``: the same followed by an identity ``mapInArrow`` (what a user pays to get
   the rows into Python after Spark's own shuffle): the reference of the ratios;
-- ``exchange core in place``: a ``mapInArrow`` whose tasks put their own rows through the exchange's Python
-  core and back (the RecordWriter over ``key_by("a")``'s P channels, the stored-buffer replay through the
-  credit protocol, the RecordReaders; no network, no threads, no rows move between tasks): the least a
-  streaming exchange with this core can cost, next to ``mapInArrow`` alone;
+- ``exchange core in place``: a ``mapInArrow`` whose tasks put their own rows through the pipelined exchange's
+  Python core and back, in the task's own thread: the RecordWriter over ``key_by("a")``'s P channels into a
+  pipelined result partition, a gate reading every subpartition, the RecordReaders (with the full validation
+  of data from another process) and the output batching; no network, no threads, no rows move between tasks.
+  The least a streaming exchange built on this core can cost, next to ``mapInArrow`` alone;
 - ``exchange blocking``: ``exchange(df, key_by("a"), P, mode="blocking")``;
 - ``exchange pipelined``: ``exchange(..., mode="pipelined")`` as it comes (its output placed by an
   identity shuffle of nested rows, so that Spark can retry the barrier stage);
@@ -38,7 +39,6 @@ alignment figures). The last line printed is one JSON object with the headline f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -192,32 +192,49 @@ def main(argv: list[str] | None = None) -> int:
     def identity(batches):  # nested: pickled by value, so workers need not import this script
         yield from batches
 
-    core_plan = dataclasses.replace(scs.exchange(df, scs.key_by("a"), p, mode="blocking").plan, num_producers=1)
+    core_plan = scs.exchange(df, scs.key_by("a"), p, mode="pipelined").plan
 
-    def in_place(batches):  # the "exchange core in place" case: the core on a task's own rows, in the task
-        import itertools
+    def in_place(batches):  # the "exchange core in place" case: the pipelined core in the task's own thread
+        import pyarrow as pa
 
-        import pyarrow.compute as pc
+        from spark_credit_shuffle.buffers.reader import RecordReader
+        from spark_credit_shuffle.buffers.writer import RecordWriter
+        from spark_credit_shuffle.protocol import NetworkBufferPool, PipelinedResultPartition, SingleInputGate
+        from spark_credit_shuffle.runtime.engine import OutputBatcher
 
-        from spark_credit_shuffle.runtime.blocking import consume_partition, produce_partition
+        config, n, schema = core_plan.config, core_plan.num_consumers, core_plan.schema
+        network = NetworkBufferPool.from_config(config)
+        partition = PipelinedResultPartition.create(network, n, config)
+        gate = SingleInputGate(network, n, config)
+        for channel in range(n):  # one channel per subpartition, each read as a remote consumer reads it
+            gate.local_channel(channel, partition, subpartition=channel)
+        gate.request_partitions()
+        selector = core_plan.partitioner.selector(0, 1, n, core_plan.max_parallelism)
+        writer = RecordWriter(partition, selector, config.segment_size, schema=schema, resumable=True)
+        readers = [RecordReader(schema, channel=c, validate=True) for c in range(n)]
+        output = OutputBatcher(8192, 0.0)
 
-        n = core_plan.num_consumers
-        stored = itertools.tee(produce_partition(batches, 0, core_plan), n)
-        outputs = [
-            consume_partition((b.filter(pc.equal(b.column(0), c)) for b in stored[c]), c, core_plan) for c in range(n)
-        ]
-        width = len(core_plan.schema)
-        held = [None] * n  # a consumer's last batch is its metrics row, not data
-        live = list(range(n))
-        while live:  # the consumers in turn: the stored buffers wait for the slowest one only, memory stays small
-            for c in list(live):
-                out = next(outputs[c], None)
-                if out is None:
-                    live.remove(c)
-                    continue
-                if held[c] is not None:
-                    yield held[c].select(range(width))
-                held[c] = out
+        def drain():
+            while (polled := gate.poll_next()) is not None:
+                for item in readers[polled.channel_index].feed(polled.buffer, polled.sequence_number):
+                    if isinstance(item, pa.RecordBatch):
+                        output.add(item)
+                ready = output.ready(polled.more_available, 0.0)
+                if ready is not None:
+                    yield ready
+
+        for batch in batches:
+            done = writer.emit(batch)
+            yield from drain()
+            while not done:  # the pool ran out: the consumers above returned its buffers
+                done = writer.resume()
+                yield from drain()
+        writer.finish()
+        partition.close()
+        yield from drain()
+        if output.pending:
+            yield output.take()
+        assert gate.is_finished, "every channel reads its end of partition"
 
     cases: list[tuple[str, Callable[[], Any]]] = [
         ("repartition", lambda: noop(df.repartition(p, "a"))),
@@ -313,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         headline["pipelined_streaming_task_cpu_s"] = round(cpu, 3)
         headline["core_in_place_vs_mapinarrow_throughput_ratio"] = round(core_vs_map, 3)
         print(
-            f"  the streaming tasks' CPU time (taskCpuTimeMs, all tasks): {cpu:.2f} s; the exchange's Python core on "
-            f"each task's own rows (RecordWriter, stored-buffer replay through the credit protocol, RecordReader; "
+            f"  the streaming tasks' CPU time (taskCpuTimeMs, all tasks): {cpu:.2f} s; the pipelined exchange's "
+            f"Python core on each task's own rows, in its own thread (RecordWriter, partition, gate, RecordReaders; "
             f"no network, no threads): {core_vs_map:.2f}x mapInArrow alone, the most this core allows"
         )
         if not args.no_sweep:
