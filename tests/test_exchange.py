@@ -18,7 +18,7 @@ from spark_credit_shuffle.errors import (
 )
 from spark_credit_shuffle.runtime import blocking, pipelined
 from spark_credit_shuffle.runtime.common import IN_BAND, CollectedMetrics, metrics_report
-from spark_credit_shuffle.runtime.session import is_connect, num_partitions
+from spark_credit_shuffle.runtime.session import ARROW_BATCH_BYTES_KEY, is_connect, num_partitions
 
 pytestmark = pytest.mark.spark
 
@@ -222,6 +222,29 @@ def test_task_failing_once_is_retried_and_output_and_metrics_stay_exact(request,
     consumers = {r.subtask for r in rows if r.side == "consumer"}
     producers = {r.subtask for r in rows if r.side == "producer"}
     assert consumers == {0, 1, 2} and producers == {0, 1, 2}
+
+
+@pytest.mark.parametrize("session", ["classic", "connect"])
+def test_blocking_exchange_bounds_the_arrow_batches_of_its_consumers_unless_the_session_does(request, session):
+    spark = request.getfixturevalue("spark" if session == "classic" else "connect_spark")
+    before = spark.conf.get(ARROW_BATCH_BYTES_KEY, None)
+    df = rows_df(spark, n=300)
+    try:
+        spark.conf.unset(ARROW_BATCH_BYTES_KEY)
+        scs.exchange(df, scs.key_by("k"), parallelism=2, mode="pipelined")
+        assert spark.conf.get(ARROW_BATCH_BYTES_KEY, None) is None  # only the blocking consumers need it
+        ex = scs.exchange(df, scs.key_by("k"), parallelism=2, mode="blocking")
+        assert spark.conf.get(ARROW_BATCH_BYTES_KEY, None) == f"{blocking.CONSUMER_INPUT_BATCH_BYTES}b"
+        assert_df_equality(ex.df, df, ignore_row_order=True)
+        spark.conf.set(ARROW_BATCH_BYTES_KEY, "64k")  # the session's own bound is kept
+        ex = scs.exchange(df, scs.key_by("k"), parallelism=2, mode="blocking")
+        assert spark.conf.get(ARROW_BATCH_BYTES_KEY, None) == "64k"
+        assert_df_equality(ex.df, df, ignore_row_order=True)
+    finally:
+        if before is None:
+            spark.conf.unset(ARROW_BATCH_BYTES_KEY)
+        else:
+            spark.conf.set(ARROW_BATCH_BYTES_KEY, before)
 
 
 def test_jobs_and_stages_are_labelled_with_the_exchange(spark, capsys):

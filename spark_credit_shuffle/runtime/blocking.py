@@ -37,6 +37,7 @@ from ..protocol.sizing import PartitionType
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
 from .consumer import consume_partition
 from .engine import ProducerEngine, Settings
+from .session import bound_arrow_batches
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -61,6 +62,10 @@ METRICS_TYPE = -1
 #: Stored buffers are handed to Spark in batches of about this many payload bytes (fewer, larger
 #: batches than one per input batch; memory stays a few MiB).
 _STORAGE_BATCH_BYTES = 4 << 20
+#: The consumer stage gets its stored buffers from Spark in Arrow batches of at most this many bytes
+#: (see :func:`~.session.bound_arrow_batches`): a 4 MiB bound took its stage from 1.4-1.7 s to about
+#: 1.1 s per 10 M rows, against 1.2-1.3 s with 16 MiB or 32 MiB and 1.1-1.15 s with 1 or 2 MiB.
+CONSUMER_INPUT_BATCH_BYTES = 4 << 20
 #: A producer's metric rows travel as JSON lists of these fields, in this order.
 _METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(MetricRow))
 
@@ -170,6 +175,7 @@ def build(
     ``report``: how consumer tasks report metrics (default: :func:`~.common.metrics_report`'s choice).
     """
     report = (report if report is not None else metrics_report(df.sparkSession)).beside(df.columns)
+    bound_arrow_batches(df.sparkSession, CONSUMER_INPUT_BATCH_BYTES)
 
     def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         producer = _partition_id()

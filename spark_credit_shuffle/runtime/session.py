@@ -15,6 +15,7 @@ nothing touches the JVM on a Connect session.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -29,7 +30,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = [
+    "ARROW_BATCH_BYTES_KEY",
     "available_slots",
+    "bound_arrow_batches",
     "configured_executors",
     "executor_slots",
     "is_connect",
@@ -37,6 +40,11 @@ __all__ = [
     "spark_context",
     "task_partition_id",
 ]
+
+_log = logging.getLogger(__name__)
+
+#: Spark's bound on the bytes of one Arrow batch it hands a Python task (its default: 64 MiB).
+ARROW_BATCH_BYTES_KEY = "spark.sql.execution.arrow.maxBytesPerBatch"
 
 _LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
 _LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*(?:,[^\]]*)?\]$")
@@ -88,6 +96,31 @@ def num_partitions(df: DataFrame) -> int:
     if sc is not None:
         return df.rdd.getNumPartitions()
     return _count_partitions(df, drop_rows=True) or _count_partitions(df, drop_rows=False)
+
+
+def bound_arrow_batches(spark: Any, max_bytes: int) -> bool:
+    """Have Spark hand Python tasks Arrow batches of at most ``max_bytes`` (its
+    ``spark.sql.execution.arrow.maxBytesPerBatch``), unless the session sets that bound itself.
+
+    Spark cuts a Python task's input after 10,000 rows or 64 MiB. Rows of whole network buffers
+    (32 KiB each by default) reach the byte bound first: a consumer task of the blocking exchange would
+    get its input in 64 MiB batches, which its Python worker holds whole, and which the JVM builds by
+    growing its Arrow vectors over and over (a batch of a few MiB costs the JVM about half as much
+    CPU per byte). The bound is a session setting, so it holds for every Python task of the session
+    that gets batches larger than it; rows of ordinary width (10,000 rows under ``max_bytes``) are cut
+    as before. Returns whether it set the bound: False when the session already has one (the user's
+    choice is kept) or does not allow it to be set (a managed runtime's restriction; the exchange
+    still runs, with Spark's batches).
+    """
+    conf = spark.conf
+    if conf.get(ARROW_BATCH_BYTES_KEY, None) is not None:
+        return False
+    try:
+        conf.set(ARROW_BATCH_BYTES_KEY, f"{int(max_bytes)}b")
+    except Exception as exc:  # pyspark's classic and Connect errors share no base class but Exception
+        _log.info("could not set %s (%s); Spark's default bound applies", ARROW_BATCH_BYTES_KEY, exc)
+        return False
+    return True
 
 
 # -- executors and task slots ----------------------------------------------------------------------------
