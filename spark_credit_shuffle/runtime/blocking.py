@@ -64,7 +64,7 @@ METRICS_TYPE = -1
 _STORAGE_BATCH_BYTES = 4 << 20
 #: The consumer stage gets its stored buffers from Spark in Arrow batches of at most this many bytes
 #: (see :func:`~.session.bound_arrow_batches`): a 4 MiB bound took its stage from 1.4-1.7 s to about
-#: 1.1 s per 10 M rows, against 1.2-1.3 s with 16 MiB or 32 MiB and 1.1-1.15 s with 1 or 2 MiB.
+#: 1.1 s per 10 M rows, against 1.13-1.18 s with 16 MiB, 1.26 s with 32 MiB and 1.14-1.15 s with 1 or 2 MiB.
 CONSUMER_INPUT_BATCH_BYTES = 4 << 20
 #: A producer's metric rows travel as JSON lists of these fields, in this order.
 _METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(MetricRow))

@@ -112,13 +112,15 @@ def bound_arrow_batches(spark: Any, max_bytes: int) -> bool:
     choice is kept) or does not allow it to be set (a managed runtime's restriction; the exchange
     still runs, with Spark's batches).
     """
+    from pyspark.errors import PySparkException  # the base of classic (captured) and Connect errors
+
     conf = spark.conf
     if conf.get(ARROW_BATCH_BYTES_KEY, None) is not None:
         return False
     try:
         conf.set(ARROW_BATCH_BYTES_KEY, f"{int(max_bytes)}b")
-    except Exception as exc:  # pyspark's classic and Connect errors share no base class but Exception
-        _log.info("could not set %s (%s); Spark's default bound applies", ARROW_BATCH_BYTES_KEY, exc)
+    except PySparkException as exc:
+        _log.warning("could not set %s (%s); Spark's default bound applies", ARROW_BATCH_BYTES_KEY, exc)
         return False
     return True
 
