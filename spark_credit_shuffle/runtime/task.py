@@ -228,7 +228,6 @@ class PipelinedTask(TaskWiring):
         producer = self.producer
         assert producer is not None and self.transport is not None and self.partition is not None
         clock = producer.time
-        schema = self.plan.schema
         sending = self.transport.sending
         thread_cpu = time.thread_time()
         try:
@@ -246,8 +245,6 @@ class PipelinedTask(TaskWiring):
                     break
                 if not batch.num_rows:
                     continue
-                if batch.schema is not schema and not batch.schema.equals(schema):
-                    batch = batch.cast(schema)
                 # the writer stops at the first buffer its pool cannot give; wait, then write on from there
                 self._await_buffer(producer)
                 with sending(), self.writer_lock:
