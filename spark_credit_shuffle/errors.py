@@ -225,7 +225,13 @@ def task_error(exc: BaseException) -> CreditShuffleError | None:
     """
     if isinstance(exc, CreditShuffleError):
         return exc
-    for match in _RAISED.finditer(str(exc)):
+    return error_in_text(str(exc))
+
+
+def error_in_text(text: str) -> CreditShuffleError | None:
+    """The first of this package's errors that ``text`` names as a traceback prints one
+    (``spark_credit_shuffle.errors.NullKeyError: message``), rebuilt; None if it names none."""
+    for match in _RAISED.finditer(text):
         message = _SQL_STATE.sub("", match.group(3).strip())
         error = rebuild(f"{match.group(1)}.{match.group(2)}", message)
         if error is not None:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pandas as pd
 import pytest
 from chispa import assert_df_equality
@@ -247,3 +253,50 @@ def test_typed_errors_leaves_other_errors_alone(spark):
     with pytest.raises(ZeroDivisionError), scs.typed_errors():
         raise ZeroDivisionError("not the exchange's")
     assert scs.task_error(RuntimeError("no typed error in here")) is None
+
+
+_DYNAMIC_ALLOCATION_JOB = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+    import spark_credit_shuffle as scs
+
+    spark = (
+        SparkSession.builder.master("local-cluster[1,2,1024]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.executor.memory", "512m")
+        .config("spark.dynamicAllocation.enabled", "true")
+        .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
+        .getOrCreate()
+    )
+    tracker = spark.sparkContext.statusTracker()
+    df = spark.range(0, 2000, 1, 2)
+    try:
+        scs.exchange(df, scs.rebalance(), 2, "pipelined")
+        refused = None
+    except scs.BarrierStageError as exc:
+        refused = str(exc)
+    jobs_before_blocking = len(tracker.getJobIdsForGroup(None))
+    rows = scs.exchange(df, scs.rebalance(), 2, "blocking").df.count()
+    spark.stop()
+    print(json.dumps({"refused": refused, "jobs": jobs_before_blocking, "rows": rows}))
+    """
+)
+
+
+def test_pipelined_mode_under_dynamic_allocation_is_refused_before_any_job_and_blocking_runs(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(_DYNAMIC_ALLOCATION_JOB)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, check=False, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["refused"] is not None and "spark.dynamicAllocation.enabled" in out["refused"]
+    assert "mode='blocking'" in out["refused"] and "spark.executor.instances" in out["refused"]
+    assert out["jobs"] == 0, "the refusal came after a Spark job"
+    assert out["rows"] == 2000

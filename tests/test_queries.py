@@ -147,7 +147,12 @@ def test_any_query_any_partitioner_any_mode_conserves_rows(spark, shape, partiti
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     ("shape", "partitioner"),
-    [("filter tightens nullability", "key_by"), ("folded literals and casts", "rebalance"), ("union", "custom")],
+    [
+        ("filter tightens nullability", "key_by"),
+        ("folded literals and casts", "rebalance"),
+        ("union", "custom"),
+        ("coalesce", "rescale"),
+    ],
 )
 def test_query_shapes_on_spark_connect(connect_spark, shape, partitioner, mode):
     check_exchange(connect_spark, shape, partitioner, mode, parallelism=2)

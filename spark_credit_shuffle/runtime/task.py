@@ -204,9 +204,13 @@ class PipelinedTask(TaskWiring):
                 consumer.time.stop(time.monotonic())
             self._await_end()
             yield from self.report.last(self.plan.schema, self._metric_rows())
-        except BaseException:
+        except BaseException as exc:
             if self.failed_at is None:  # before closing: peers see the close and fail after this task
                 self.failed_at = time.monotonic()
+            self.cause = exc
+            remote = getattr(exc, "remote", None)
+            if remote is not None:  # a producer's failure reached this consumer: raise that first cause
+                raise remote from exc
             raise
         finally:
             self._close()
