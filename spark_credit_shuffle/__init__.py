@@ -9,6 +9,7 @@ from ._pyspark import MIN_PYSPARK  # first: refuses a pyspark older than MIN_PYS
 from .buffers import CheckpointBarrier, EndOfPartition, LatencyMarker, RecordReader, RecordWriter
 from .config import NetworkConfig, default_max_parallelism
 from .dataframe import rdd_with_channel, with_channel
+from .diagnosis import Diagnosis, SubtaskSummary
 from .errors import (
     BarrierStageError,
     BufferDecodeError,
@@ -57,6 +58,7 @@ __all__ = [
     "CheckpointBarrier",
     "ConfigError",
     "CreditShuffleError",
+    "Diagnosis",
     "EndOfPartition",
     "Exchange",
     "ExchangePlan",
@@ -78,6 +80,7 @@ __all__ = [
     "SchemaMismatchError",
     "Simulation",
     "SimulationReport",
+    "SubtaskSummary",
     "UnknownSettingError",
     "UnsupportedColumnTypeError",
     "UnsupportedInputError",

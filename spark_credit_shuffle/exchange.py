@@ -10,6 +10,7 @@ network metrics of that run as a DataFrame (schema in :mod:`spark_credit_shuffle
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import re
@@ -20,6 +21,7 @@ import pyarrow as pa
 
 from .config import NetworkConfig, check_operator_parallelism
 from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, check_dataframe, resolve_key_columns
+from .diagnosis import SUMMARY_DDL, Diagnosis, SubtaskSummary, diagnose, summarize
 from .errors import ConfigError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
@@ -99,6 +101,26 @@ class Exchange:
             for r in self.metric_rows()
         ]
         return spark.createDataFrame(data, METRICS_DDL)
+
+    def summary_rows(self) -> list[SubtaskSummary]:
+        """One :class:`~spark_credit_shuffle.diagnosis.SubtaskSummary` per producer and consumer subtask of
+        the first action that ran ``df`` (see :meth:`summary`)."""
+        return summarize(self.metric_rows())
+
+    def summary(self) -> DataFrame:
+        """One row per subtask: ``side``, ``subtask``, ``records``, ``buffers`` and ``bytes`` (out for a
+        producer, in for a consumer), ``records_per_second``, ``busy_ms_per_second``, ``idle_ms_per_second``,
+        ``back_pressured_ms_per_second``, Flink's ``back_pressure`` status (``OK`` up to 10% of the time
+        back-pressured, ``LOW`` up to 50%, ``HIGH`` above) and the pool usage peak and mean. Available after
+        an action, like :meth:`metrics`."""
+        data = [(self.plan.name, self.plan.mode, *dataclasses.astuple(r)) for r in self.summary_rows()]
+        return self.df.sparkSession.createDataFrame(data, SUMMARY_DDL)
+
+    def diagnose(self) -> Diagnosis:
+        """Where backpressure starts (the busy consumer subtask the back-pressured producers send to), told
+        apart from data skew and from an idle exchange; ``str()`` of it is a sentence for people, its fields
+        a result for code (see :class:`~spark_credit_shuffle.diagnosis.Diagnosis`)."""
+        return diagnose(self.summary_rows())
 
     def checkpoint_rows(self) -> list[dict[str, Any]]:
         """The checkpoints each consumer subtask completed (``checkpoint_interval_ms`` > 0), one dict per
