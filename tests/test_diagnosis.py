@@ -120,3 +120,48 @@ def test_skewed_keys_are_skew_and_an_even_exchange_is_ok(spark, mode):
     assert even.diagnose().verdict == "ok", even.diagnose()
     if mode == "pipelined":
         assert {r.back_pressure for r in even.summary().where("side = 'producer'").collect()} == {OK}
+
+
+# -- from a DataFrame to its exchange ---------------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["blocking", "pipelined"])
+def test_the_dataframe_method_and_the_exchange_found_from_a_result(any_spark, mode):
+    df = any_spark.range(0, 1000, 1, 2).select("id", (F.col("id") % 7).alias("k"))
+    result = df.creditShuffle(scs.key_by("k"), 3, mode).where("id >= 0")
+    assert result.count() == 1000
+    ex = scs.exchange_of(result)
+    assert (ex.plan.num_consumers, ex.plan.mode) == (3, mode)
+    assert sum(s.records for s in ex.summary_rows() if s.side == CONSUMER) == 1000
+    assert ex.diagnose().verdict in ("ok", "skew")
+    chained = df.transform(scs.exchanged(scs.rebalance(), 2, mode)).transform(scs.exchanged(scs.key_by("k"), 2, mode))
+    assert [e.plan.partitioner.name for e in scs.exchanges_of(chained)] == ["HASH", "REBALANCE"]  # outermost first
+    with pytest.raises(scs.ConfigError, match=r"its plan holds 2 exchanges"):
+        scs.exchange_of(chained)
+    with pytest.raises(scs.ConfigError, match=r"its plan holds no exchange"):
+        scs.exchange_of(df)
+
+
+def test_the_dataframe_method_never_replaces_an_existing_one(spark):
+    with pytest.raises(scs.ConfigError, match=r"it has that attribute already"):
+        scs.install_dataframe_method("filter")
+    scs.install_dataframe_method()  # again under its own name: allowed, the same method
+    assert spark.range(3).creditShuffle(scs.rebalance(), 1).count() == 3
+
+
+@pytest.mark.spark
+def test_the_readme_quick_start_runs(spark, tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("## Quick start")
+    code = readme[readme.index("```python\n", start) + len("```python\n") :]
+    code = code[: code.index("```")]
+    code = code.replace("1_000_000", "20_000")  # small data; the session is the tests' (getOrCreate returns it)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    exec(compile(code, "README quick start", "exec"), {})
+    assert (tmp_path / "timeline.png").read_bytes().startswith(b"\x89PNG")
+    out = capsys.readouterr().out
+    assert "back_pressure" in out and ("ok:" in out or "skew" in out or "backpressure starts" in out)
