@@ -339,6 +339,13 @@ class NetworkConfig:
         "executor of its own)",
     )  # fmt: skip
 
+    monitor: bool = _setting(
+        False, "none (Flink's web UI shows back pressure while a job runs)", _parse_bool,
+        "print one line per exchange to stderr every few seconds while it runs (rows moved, back-pressured "
+        "producers, the slowest consumer, pool usage), from samples the tasks send to the driver; classic "
+        "sessions only (on Spark Connect the executors cannot reach the client)",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         for f in fields(self):
             raw = getattr(self, f.name)

@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import logging
 import re
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from .errors import ConfigError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
 from .runtime.checkpoints import CHECKPOINT_STAT
+from .runtime.monitor import MonitorAddress
 from .runtime.plan import ExchangePlan, Injection
 from .runtime.session import num_partitions
 
@@ -336,6 +338,7 @@ def exchange(
     num_producers: int | None = None,
     injection: Injection | None = None,
     retryable: bool | None = None,
+    monitor: bool | Callable[[list[MetricRow]], Any] | None = None,
     **settings: Any,
 ) -> Exchange:
     """Move ``df``'s rows through Flink's network stack to ``parallelism`` consumer subtasks.
@@ -359,12 +362,21 @@ def exchange(
     fails the job (Spark never retries a barrier result stage) and only actions over every partition run
     (``write``, ``count``, ``collect``, ``foreachPartition``). Blocking mode's output always comes from
     a Spark shuffle and is always retryable; there the keyword changes nothing.
+
+    ``monitor`` (default: the ``monitor`` setting, ``spark.creditShuffle.monitor``): while an action runs the
+    exchange, its tasks send their timeline samples to the driver; ``True`` prints one line per exchange every
+    few seconds to stderr (rows moved, back-pressured producers, the slowest consumer, pool usage), a callable
+    gets the samples (lists of the metric rows :meth:`Exchange.timeline_rows` returns) as they arrive, on a
+    thread of its own (``spark_credit_shuffle.plot.LiveTimeline`` draws them in a notebook). Classic sessions
+    only: on Spark Connect the exchange says so once and runs without (see :mod:`.runtime.monitor`).
     """
     df = check_dataframe(df)
     if not isinstance(mode, str) or mode not in MODES:
         raise ConfigError("mode", mode, " or ".join(repr(m) for m in MODES))
     if retryable is not None and not isinstance(retryable, bool):
         raise ConfigError("retryable", retryable, "True, False or None (the default: True)")
+    if monitor is not None and not isinstance(monitor, bool) and not callable(monitor):
+        raise ConfigError("monitor", _short(monitor), "True, False, a function of the samples, or None (the setting)")
     partitioner = _check_partitioner(partitioner)
     if config is not None and not isinstance(config, NetworkConfig):
         raise ConfigError(
@@ -408,8 +420,10 @@ def exchange(
     else:  # nothing to move: no producer subtask, `parallelism` consumers (0 if not given) that receive nothing
         consumers = parallelism or 0
         max_parallelism = _max_parallelism(partitioner, config, max(consumers, 1))
+    name = f"{partitioner.name.lower()}-{mode}-{next(_ids)}"
+    wanted = config.monitor if monitor is None else monitor
     plan = ExchangePlan(
-        name=f"{partitioner.name.lower()}-{mode}-{next(_ids)}",
+        name=name,
         mode=mode,
         partitioner=partitioner,
         num_producers=producers,
@@ -419,6 +433,7 @@ def exchange(
         schema=schema,
         injection=injection,
         retryable=retryable,
+        monitor=_live_monitor(spark, name, wanted) if producers and wanted is not False else None,
     )
     if producers:
         from .planner import check_fits
@@ -441,6 +456,33 @@ def exchange(
     if plain != names:
         out = out.toDF(*names)
     return Exchange(plan, out, collected)
+
+
+_said_no_monitor: list[bool] = []
+
+
+def _live_monitor(spark: Any, name: str, wanted: bool | Callable[[list[MetricRow]], Any]) -> MonitorAddress | None:
+    """Where the tasks of exchange ``name`` send their samples (the driver's monitor service), or None on
+    Spark Connect (said once per process) or when the service cannot start."""
+    from .runtime.monitor import Monitor, driver_monitor
+    from .runtime.session import is_connect
+
+    if is_connect(spark):
+        if not _said_no_monitor:
+            _said_no_monitor.append(True)
+            log.warning(
+                "live monitor: not on Spark Connect (the executors cannot reach this client); the metrics come "
+                "after the action, through metrics(), summary() and timeline()"
+            )
+        return None
+    callback = None if isinstance(wanted, bool) else wanted
+    sink = Monitor(name, callback=callback, print_to=sys.stderr if callback is None else None)
+    try:
+        service = driver_monitor(spark.conf.get("spark.driver.host", None) or "127.0.0.1")
+    except OSError as exc:
+        log.warning("live monitor: the driver's monitor service cannot start (%s); running without", exc)
+        return None
+    return service.register(name, sink)
 
 
 def _max_parallelism(partitioner: Partitioner, config: NetworkConfig, consumers: int) -> int:

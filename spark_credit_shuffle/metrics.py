@@ -228,7 +228,7 @@ class TimelineSampler:
     times are kept: beyond that every other one is dropped and the interval doubles.
     """
 
-    __slots__ = ("_next", "interval", "rows", "side", "subtask")
+    __slots__ = ("_next", "interval", "listener", "rows", "side", "subtask")
 
     def __init__(self, side: str, subtask: int, interval_ms: int) -> None:
         self.side = side
@@ -236,6 +236,8 @@ class TimelineSampler:
         self.interval = interval_ms / 1000.0
         self.rows: list[list[MetricRow]] = []  # one list per sample time
         self._next = 0.0
+        #: Called with the rows of each sample as it is taken (the live monitor), if set.
+        self.listener: Callable[[list[MetricRow]], None] | None = None
 
     def due(self, now: float | None = None) -> bool:
         """True if a sample is due at ``now`` (default: the clock's now; always False when sampling is off)."""
@@ -254,12 +256,13 @@ class TimelineSampler:
         now = time.monotonic() if now is None else now
         stamp = time.time() * 1000.0 if stamp_ms is None else stamp_ms
         side, subtask = self.side, self.subtask
-        self.rows.append(
-            [
-                MetricRow(side, subtask, channel, metric, SAMPLE, float(value), stamp)
-                for metric, channel, value in gauges()
-            ]
-        )
+        sample = [
+            MetricRow(side, subtask, channel, metric, SAMPLE, float(value), stamp)
+            for metric, channel, value in gauges()
+        ]
+        self.rows.append(sample)
+        if self.listener is not None:
+            self.listener(sample)
         if len(self.rows) > MAX_TIMELINE_POINTS:
             self.rows = self.rows[::2]
             self.interval *= 2

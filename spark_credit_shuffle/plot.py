@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import io
 import os
+import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "LiveTimeline",
     "bar_chart",
     "line_chart",
     "plot_metrics",
@@ -314,3 +317,54 @@ def plot_timeout_sweep(
     bottom.legend(fontsize=8)
     fig.suptitle(title)
     return _save(fig, path)
+
+
+class LiveTimeline:
+    """A live monitor callback that draws an exchange's timeline in a notebook while it runs:
+    ``scs.exchange(df, ..., monitor=LiveTimeline())``, then any action. Every ``every_s`` seconds of samples it
+    redraws :func:`plot_timeline` of what arrived so far in one output cell (IPython's display handles, which
+    Jupyter and Databricks both update in place). ``rows`` holds the samples (at most ``max_rows`` of the
+    newest)."""
+
+    def __init__(
+        self,
+        metrics: Sequence[str] | None = None,
+        *,
+        side: str | None = None,
+        title: str | None = None,
+        every_s: float = 2.0,
+        max_rows: int = 200_000,
+    ) -> None:
+        self.metrics = metrics
+        self.side = side
+        self.title = title
+        self.every_s = every_s
+        self.max_rows = max_rows
+        self.rows: list[Any] = []
+        self.num_draws = 0
+        self._handle: Any = None
+        self._last = float("-inf")
+        self._lock = threading.Lock()
+
+    def __call__(self, rows: list[Any]) -> None:
+        with self._lock:
+            self.rows.extend(rows)
+            if len(self.rows) > self.max_rows:
+                del self.rows[: len(self.rows) - self.max_rows]
+            now = time.monotonic()
+            if now - self._last < self.every_s:
+                return
+            self._last = now
+            self.draw()
+
+    def draw(self) -> Figure:
+        """Draw what arrived so far, in the cell of the first drawing (a new one the first time)."""
+        from IPython.display import display
+
+        figure = plot_timeline(list(self.rows), self.metrics, side=self.side, title=self.title)
+        if self._handle is None:
+            self._handle = display(figure, display_id=True)
+        else:
+            self._handle.update(figure)
+        self.num_draws += 1
+        return figure

@@ -37,6 +37,7 @@ from ..protocol.sizing import PartitionType
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
 from .consumer import consume_partition
 from .engine import ProducerEngine, Settings
+from .monitor import task_monitor, watch
 from .session import bound_arrow_batches
 
 if TYPE_CHECKING:
@@ -127,34 +128,41 @@ def produce_partition(
         producer, partition, selector, consumers, settings, config.segment_size, plan.schema, time.monotonic()
     )
     timeline = engine.timeline
+    monitor = task_monitor(plan.monitor)
+    if monitor is not None:
+        watch(monitor, engine)
 
     def sample(now: float) -> None:
         timeline.record(lambda: engine.gauges(now, {}), now, time.time() * 1000.0)
 
-    sample(time.monotonic())
-    for batch in batches:
-        if batch.num_rows:
-            engine.write(batch)
-            engine.sample_output()
-            now = time.monotonic()
-            if timeline.due(now):
-                sample(now)
-        if len(data) >= _STORAGE_BATCH_BYTES:
-            yield _storage_batch(out, data)
-            out = []
-            data = bytearray()  # the batch handed to Spark keeps the old one
-    if config.checkpoint_interval_ms > 0:  # blocking mode: one barrier at the end of each producer
-        engine.writer.broadcast_event(CheckpointBarrier(1, time.time_ns() // 1_000_000, config.checkpoint_options))
-    engine.finish()
-    engine.sample_output()
-    sample(time.monotonic())
-    metric_rows = [*engine.metric_rows(time.monotonic()), *timeline.timeline_rows()]
-    rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in metric_rows]
-    metrics = json.dumps(rows).encode()
-    data.extend(metrics)
-    out.append((consumers[0], producer, -1, METRICS_TYPE, len(metrics)))
-    yield _storage_batch(out, data)
-    partition.release()
+    try:
+        sample(time.monotonic())
+        for batch in batches:
+            if batch.num_rows:
+                engine.write(batch)
+                engine.sample_output()
+                now = time.monotonic()
+                if timeline.due(now):
+                    sample(now)
+            if len(data) >= _STORAGE_BATCH_BYTES:
+                yield _storage_batch(out, data)
+                out = []
+                data = bytearray()  # the batch handed to Spark keeps the old one
+        if config.checkpoint_interval_ms > 0:  # blocking mode: one barrier at the end of each producer
+            engine.writer.broadcast_event(CheckpointBarrier(1, time.time_ns() // 1_000_000, config.checkpoint_options))
+        engine.finish()
+        engine.sample_output()
+        sample(time.monotonic())
+        metric_rows = [*engine.metric_rows(time.monotonic()), *timeline.timeline_rows()]
+        rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in metric_rows]
+        metrics = json.dumps(rows).encode()
+        data.extend(metrics)
+        out.append((consumers[0], producer, -1, METRICS_TYPE, len(metrics)))
+        yield _storage_batch(out, data)
+        partition.release()
+    finally:
+        if monitor is not None:
+            monitor.close()
 
 
 def _partition_id() -> int:

@@ -27,6 +27,7 @@ from ..transport.memory import StoredBuffersExchange
 from .checkpoints import ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport
 from .engine import ConsumerEngine, GateGauges, Settings, combine
+from .monitor import task_monitor, watch
 
 if TYPE_CHECKING:
     from .plan import ExchangePlan
@@ -81,6 +82,9 @@ def consume_partition(
     sample_gauges = engine.gate_gauges
     assert sample_gauges is not None
     timeline = engine.timeline
+    monitor = task_monitor(plan.monitor)
+    if monitor is not None:
+        watch(monitor, engine)
     sender_credit = replay.sender_credit
 
     def sample(now: float) -> None:
@@ -146,6 +150,8 @@ def consume_partition(
             yield report.data(combine(pending))
     finally:
         replay.close()
+        if monitor is not None:
+            monitor.close()
 
     engine.metrics.set("accumulateBusyTimeMs", (time.perf_counter() - started) * 1000.0)
     rows = engine.metric_rows(time.monotonic())

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from ..config import NetworkConfig
 from ..partitioners import Partitioner
+from .monitor import MonitorAddress
 
 __all__ = ["ExchangePlan", "Injection"]
 
@@ -64,6 +65,8 @@ class ExchangePlan:
     #: Pipelined mode: place the output with an identity shuffle after the barrier stage (True, the
     #: default when None), or stream it straight into what follows (False). Blocking output always is.
     retryable: bool | None = None
+    #: Where the tasks send their timeline samples while they run (the live monitor), if anywhere.
+    monitor: MonitorAddress | None = None
 
     def describe(self) -> str:
         return (

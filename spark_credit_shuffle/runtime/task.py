@@ -32,6 +32,7 @@ from .checkpoints import ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport
 from .engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings, TimeAccount, Wait
 from .locked_partition import LockedPartition
+from .monitor import MonitorClient, watch
 from .resources import rss_bytes, thread_cpu_seconds
 from .wiring import TaskWiring
 
@@ -181,6 +182,11 @@ class PipelinedTask(TaskWiring):
     ) -> Iterator[pa.RecordBatch]:
         """Set up, exchange addresses, stream; yields the received rows, then reports the metrics."""
         try:
+            if self.plan.monitor is not None:  # the live monitor: every timeline sample to the driver
+                self.monitor = MonitorClient(self.plan.monitor, self.attempt_id)
+                for engine in (self.producer, self.consumer):
+                    if engine is not None:
+                        watch(self.monitor, engine)
             self._start_transport()
             if self.producer is not None:
                 with self.writer_lock, self.lock:  # the first answer to every partition request, before any data

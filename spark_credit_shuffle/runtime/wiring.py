@@ -37,6 +37,7 @@ from ..transport.tcp import TcpTransport
 from .checkpoints import CheckpointTrigger
 from .common import IN_BAND, MetricsReport
 from .engine import ConsumerEngine, Fail, Settings, check_end
+from .monitor import MonitorClient
 
 if TYPE_CHECKING:
     from ..protocol.messages import Message
@@ -88,6 +89,8 @@ class TaskWiring:
         self._failure: BaseException | None = None
         self.failed_at: float | None = None  # monotonic time this task first failed (its peers fail after it)
         self.cause: BaseException | None = None  # what this task fails with, reported to its consumers
+        self.attempt_id = attempt_id
+        self.monitor: MonitorClient | None = None  # the live monitor's sender, while the task runs
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.transport: TcpTransport | None = None
@@ -467,6 +470,8 @@ class TaskWiring:
                 self.transport.close(self.config.partition_request_timeout_ms / 1000.0)
             except ExchangeTimeoutError as exc:
                 transport_error = exc
+        if self.monitor is not None:  # the last samples, then its thread is joined
+            self.monitor.close()
         with self.lock:
             if self.gate is not None:
                 self.gate.close()

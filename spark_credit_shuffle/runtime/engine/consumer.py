@@ -13,7 +13,7 @@ from ...buffers.buffer import Buffer
 from ...buffers.format import LatencyMarker
 from ...buffers.reader import RecordReader
 from ...errors import ExchangeTimeoutError
-from ...metrics import CONSUMER, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ...metrics import CONSUMER, SAMPLE, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ...protocol import RemoteInputChannel, SingleInputGate
 from ..checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
 from .rules import LINGER_OVER, Fail, Gauges, LingerOver, Settings, TimeAccount, Wait
@@ -217,6 +217,40 @@ class ConsumerEngine:
             yield name, None, value
         yield "numRecordsInPerSecond", None, self._records_in.rate(sum(r.num_records_in for r in self.readers), now)
         yield from channel_gauges(self.gate, self.producers, sender_credit)
+
+    def progress(self, stamp_ms: float | None) -> list[MetricRow]:
+        """The consumer's counters so far, over all its channels, as rows of a sample taken at ``stamp_ms``
+        (what the live monitor adds to each timeline sample)."""
+        readers = self.readers
+        return [
+            MetricRow(
+                CONSUMER,
+                self.subtask,
+                None,
+                "numRecordsIn",
+                SAMPLE,
+                float(sum(r.num_records_in for r in readers)),
+                stamp_ms,
+            ),
+            MetricRow(
+                CONSUMER,
+                self.subtask,
+                None,
+                "numBuffersIn",
+                SAMPLE,
+                float(sum(r.num_buffers_in for r in readers)),
+                stamp_ms,
+            ),
+            MetricRow(
+                CONSUMER,
+                self.subtask,
+                None,
+                "numBytesIn",
+                SAMPLE,
+                float(sum(r.num_bytes_in for r in readers)),
+                stamp_ms,
+            ),
+        ]
 
     def metric_rows(self, now: float) -> list[MetricRow]:
         """Counters per channel, gauge statistics, checkpoints; pipelined: latency and time metrics."""

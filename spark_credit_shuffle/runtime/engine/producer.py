@@ -12,7 +12,7 @@ import pyarrow as pa
 from ...buffers.format import KeepAlive, LatencyMarker, encode_event
 from ...buffers.writer import RecordWriter
 from ...errors import ExchangeTimeoutError, SchemaMismatchError
-from ...metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ...metrics import PRODUCER, SAMPLE, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from .rules import Fail, Gauges, Settings, TimeAccount, Wait
 
 __all__ = ["Flusher", "ProducerEngine", "conform", "subpartition_gauges"]
@@ -230,6 +230,19 @@ class ProducerEngine:
         yield "backPressuredTimeMsPerSecond", None, min(1000.0, self._back_pressure.rate(back_pressured_ms, now))
         yield "numRecordsOutPerSecond", None, self._records_out.rate(sum(writer.num_records_out), now)
         yield from subpartition_gauges(partition, self.consumers, credits)
+
+    def progress(self, stamp_ms: float | None) -> list[MetricRow]:
+        """The producer's counters so far, over all its subpartitions, as rows of a sample taken at
+        ``stamp_ms`` (what the live monitor adds to each timeline sample)."""
+        writer = self.writer
+        return [
+            MetricRow(PRODUCER, self.subtask, None, metric, SAMPLE, float(sum(values)), stamp_ms)
+            for metric, values in (
+                ("numRecordsOut", writer.num_records_out),
+                ("numBuffersOut", writer.num_buffers_out),
+                ("numBytesOut", writer.num_bytes_out),
+            )
+        ]
 
     def metric_rows(self, now: float) -> list[MetricRow]:
         """Counters per subpartition, gauge statistics; pipelined: queue lengths and time metrics."""
