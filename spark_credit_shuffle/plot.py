@@ -37,16 +37,44 @@ __all__ = [
     "to_pandas",
 ]
 
-#: The timeline metrics drawn by default, in this order (those present in the data).
+#: The timeline metrics drawn by default, in this order (those present in the data that are not always 0;
+#: ``backPressuredTimeMsPerSecond``, where measured, in place of ``isBackPressured``).
 DEFAULT_TIMELINE_METRICS = (
     "outPoolUsage",
     "backlog",
+    "backPressuredTimeMsPerSecond",
     "isBackPressured",
     "numRecordsOutPerSecond",
     "inPoolUsage",
     "inputFloatingBuffersUsage",
     "credit",
+    "inputQueueLength",
     "numRecordsInPerSecond",
+)
+
+#: What each timeline metric is, in words and with its unit, for the panels' labels.
+METRIC_LABELS = {
+    "outPoolUsage": "output pool in use (share of its buffers)",
+    "inPoolUsage": "input pool in use (share of its buffers)",
+    "inputExclusiveBuffersUsage": "exclusive buffers in use (share)",
+    "inputFloatingBuffersUsage": "floating buffers in use (share)",
+    "backlog": "backlog (buffers)",
+    "credit": "credit (buffers)",
+    "unannouncedCredit": "credit not yet announced (buffers)",
+    "outputQueueLength": "output queue (buffers)",
+    "inputQueueLength": "input queue (buffers)",
+    "isBackPressured": "back-pressured (1 = yes)",
+    "backPressuredTimeMsPerSecond": "back-pressured (ms per second)",
+    "numRecordsOutPerSecond": "records out per second",
+    "numRecordsInPerSecond": "records in per second",
+    "checkpointBarrier": "checkpoint barrier (id)",
+}
+
+#: Flink's back-pressure levels as bands of ``backPressuredTimeMsPerSecond``: (low, high, level, colour).
+_BACK_PRESSURE_BANDS = (
+    (0.0, 100.0, "OK", "#2ca02c"),
+    (100.0, 500.0, "LOW", "#ffbf00"),
+    (500.0, 1000.0, "HIGH", "#d62728"),
 )
 
 
@@ -130,8 +158,14 @@ def plot_timeline(
     if side is not None:
         frame = frame[frame["side"] == side]
     present = list(dict.fromkeys(frame["metric"]))
+    left_out: list[str] = []
     if metrics is None:
-        chosen = [m for m in DEFAULT_TIMELINE_METRICS if m in present] or present
+        moving = {m for m in present if (frame.loc[frame["metric"] == m, "value"] != 0).any()}
+        chosen = [m for m in DEFAULT_TIMELINE_METRICS if m in moving]
+        if "backPressuredTimeMsPerSecond" in present and "isBackPressured" in chosen:
+            chosen.remove("isBackPressured")  # the time per second says more, and has Flink's bands
+        left_out = [m for m in DEFAULT_TIMELINE_METRICS if m in present and m not in moving]
+        chosen = chosen or present
     else:
         missing = [m for m in metrics if m not in present]
         if missing:
@@ -140,12 +174,14 @@ def plot_timeline(
     if not chosen:
         raise ConfigError("data", "an empty timeline", "at least one sample (run an action first)")
     start = frame["time_ms"].min()
+    phases = _phases(frame, start)
     Figure = _figure_class()
-    fig = Figure(figsize=(9, 2.1 * len(chosen) + 0.6), layout="constrained")
+    fig = Figure(figsize=(10, 2.1 * len(chosen) + 0.9), layout="constrained")
     axes = fig.subplots(len(chosen), 1, sharex=True, squeeze=False)[:, 0]
     for ax, metric in zip(axes, chosen):
         rows = frame[frame["metric"] == metric]
         per_task = rows["channel"].isna().all()
+        grouped: Any  # a DataFrame either way (pandas-stubs type the as_index=False sum as a Series)
         if per_task or not per_channel:
             grouped = rows.groupby(["side", "subtask", "time_ms"], as_index=False)["value"].sum()
             keys = ["side", "subtask"]
@@ -157,13 +193,44 @@ def plot_timeline(
             arrow = " -> " if key[0] == "producer" else " <- "  # a producer's channel names its consumer
             label = f"{key[0]} {key[1]}" + (f"{arrow}{int(key[2])}" if len(key) > 2 else "")
             ax.step((series["time_ms"] - start) / 1000.0, series["value"], where="post", label=label)
-        suffix = "" if per_task or per_channel else " (sum over channels)"
-        ax.set_ylabel(metric + suffix, fontsize=8)
+        if metric == "backPressuredTimeMsPerSecond":
+            for low, high, level, colour in _BACK_PRESSURE_BANDS:
+                ax.axhspan(low, high, color=colour, alpha=0.08, lw=0)
+                ax.text(1.0, (low + high) / 2, f" {level}", transform=ax.get_yaxis_transform(), fontsize=7,
+                        va="center", ha="left", color=colour)  # fmt: skip
+            ax.set_ylim(0, 1000)
+        for name, begin, end in phases:
+            ax.axvspan(begin, end, color="#1f77b4" if name.startswith("producer") else "#9467bd", alpha=0.06, lw=0)
+        suffix = "" if per_task or per_channel else ", sum over channels"
+        ax.set_ylabel(f"{METRIC_LABELS.get(metric, metric)}\n[{metric}{suffix}]", fontsize=7)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right", ncols=min(4, max(1, grouped[keys].drop_duplicates().shape[0])))
+        ax.legend(
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.06 if metric == "backPressuredTimeMsPerSecond" else 1.01, 1.0),
+        )
+    for name, begin, end in phases:  # blocking mode: the stages one after the other, named on the top panel
+        axes[0].text((begin + end) / 2, 1.02, name, transform=axes[0].get_xaxis_transform(), ha="center",
+                     va="bottom", fontsize=8)  # fmt: skip
     axes[-1].set_xlabel(xlabel)
     fig.suptitle(title or "network metrics over time")
+    if left_out:
+        fig.supxlabel("always 0 in this run, not drawn: " + ", ".join(left_out), fontsize=7, color="0.4")
     return _save(fig, path)
+
+
+def _phases(frame: pd.DataFrame, start: float) -> list[tuple[str, float, float]]:
+    """The producer and consumer stages as (name, first, last sample in seconds) when one ran after the other
+    (blocking mode); none when they overlap (pipelined mode)."""
+    spans = {}
+    for side in ("producer", "consumer"):
+        times = frame.loc[frame["side"] == side, "time_ms"]
+        if times.empty:
+            return []
+        spans[side] = ((times.min() - start) / 1000.0, (times.max() - start) / 1000.0)
+    if spans["producer"][1] > spans["consumer"][0]:
+        return []
+    return [("producer stage", *spans["producer"]), ("consumer stage", *spans["consumer"])]
 
 
 def plot_metrics(
@@ -342,6 +409,8 @@ class LiveTimeline:
         self.max_rows = max_rows
         self.rows: list[Any] = []
         self.num_draws = 0
+        #: The last drawing.
+        self.figure: Figure | None = None
         self._handle: Any = None
         self._last = float("-inf")
         self._lock = threading.Lock()
@@ -358,13 +427,20 @@ class LiveTimeline:
             self.draw()
 
     def draw(self) -> Figure:
-        """Draw what arrived so far, in the cell of the first drawing (a new one the first time)."""
-        from IPython.display import display
-
+        """Draw what arrived so far, in the cell of the first drawing (a new one the first time); outside a
+        notebook (no IPython kernel) only :attr:`figure` is kept."""
         figure = plot_timeline(list(self.rows), self.metrics, side=self.side, title=self.title)
+        self.figure = figure
+        self.num_draws += 1
+        try:
+            from IPython import get_ipython
+            from IPython.display import display
+        except ImportError:
+            return figure
+        if get_ipython() is None:
+            return figure
         if self._handle is None:
             self._handle = display(figure, display_id=True)
         else:
             self._handle.update(figure)
-        self.num_draws += 1
         return figure

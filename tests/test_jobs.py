@@ -228,3 +228,15 @@ def test_jobs_refuse_a_picture_without_matplotlib_before_any_job(spark, capsys, 
             assert info.value.code == 2, err
             assert f"{option} draws a picture, which needs matplotlib" in err
             assert "pip install 'spark-credit-shuffle[plot]'" in err
+
+
+@pytest.mark.spark
+def test_timeline_pictures_job_draws_the_live_and_the_after_run_timelines(spark, tmp_path, capsys):
+    job = load_job("timeline_pictures")
+    assert job.main(["--rows", "8000", "--delay-us", "100", "--out", str(tmp_path)]) == 0
+    headline = last_json(capsys.readouterr().out)
+    for name in ("pipelined_timeline", "pipelined_local_timeline", "blocking_timeline", "live_timeline"):
+        assert (tmp_path / f"{name}.png").read_bytes().startswith(PNG), name
+    assert headline["pipelined_local_timeline"]["verdict"] == "backpressure"
+    assert headline["pipelined_local_timeline"]["origin"] == 0
+    assert headline["live_timeline"]["draws"] >= 1
