@@ -25,6 +25,22 @@ SEPARATOR = "# COMMAND ----------"
 # an empty namespace as in a new kernel, whose __main__ has __spec__ None (pyspark's Connect client reads it)
 RESET = "%reset -f\n__spec__ = None"
 PIP_INSTALL = '# MAGIC %pip install "spark-credit-shuffle[plot]"'
+#: Databricks' dbutils where the Databricks form runs outside Databricks: a restart of Python after the
+#: install is all the notebooks ask of it, and here the package is installed already (counted, not done).
+DBUTILS = """
+class _Library:
+    restarts = 0
+
+    def restartPython(self):
+        type(self).restarts += 1
+
+
+class _DbUtils:
+    library = _Library()
+
+
+dbutils = _DbUtils()
+"""
 
 
 def databricks_cells(text: str) -> list[tuple[str, str]]:
@@ -52,15 +68,36 @@ def databricks_cells(text: str) -> list[tuple[str, str]]:
     return cells
 
 
+#: Lines of the Jupyter form that a Databricks notebook must not have: settings for a local Spark (on a
+#: cluster the workers' Python and addresses are the platform's) and IPython's display, which would hide
+#: Databricks' own.
+JUPYTER_ONLY = (
+    re.compile(r"^import (os|sys)$"),
+    re.compile(r"^os\.environ\.setdefault\("),
+    re.compile(r"^from IPython\.display import display$"),
+)
+RESTART = "dbutils.library.restartPython()  # Databricks: the installed package is seen after a restart"
+
+
+def without_jupyter_only(source: str) -> str:
+    lines = [line for line in source.splitlines() if not any(p.search(line) for p in JUPYTER_ONLY)]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip("\n")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_both_formats_hold_the_same_notebook(name):
     notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     nbformat.validate(notebook)
     assert notebook.metadata["kernelspec"]["name"] == "python3"
-    ipynb = [(c.cell_type, c.source.strip("\n")) for c in notebook.cells]
+    ipynb = [(c.cell_type, without_jupyter_only(c.source)) for c in notebook.cells]
     cells = databricks_cells((NOTEBOOKS / "databricks" / f"{name}.py").read_text())
     assert cells[0] == ("pip", PIP_INSTALL)  # installs the package on the cluster first
-    assert ipynb == cells[1:]
+    assert cells[1] == ("code", RESTART)  # then restarts Python, as Databricks asks after a %pip install
+    local_only = [
+        line for _, source in cells for line in source.splitlines() if any(p.search(line) for p in JUPYTER_ONLY)
+    ]
+    assert local_only == [], "a Databricks notebook sets nothing for a local Spark and keeps Databricks' display"
+    assert ipynb == [(kind, without_jupyter_only(source)) for kind, source in cells[2:]]
     assert all(not c.get("outputs") for c in notebook.cells if c.cell_type == "code")  # stored without outputs
 
 
@@ -91,9 +128,11 @@ def test_notebooks_and_their_databricks_versions_run(request, monkeypatch, sessi
             combined.cells.append(cell)
             owner.append((name, i))
         script = NOTEBOOKS / "databricks" / f"{name}.py"
-        combined.cells.append(
+        combined.cells.append(  # with the one object of Databricks' runtime the script uses: dbutils
             nbformat.v4.new_code_cell(
-                f"{RESET}\nimport runpy\n_ = runpy.run_path({str(script)!r}, run_name='__main__')"
+                f"{RESET}\nimport runpy\n{DBUTILS}\n"
+                f"_ = runpy.run_path({str(script)!r}, init_globals={{'dbutils': dbutils}}, run_name='__main__')\n"
+                "assert dbutils.library.restarts == 1"
             )
         )
         owner.append((f"databricks/{name}.py", -1))
@@ -134,6 +173,8 @@ def test_notebooks_and_their_databricks_versions_run(request, monkeypatch, sessi
     assert "consumer 0 slowed: 4000 rows" in backpressure
     assert "adaptive,    consumer 0 slowed: {0: (" in backpressure
     assert "virtual clock, aligned, no credits" in backpressure
+    assert "backpressure starts at consumer subtask 0" in backpressure  # summary() and diagnose() of the slow run
+    assert "remote channels: backpressure starts at consumer subtask 0" in backpressure
     # the checkpoint cell completed checkpoints on Spark, aligned and unaligned, in every run of it
     for label in ("aligned", "unaligned"):
         for text_of in (backpressure, text("databricks/backpressure.py")):

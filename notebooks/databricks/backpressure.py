@@ -3,6 +3,10 @@
 
 # COMMAND ----------
 
+dbutils.library.restartPython()  # Databricks: the installed package is seen after a restart
+
+# COMMAND ----------
+
 # MAGIC %md
 # MAGIC # Where backpressure starts: one slow consumer
 # MAGIC
@@ -16,16 +20,9 @@
 
 # COMMAND ----------
 
-import os
-import sys
-
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's Python workers use this interpreter
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local runs: no loopback-hostname warning
-
 import time
 
 import pyarrow as pa
-from IPython.display import display
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -153,6 +150,40 @@ if "outputQueueLength" in present:  # pipelined mode: each producer's queue per 
             side="producer",
             per_channel=True,
             title="buffers queued at each producer, per consumer",
+        )
+    )
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## Where it starts, and credits on remote channels
+# MAGIC
+# MAGIC `summary()` gives each subtask Flink's back-pressure status (`OK` up to 10% of its time back-pressured, `LOW`
+# MAGIC up to 50%, `HIGH` above) and `diagnose()` says where the backpressure starts: the busy consumer that the
+# MAGIC back-pressured producers send to. The run above had local channels only; with `local_channels="task"` every
+# MAGIC channel between two tasks is remote, as between two executors: the slow consumer stops granting credit on its
+# MAGIC channels (each producer's `credit` towards consumer 0 drops to 0) while the channels towards consumer 1 keep
+# MAGIC theirs.
+
+# COMMAND ----------
+
+display(slow.summary().toPandas())
+print(slow.diagnose())
+if MODE == "pipelined":
+    remote = scs.exchange(
+        rows,
+        scs.rebalance(seed=7),
+        parallelism=2,
+        mode=MODE,
+        injection=scs.Injection(consumer_delay_s=((0, 0.0005),)),
+        local_channels="task",
+        **settings,
+    )
+    remote.df.count()
+    print("remote channels:", remote.diagnose())
+    display(
+        plot.plot_timeline(
+            remote, ["credit"], side="producer", per_channel=True, title="credit per channel, remote channels"
         )
     )
 

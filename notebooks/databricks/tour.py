@@ -3,6 +3,10 @@
 
 # COMMAND ----------
 
+dbutils.library.restartPython()  # Databricks: the installed package is seen after a restart
+
+# COMMAND ----------
+
 # MAGIC %md
 # MAGIC # A tour of spark_credit_shuffle
 # MAGIC
@@ -12,12 +16,6 @@
 # MAGIC network-memory planner and the pictures. Small data, local Spark: it runs in a minute.
 
 # COMMAND ----------
-
-import os
-import sys
-
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's Python workers use this interpreter
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local runs: no loopback-hostname warning
 
 import pandas as pd
 import pyarrow as pa
