@@ -173,6 +173,27 @@ _parse_local_channels = _choice(
 )
 
 
+#: Whether the connections of a pipelined exchange run TLS (see :mod:`spark_credit_shuffle.runtime.security`).
+SSL_MODES = ("auto", "on", "off")
+_SSL_ALLOWED = (
+    "'auto' (TLS when the session encrypts its own traffic: spark.network.crypto.enabled or spark.ssl.enabled), "
+    "'on' (true) or 'off' (false)"
+)
+
+
+def _parse_ssl(value: Any, setting: str) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return "on"
+    if text in ("false", "0", "no", "off"):
+        return "off"
+    if text == "auto":
+        return text
+    raise ConfigError(setting, value, _SSL_ALLOWED)
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -330,6 +351,14 @@ class NetworkConfig:
         "every channel between two tasks of one executor (Flink's rule, with the executor as the TaskManager), "
         "'task' only a task's own channel (every other one remote, with credits, as if each task had an "
         "executor of its own)",
+    )  # fmt: skip
+
+    ssl: str = _setting(
+        "auto", "security.ssl.internal.enabled", _parse_ssl,
+        "pipelined mode: mutual TLS on every connection of the exchange (task to task and task to the driver's "
+        "address service), pinned to a key pair made on the driver for the exchange; 'auto' turns it on when "
+        "the session encrypts its own traffic (spark.network.crypto.enabled or spark.ssl.enabled), 'on' always, "
+        "'off' never. Blocking mode stores its buffers in Spark's shuffle, which Spark's own settings protect",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

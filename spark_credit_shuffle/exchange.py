@@ -25,6 +25,7 @@ from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
 from .runtime.checkpoints import CHECKPOINT_STAT
 from .runtime.plan import ExchangePlan, Injection
+from .runtime.security import use_tls
 from .runtime.session import num_partitions
 
 if TYPE_CHECKING:
@@ -301,6 +302,7 @@ def exchange(
     else:  # nothing to move: no producer subtask, `parallelism` consumers (0 if not given) that receive nothing
         consumers = parallelism or 0
         max_parallelism = _max_parallelism(partitioner, config, max(consumers, 1))
+    tls = use_tls(config, spark, mode)  # a ConfigError here if TLS is asked for and impossible
     plan = ExchangePlan(
         name=f"{partitioner.name.lower()}-{mode}-{next(_ids)}",
         mode=mode,
@@ -312,6 +314,7 @@ def exchange(
         schema=schema,
         injection=injection,
         retryable=retryable,
+        tls=tls,
     )
     if producers:
         from .planner import check_fits

@@ -181,7 +181,8 @@ class CreditBasedPartitionRequestClientHandler:
     gathered while the link is busy goes out as one message. With a ``secret`` the connection starts with
     the handshake of :mod:`~spark_credit_shuffle.protocol.handshake`: :class:`Hello` goes out first, and
     nothing else (requests and credit wait in order) until the server proved the secret in its
-    :class:`AuthChallenge` and this side's :class:`AuthResponse` is on its way. Releasing the last channel sends CloseRequest, any other one CancelPartitionRequest.
+    :class:`AuthChallenge` and this side's :class:`AuthResponse` is on its way. Releasing the last channel
+    sends CloseRequest, any other one CancelPartitionRequest.
 
     In the model without credits (``credit_based=False``) a data buffer that finds no free buffer in its
     gate's pool is staged, and :attr:`is_reading` turns False: the transport must stop delivering input

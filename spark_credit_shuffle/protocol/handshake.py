@@ -53,9 +53,14 @@ SERVER_LABEL = b"spark-credit-shuffle v2 producer to consumer"
 CLIENT_LABEL = b"spark-credit-shuffle v2 consumer to producer"
 
 
-def handshake_proof(secret: bytes, label: bytes, first_nonce: bytes, second_nonce: bytes) -> bytes:
-    """HMAC-SHA256 keyed by ``secret`` over ``label``, then the two nonces (lengths are fixed)."""
-    return hmac.new(secret, label + b"\0" + first_nonce + second_nonce, hashlib.sha256).digest()
+def handshake_proof(
+    secret: bytes, label: bytes, first_nonce: bytes, second_nonce: bytes, payload: bytes = b""
+) -> bytes:
+    """HMAC-SHA256 keyed by ``secret`` over ``label``, a zero byte, the two nonces (of fixed length) and
+    ``payload`` (what the proof also vouches for: the driver's address service signs its lines with it)."""
+    if len(first_nonce) != NONCE_BYTES or len(second_nonce) != NONCE_BYTES:
+        raise ProtocolError(f"a handshake nonce must be {NONCE_BYTES} bytes")
+    return hmac.new(secret, label + b"\0" + first_nonce + second_nonce + payload, hashlib.sha256).digest()
 
 
 class ServerHandshake:

@@ -64,6 +64,9 @@ class ExchangePlan:
     #: Pipelined mode: place the output with an identity shuffle after the barrier stage (True, the
     #: default when None), or stream it straight into what follows (False). Blocking output always is.
     retryable: bool | None = None
+    #: Pipelined mode: every connection of the exchange runs mutual TLS with a key pair made for it on the
+    #: driver (decided before launch, :func:`~spark_credit_shuffle.runtime.security.use_tls`).
+    tls: bool = False
 
     def describe(self) -> str:
         return (
