@@ -54,7 +54,9 @@ def batches(n: int, seed: int = 0) -> list[pa.RecordBatch]:
 class Producer:
     """One producer subtask serving a pipelined partition over TCP."""
 
-    def __init__(self, num_subpartitions: int, *, handshake_timeout_s: float = 5.0, max_unauthenticated: int = 32):
+    def __init__(
+        self, num_subpartitions: int, *, handshake_timeout_s: float = 5.0, max_unauthenticated: int = 32, tls=None
+    ):
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.network = NetworkBufferPool.from_config(CONFIG)
@@ -70,6 +72,7 @@ class Producer:
             max_unauthenticated=max_unauthenticated,
             on_event=self.notify,
             name="producer",
+            tls=tls,
         )
         self.transport.start()
 
@@ -124,11 +127,11 @@ class LockedPartition:
 class Consumer:
     """One consumer task reading ``channels`` subpartitions of one producer over ONE connection."""
 
-    def __init__(self, address, subpartitions: list[int], *, secret: bytes = SECRET):
+    def __init__(self, address, subpartitions: list[int], *, secret: bytes = SECRET, tls=None):
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.network = NetworkBufferPool.from_config(CONFIG)
-        self.transport = TcpTransport("127.0.0.1", self.lock, on_event=self.notify, name="consumer")
+        self.transport = TcpTransport("127.0.0.1", self.lock, on_event=self.notify, name="consumer", tls=tls)
         self.transport.start()
         self.gate = SingleInputGate(self.network, len(subpartitions), CONFIG)
         self.gate.listener = self.notify

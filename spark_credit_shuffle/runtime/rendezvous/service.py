@@ -403,6 +403,11 @@ class AddressRendezvous:
         if self._tls_context is None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_3
+            # the server name switches the connection to the exchange's context, which brings its certificate
+            # and the one certificate it trusts; whether a client certificate is asked for stays this one's
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+            context.num_tickets = 0
             context.sni_callback = self._choose_certificate
             self._tls_context = context
         with contextlib.suppress(KeyError, ValueError, OSError):
