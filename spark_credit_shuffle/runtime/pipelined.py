@@ -14,7 +14,9 @@ local mode) and publishes ``host:port`` once: through the driver's address servi
 or ``TaskOptions(address_exchange="allgather")``; each barrier call costs about a second, during which no
 consumer reads); after that tasks talk only over their own sockets. A consumer opens one TCP connection
 per remote producer task, carrying every channel between the two (framed with the protocol codec,
-authenticated with a random per-exchange secret generated on the driver). Every channel between two tasks
+authenticated by a random per-exchange secret generated on the driver, which a challenge and response
+proves without sending it; with ``plan.tls`` under mutual TLS pinned to a key pair made on the driver for
+the exchange, see :mod:`~spark_credit_shuffle.runtime.security`). Every channel between two tasks
 of one executor (``getTaskInfos()`` gives each task's executor address; in local mode all tasks share one)
 is a local channel, as between two tasks of one Flink TaskManager: no credit and no exclusive buffers; a
 task's own subpartition is read directly (no copy), a subpartition of another task of the executor (another
@@ -52,10 +54,11 @@ the output is always placed on T partitions by that shuffle.
 and from whom: connecting (``partition_request_timeout_ms``), data on a channel (a live producer sends a
 latency marker on every channel at least every quarter of ``partition_request_timeout_ms``, so silence
 means a stalled peer), a network buffer while back-pressured (``buffers_request_timeout_ms`` without a
-single data buffer moving), and the end of the exchange. Connections must present the exchange's secret
-within the authentication deadline (``min(partition_request_timeout_ms, 2 s)`` from connecting); a wrong
-secret, garbage, an oversized frame or silence closes that connection (logged once per cause) and nothing
-else. At most four times the task's remote consumers (at least 32) may wait to authenticate; one more
+single data buffer moving), and the end of the exchange. Connections must complete their handshake (TLS
+when on, then the secret's challenge and response) within the authentication deadline
+(``min(partition_request_timeout_ms, 2 s)`` from connecting); a wrong proof, a wrong certificate, plain
+text to TLS, garbage, an oversized frame or silence closes that connection (logged once per cause) and
+nothing else. At most four times the task's remote consumers (at least 32) may wait to authenticate; one more
 closes the oldest of them, and a consumer writes its ``Hello`` with its connect, so a flood of silent
 connections costs a bounded number of sockets and does not displace the consumers.
 

@@ -25,7 +25,7 @@ within ``handshake_timeout_s`` (counted from the accept) and within :data:`MAX_H
 garbage, an oversized frame length or a message out of turn raises
 :class:`~spark_credit_shuffle.errors.ProtocolError` in the handler, and the transport closes that connection
 only: the exchange carries on. At most ``max_unauthenticated`` connections wait to authenticate: when one
-more arrives, whatever the waiting ones sent is read first (a peer whose ``Hello`` has arrived
+more arrives, whatever the waiting ones sent is read first (a peer whose response has arrived
 authenticates), then the oldest one still unauthenticated is closed to make room, so a flood of silent
 connections costs a bounded number of sockets and closes a legitimate peer only if ``max_unauthenticated``
 newer connections arrive before its handshake is done: connected sockets are read before new connections are
@@ -406,7 +406,7 @@ class TcpTransport:
                         if mask & selectors.EVENT_WRITE and not conn.closed:
                             with self.lock:
                                 conn.write()
-                if accept:  # after the other sockets were read: a Hello that arrived counts
+                if accept:  # after the other sockets were read: a handshake that arrived counts
                     self._accept()
                 self._adopt_pending()
                 self._pump()
@@ -475,7 +475,7 @@ class TcpTransport:
 
     def _make_room(self) -> None:
         """Before accepting one more: if ``max_unauthenticated`` connections wait to authenticate, read what
-        they sent (a Hello that arrived authenticates its peer), then close the oldest still waiting."""
+        they sent (a response that arrived authenticates its peer), then close the oldest still waiting."""
         waiting = [c for c in self._unauthenticated.values() if not c.closed and not c.is_authenticated]
         if len(waiting) < self._max_unauthenticated:
             return
