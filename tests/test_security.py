@@ -29,6 +29,7 @@ from spark_credit_shuffle.errors import ConfigError, CreditShuffleError, Protoco
 from spark_credit_shuffle.protocol import Hello, encode_to_bytes
 from spark_credit_shuffle.runtime.pipelined import run_in_threads
 from spark_credit_shuffle.runtime.rendezvous import AddressRendezvous, all_gather_via
+from spark_credit_shuffle.runtime.rendezvous.wire import server_name
 from spark_credit_shuffle.runtime.security import use_tls
 from spark_credit_shuffle.transport.tls import TlsIdentity
 
@@ -139,8 +140,8 @@ def _rogue_is_refused_and_the_exchange_is_exact(producer: Producer, rogue: socke
     _exact_after(producer, cause)
 
 
-def _exact_after(producer: Producer, cause: str) -> None:
-    """A legitimate consumer still gets every row, and the one rogue was refused for ``cause``."""
+def _exact_after(producer: Producer, cause: str, rejected: int = 1) -> None:
+    """A legitimate consumer still gets every row, and the ``rejected`` rogues were refused for ``cause``."""
     data = marked_batches(3000)
     consumer = Consumer(producer.transport.address, [0], tls=producer.transport.tls)
     try:
@@ -152,7 +153,7 @@ def _exact_after(producer: Producer, cause: str) -> None:
         assert got.equals(pa.Table.from_batches(data).sort_by("id"))
     finally:
         consumer.transport.close()
-    assert producer.transport.num_rejected == 1
+    assert producer.transport.num_rejected == rejected
     assert cause in " ".join(producer.transport.rejections), producer.transport.rejections
 
 
@@ -213,8 +214,7 @@ def test_a_wrong_certificate_is_refused_by_both_sides(tmp_path):
             "TLS handshake failed: TLSV1_ALERT_UNKNOWN_CA",
             "TLS handshake failed: CERTIFICATE_VERIFY_FAILED",
         }
-        producer.transport._rejections.num_rejected = 1  # counted above; the helper counts one
-        _exact_after(producer, "TLS handshake failed")
+        _exact_after(producer, "TLS handshake failed", rejected=2)
     finally:
         producer.transport.close()
 
@@ -267,7 +267,7 @@ def test_the_key_pair_never_shows_its_private_key():
 # -- the driver's address service ------------------------------------------------------------------------
 
 
-def test_the_address_service_with_tls_answers_only_tls_with_the_exchange_certificate(caplog):
+def test_the_address_service_with_tls_answers_only_tls_with_the_exchange_certificate(caplog, tmp_path):
     service = AddressRendezvous("127.0.0.1", timeout_s=30, request_timeout_s=DEADLINE_S)
     secret = os.urandom(32)
     other = TlsIdentity.generate("another exchange")
@@ -293,11 +293,23 @@ def test_the_address_service_with_tls_answers_only_tls_with_the_exchange_certifi
                 service.address, "ex/gone", secret, "stage 1", 0, 1, 5.0, fallback=lambda m: [m], tls=IDENTITY
             )
             assert fallback("mine") == ["mine"]
+            # a client that trusts any server and names the exchange still has to present its certificate
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            context.load_cert_chain(*_identity_files(other, str(tmp_path)))
+            with socket.create_connection(service.address, timeout=5) as raw:
+                rogue = context.wrap_socket(raw, server_hostname=server_name("ex/tls"))
+                with pytest.raises((ssl.SSLError, OSError, ValueError)):  # refused after its Finished (TLS 1.3)
+                    rogue.sendall(b'{"exchange": "ex/tls", "nonce": "' + b"00" * 32 + b'"}\n')
+                    if not rogue.recv(4096):
+                        raise ValueError("closed without an answer")
         task(1)
         first.join(10)
         assert answers == {i: ["address of 0", "address of 1"] for i in range(2)}
         assert service.rejected_by_cause.get("plain text for TLS") == 1
-        assert service.rejected_by_cause.get("TLS handshake failed", 0) >= 1
+        # another key pair on either side, and the server name of an exchange it does not hold
+        assert service.rejected_by_cause.get("TLS handshake failed") == 3
     finally:
         service.close()
 
@@ -328,6 +340,14 @@ def test_a_pipelined_exchange_on_a_session_that_encrypts_runs_tls_unasked_and_is
     assert sorted(r["id"] for r in rows) == list(range(6000))
     assert sum(r.value for r in ex.metric_rows() if r.metric == "numRecordsIn") == 6000
     assert not scs.exchange(df, scs.key_by("k"), mode="pipelined").plan.tls  # the conf is back as it was
+
+
+@pytest.mark.spark
+def test_a_pipelined_exchange_with_tls_over_spark_connect_is_exact(connect_spark):
+    df = spark_rows(connect_spark, 3000, 2)
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=2, mode="pipelined", ssl=True)
+    assert ex.plan.tls
+    assert sorted(r["id"] for r in ex.df.collect()) == list(range(3000))
 
 
 @pytest.mark.spark
