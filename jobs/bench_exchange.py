@@ -51,6 +51,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from spark_credit_shuffle.cli import require_plotting
+
 #: Targets: pipelined throughput (retryable, the default) >= 1.0x repartition + identity mapInArrow;
 #: streaming >= 0.9x identity mapInArrow alone; blocking at most 1.0x the time of repartition + mapInArrow;
 #: 1 ms keeps >= 90% of the 100 ms throughput; a task's peak memory within 10% at 10x the input.
@@ -102,6 +104,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="where the sweep's picture goes (throughput and latency against the timeout); '' for none",
     )
     args = parser.parse_args(argv)
+    require_plotting(parser, "--png", args.png)
     if args.rows < 10 or args.parallelism < 1 or args.repeat < 1:
         parser.error("--rows must be >= 10, --parallelism and --repeat >= 1")
     if args.checkpoint_cost:

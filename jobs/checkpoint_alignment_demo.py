@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from spark_credit_shuffle.cli import conf_pair, positive_int
+from spark_credit_shuffle.cli import conf_pair, positive_int, require_plotting
 
 SIM_CASES = [(credit, unaligned) for credit in (True, False) for unaligned in (False, True)]
 
@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "--conf", action="append", type=conf_pair, default=[], metavar="KEY=VALUE", help="Spark or exchange setting"
     )
     args = parser.parse_args(argv)
+    require_plotting(parser, "--png", args.png)
     if args.delay_ms <= 0:
         parser.error("--delay-ms: allowed is a delay > 0 ms")
     if not (args.sim_duration > 0 and args.sim_slow_rate > 0):

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from spark_credit_shuffle.cli import conf_pair, positive_int
+from spark_credit_shuffle.cli import conf_pair, positive_int, require_plotting
 
 FORMATS = ("parquet", "csv", "json", "orc")
 #: --metrics and --timeline write one file, in the format its extension names.
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "--conf", action="append", type=conf_pair, default=[], metavar="KEY=VALUE", help="Spark or exchange setting"
     )
     args = parser.parse_args(argv)
+    require_plotting(parser, "--timeline-png", args.timeline_png)
 
     from spark_credit_shuffle.cli import job_session
     from spark_credit_shuffle.config import CONF_PREFIX

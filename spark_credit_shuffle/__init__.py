@@ -10,6 +10,7 @@ from .buffers import CheckpointBarrier, EndOfPartition, LatencyMarker, RecordRea
 from .config import NetworkConfig, default_max_parallelism
 from .dataframe import rdd_with_channel, with_channel
 from .errors import (
+    BarrierStageError,
     BufferDecodeError,
     ConfigError,
     CreditShuffleError,
@@ -19,9 +20,13 @@ from .errors import (
     NullKeyError,
     PartitionerError,
     ProtocolError,
+    SchemaMismatchError,
     UnknownSettingError,
     UnsupportedColumnTypeError,
+    UnsupportedInputError,
     UnsupportedKeyTypeError,
+    task_error,
+    typed_errors,
 )
 from .exchange import Exchange, ExchangePlan, Injection, exchange, exchange_rdd, exchanged
 from .partitioners import (
@@ -46,6 +51,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MIN_PYSPARK",
+    "BarrierStageError",
     "BufferDecodeError",
     "ChannelSelector",
     "CheckpointBarrier",
@@ -69,10 +75,12 @@ __all__ = [
     "ProtocolError",
     "RecordReader",
     "RecordWriter",
+    "SchemaMismatchError",
     "Simulation",
     "SimulationReport",
     "UnknownSettingError",
     "UnsupportedColumnTypeError",
+    "UnsupportedInputError",
     "UnsupportedKeyTypeError",
     "__version__",
     "broadcast",
@@ -95,5 +103,7 @@ __all__ = [
     "rescale",
     "shuffle",
     "simulate",
+    "task_error",
+    "typed_errors",
     "with_channel",
 ]

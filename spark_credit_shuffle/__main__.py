@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .cli import conf_pair, positive_int
-from .config import CONF_PREFIX, NetworkConfig
+from .config import CONF_PREFIX, NetworkConfig, has_conf_prefix
 from .errors import ConfigError, PartitionerError
 
 __all__ = ["build_parser", "main", "plan_from_args"]
@@ -76,7 +76,7 @@ def config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = Non
     overrides: dict[str, Any] = {}
     names = NetworkConfig.settings()
     for key, value in args.conf:
-        if key.startswith(CONF_PREFIX):
+        if has_conf_prefix(key):
             conf[key] = value
         elif key in names:
             overrides[key] = value
@@ -133,7 +133,10 @@ def print_plan(plan: Any, show_tasks: bool = False, out: Any = None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="python -m spark_credit_shuffle", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"spark-credit-shuffle {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     plan = commands.add_parser(

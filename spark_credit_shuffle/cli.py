@@ -14,7 +14,7 @@ from typing import Any
 
 from .config import CONF_PREFIX
 
-__all__ = ["conf_pair", "job_session", "positive_int"]
+__all__ = ["conf_pair", "job_session", "positive_int", "require_plotting"]
 
 
 def positive_int(text: str) -> int:
@@ -37,6 +37,21 @@ def conf_pair(text: str) -> tuple[str, str]:
             f"buffers_per_channel=4"
         )
     return key.strip(), value.strip()
+
+
+def require_plotting(parser: argparse.ArgumentParser, option: str, value: object) -> None:
+    """Exit with status 2 (argparse's usage error) if ``option`` asks for a picture (``value`` set) and matplotlib
+    is not installed: checked with the arguments, before the job runs anything."""
+    if not value:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        parser.exit(
+            2,
+            f"{parser.prog}: error: {option} draws a picture, which needs matplotlib: pip install "
+            f"'spark-credit-shuffle[plot]' (or pip install matplotlib), or leave {option} out\n",
+        )
 
 
 def job_session(app_name: str, master: str, conf: Iterable[tuple[str, str]]) -> tuple[Any, bool]:

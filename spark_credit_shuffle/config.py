@@ -35,6 +35,13 @@ __all__ = [
 ]
 
 CONF_PREFIX = "spark.creditShuffle."
+
+
+def has_conf_prefix(key: str) -> bool:
+    """True if ``key`` is under :data:`CONF_PREFIX`, in any case (a key in another case is a mistake to report)."""
+    return key[: len(CONF_PREFIX)].lower() == CONF_PREFIX.lower()
+
+
 #: Flink's default memory segment size (``taskmanager.memory.segment-size``: 32 KiB), the size of a network
 #: buffer unless ``segment_size`` says otherwise.
 DEFAULT_SEGMENT_SIZE = 32 * 1024
@@ -430,12 +437,14 @@ class NetworkConfig:
     def from_conf(cls, conf: Mapping[str, str], **overrides: Any) -> NetworkConfig:
         """Settings from the ``spark.creditShuffle.*`` entries of ``conf``; keyword arguments win.
 
-        Entries without the prefix are ignored; an unknown key with the prefix is an error.
+        Entries without the prefix are ignored; an unknown key with the prefix, in any case (Spark's keys
+        are case-sensitive, so ``spark.creditshuffle.bufferTimeoutMs`` would otherwise be ignored without a
+        word), is an :class:`UnknownSettingError` naming the nearest key.
         """
         by_key = {cls.conf_key(name): name for name in cls.settings()}
         values: dict[str, Any] = {}
         for key, value in conf.items():
-            if not key.startswith(CONF_PREFIX):
+            if not has_conf_prefix(key):
                 continue
             if key not in by_key:
                 raise UnknownSettingError(key, by_key)
@@ -464,7 +473,7 @@ class NetworkConfig:
             sc = spark_context(spark)  # older sessions: the SparkContext's conf (classic only)
             all_conf = sc.getConf().getAll() if sc is not None else []
         for key, value in all_conf:
-            if key.startswith(CONF_PREFIX):
+            if has_conf_prefix(key):
                 conf.setdefault(key, value)
         return cls.from_conf(conf, **overrides)
 

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from .config import NetworkConfig, check_count
-from .errors import ConfigError, PartitionerError, UnsupportedKeyTypeError
+from .errors import ConfigError, PartitionerError, UnsupportedInputError, UnsupportedKeyTypeError
 from .partitioners import SUPPORTED_KEY_TYPES, CustomPartitionerWrapper, KeyGroupStreamPartitioner, Partitioner
 from .partitioners.partitioner import identifier_parts
 from .runtime.session import num_partitions, task_partition_id
@@ -111,12 +111,20 @@ def _channel_plan(
 
 def check_dataframe(df: object, setting: str = "df") -> DataFrame:
     """``df`` if it is a PySpark DataFrame (classic or Spark Connect), else a :class:`ConfigError` naming
-    ``setting`` and what it got (a pandas DataFrame, None, ...)."""
+    ``setting`` and what it got (a pandas DataFrame, None, ...). A streaming DataFrame raises
+    :class:`UnsupportedInputError`: an exchange moves a finished set of rows, so a stream is exchanged one
+    micro-batch at a time, in ``foreachBatch``."""
     try:
         from pyspark.sql import DataFrame
     except ImportError:
         raise ConfigError(setting, _short(df), "a pyspark.sql.DataFrame", "pyspark is not installed") from None
     if isinstance(df, DataFrame):
+        if df.isStreaming:
+            raise UnsupportedInputError(
+                f"{setting} is a streaming DataFrame; an exchange runs on the rows of a batch DataFrame. Exchange "
+                f"each micro-batch of the stream in foreachBatch: {setting}.writeStream.foreachBatch(lambda batch, "
+                f"batch_id: scs.exchange(batch, partitioner, ...).df.write.mode('append').parquet(path)).start()"
+            )
         return df
     detail = ""
     if type(df).__module__.split(".")[0] in ("pandas", "pyarrow", "polars"):

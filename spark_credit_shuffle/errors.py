@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import difflib
+import re
+from collections.abc import Iterable, Iterator
 
 
 class CreditShuffleError(Exception):
@@ -27,12 +30,28 @@ class ConfigError(CreditShuffleError, ValueError):
 
 
 class UnknownSettingError(ConfigError):
-    """A ``spark.creditShuffle.*`` key or keyword argument that names no setting."""
+    """A ``spark.creditShuffle.*`` key or keyword argument that names no setting (a key under the prefix in
+    another case, ``spark.creditshuffle.*``, included): the message names the nearest setting, or lists
+    them all when none is near."""
 
     def __init__(self, setting: str, known: Iterable[str]) -> None:
-        known_list = ", ".join(sorted(known))
-        super().__init__(setting, "<unknown setting>", f"one of: {known_list}")
-        self.args = (f"unknown setting '{setting}'; the settings are: {known_list}",)
+        known_list = sorted(known)
+        nearest = _nearest(setting, known_list)
+        super().__init__(setting, "<unknown setting>", f"one of: {', '.join(known_list)}")
+        self.nearest = nearest
+        if self.nearest is not None:
+            message = f"unknown setting '{setting}'; did you mean '{self.nearest}'?"
+        else:
+            message = f"unknown setting '{setting}'; the settings are: {', '.join(known_list)}"
+        self.args = (message,)
+
+
+def _nearest(name: str, known: list[str]) -> str | None:
+    """The one of ``known`` that ``name`` most likely misspells, by the part after the last dot (a key's
+    ``spark.creditShuffle.`` prefix does not count towards the likeness), case ignored; None if none is close."""
+    tails = {k.lower().rsplit(".", 1)[-1]: k for k in known}
+    match = difflib.get_close_matches(name.lower().rsplit(".", 1)[-1], list(tails), n=1, cutoff=0.7)
+    return tails[match[0]] if match else None
 
 
 class PartitionerError(CreditShuffleError, ValueError):
@@ -50,6 +69,11 @@ class UnsupportedKeyTypeError(PartitionerError, TypeError):
 class UnsupportedColumnTypeError(CreditShuffleError, TypeError):
     """A column of a Spark type that Spark's Arrow hand-over to Python (``mapInArrow``) does not carry, so no
     exchange can move it (year-month and calendar intervals); raised before any Spark job starts."""
+
+
+class SchemaMismatchError(CreditShuffleError, TypeError):
+    """Rows whose column types differ from the schema the exchange was planned with (beyond nullability and
+    a timestamp's zone, which the exchange reconciles)."""
 
 
 class InsufficientNetworkBuffersError(CreditShuffleError):
@@ -90,7 +114,17 @@ class ExchangeTimeoutError(CreditShuffleError, TimeoutError):
     """A wait that ran out of time; the message names what was waited for."""
 
 
-class InsufficientSlotsError(CreditShuffleError):
+class UnsupportedInputError(CreditShuffleError, TypeError):
+    """An input DataFrame that an exchange cannot take as it is (a streaming DataFrame: exchange each
+    micro-batch in ``foreachBatch``); the message names the way that works."""
+
+
+class BarrierStageError(CreditShuffleError):
+    """A pipelined exchange that Spark would refuse to run as one barrier stage on this session (dynamic
+    allocation, too few task slots); the message names the ways out."""
+
+
+class InsufficientSlotsError(BarrierStageError):
     """A pipelined exchange needs all its tasks running at once and the cluster has fewer free slots."""
 
 
@@ -137,3 +171,89 @@ class SimulationStalledError(CreditShuffleError):
 class PartitionStateError(CreditShuffleError, RuntimeError):
     """An operation a result partition or subpartition does not allow in its current state (for example
     writing after ``finish()``, or a second reader of a pipelined subpartition)."""
+
+
+# -- typed errors raised inside Spark tasks ----------------------------------------------------------------
+
+#: ``spark_credit_shuffle.<module>.<Class>: <message>``, as a Python traceback prints an exception, up to a
+#: blank line or the JVM's stack (``\tat ...``) that follows it in Spark's report of a failed task.
+_RAISED = re.compile(r"\b(spark_credit_shuffle(?:\.\w+)*)\.(\w+): (.*?)(?=\n\s*\n|\n\tat |\n\s+at |\Z)", re.S)
+
+
+#: The SQL state Spark appends to an error's message.
+_SQL_STATE = re.compile(r"\s*SQLSTATE: \w+\s*$")
+
+
+def _error_classes() -> dict[str, type[CreditShuffleError]]:
+    """Every subclass of :class:`CreditShuffleError` defined so far, by ``module.name``."""
+    found: dict[str, type[CreditShuffleError]] = {}
+    pending: list[type[CreditShuffleError]] = [CreditShuffleError]
+    while pending:
+        cls = pending.pop()
+        found[f"{cls.__module__}.{cls.__name__}"] = cls
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def qualified_name(exc: BaseException) -> str:
+    """``module.Class`` of ``exc``, as a Python traceback names it."""
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def rebuild(name: str, message: str) -> CreditShuffleError | None:
+    """The error of this package's class ``name`` (``module.Class`` as :func:`qualified_name` gives, or a
+    class of :mod:`errors` by its bare name) with ``message``, made without its constructor (whose
+    arguments the text no longer has); None if ``name`` is no such class."""
+    classes = _error_classes()
+    cls = classes.get(name) or classes.get(f"{__name__}.{name}")
+    if cls is None:
+        return None
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    return error
+
+
+def task_error(exc: BaseException) -> CreditShuffleError | None:
+    """The typed error an exchange's Spark task raised, rebuilt from ``exc``, the exception an action on the
+    driver got (PySpark's ``PythonException`` or ``Py4JJavaError`` on a classic session, Connect's
+    ``PythonException``: they carry the task's Python traceback, or the reason the exchange cancelled its
+    stage with, as text); None if ``exc`` carries none.
+
+    The rebuilt error is of the class the task raised and has its message; what the task's error held besides
+    its message (``ConfigError.setting``, ...) is not carried. When several tasks failed, Spark reports the
+    one that failed the stage first, which is the one returned.
+    """
+    if isinstance(exc, CreditShuffleError):
+        return exc
+    return error_in_text(str(exc))
+
+
+def error_in_text(text: str) -> CreditShuffleError | None:
+    """The first of this package's errors that ``text`` names as a traceback prints one
+    (``spark_credit_shuffle.errors.NullKeyError: message``), rebuilt; None if it names none."""
+    for match in _RAISED.finditer(text):
+        message = _SQL_STATE.sub("", match.group(3).strip())
+        error = rebuild(f"{match.group(1)}.{match.group(2)}", message)
+        if error is not None:
+            return error
+    return None
+
+
+@contextlib.contextmanager
+def typed_errors() -> Iterator[None]:
+    """Raise, from a Spark action in the block, the typed error the exchange's task raised (a null key's
+    :class:`NullKeyError`, a stall's :class:`ExchangeTimeoutError`, ...), with Spark's exception as its
+    cause, so that ``except NullKeyError`` works around ``ex.df.count()``; any other error as it is::
+
+        with scs.typed_errors():
+            ex.df.write.parquet(path)
+    """
+    try:
+        yield
+    except CreditShuffleError:
+        raise
+    except Exception as exc:
+        typed = task_error(exc)
+        if typed is None:
+            raise
+        raise typed from exc

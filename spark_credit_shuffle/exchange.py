@@ -70,7 +70,7 @@ class Exchange:
         """The metrics of the first action that ran ``df`` (of each consumer subtask), as plain rows.
 
         Call it after an action (``count()``, ``write``...); before one it raises
-        :class:`CreditShuffleError` (on Spark Connect it waits for the action instead).
+        :class:`CreditShuffleError`, on classic sessions and Spark Connect alike.
         """
         return [r for r in self._all_metric_rows() if r.time_ms is None]
 
@@ -290,6 +290,10 @@ def exchange(
         config = NetworkConfig.from_spark(spark, **settings)
     elif settings:
         config = config.replace(**settings)
+    if mode == "pipelined":
+        from .runtime.pipelined import check_cluster
+
+        check_cluster(spark)
     if num_producers is not None:
         df = df.repartition(num_producers)
     if parallelism is not None:  # checked before the producer count, which is a Spark job on Spark Connect
@@ -324,7 +328,9 @@ def exchange(
         if mode == "blocking":
             from .runtime.blocking import build
         else:
-            from .runtime.pipelined import build
+            from .runtime.pipelined import build, check_slots
+
+            check_slots(plan, spark, input_partitions=None if num_producers else producers)
         out, collected = build(plan, df)
     else:  # an empty df with the input's schema, no metric rows; no task runs
         from .runtime.common import NoMetrics

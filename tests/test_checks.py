@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pandas as pd
 import pytest
 from chispa import assert_df_equality
@@ -161,3 +167,136 @@ def test_spark_connect_column_references_are_keys_too():
     assert scs.key_by(CF.col("`a.b`"), CF.col("a.b")).columns == ("a.b", "a.b")
     with pytest.raises(PartitionerError, match=r"not a plain column reference"):
         scs.key_by(CF.col("k") + 1)
+
+
+# -- what users meet on ordinary sessions and inputs: refused before any job, typed, with the way out --
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_streaming_input_is_refused_with_foreach_batch_named(spark, mode):
+    stream = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+    with no_spark_jobs(spark):
+        with pytest.raises(scs.UnsupportedInputError, match=r"streaming DataFrame.*foreachBatch"):
+            scs.exchange(stream, scs.rebalance(), 2, mode)
+        with pytest.raises(scs.UnsupportedInputError, match=r"foreachBatch"):
+            scs.with_channel(stream, scs.rebalance(), 2)
+
+
+def test_more_producers_than_slots_names_the_partitions_and_num_producers(spark):
+    df = spark.range(0, 100, 1, 6)  # local[4, 2]: 4 task slots
+    with no_spark_jobs(spark):
+        with pytest.raises(scs.InsufficientSlotsError, match=r"has 6 partitions.*num_producers=N with N <= 4"):
+            scs.exchange(df, scs.rebalance(), 2, "pipelined")
+        with pytest.raises(scs.InsufficientSlotsError, match=r"lower the parallelism") as info:
+            scs.exchange(df, scs.rebalance(), 6, "pipelined", num_producers=2)
+        assert "num_producers=N" not in str(info.value)
+    ex = scs.exchange(df, scs.rebalance(), 2, "pipelined", num_producers=4)  # the way out it names works
+    assert ex.df.count() == 100
+
+
+@pytest.mark.parametrize(
+    ("key", "nearest"),
+    [
+        ("spark.creditshuffle.bufferTimeoutMs", "spark.creditShuffle.bufferTimeoutMs"),  # the prefix's case
+        ("spark.creditShuffle.bufferTimeotMs", "spark.creditShuffle.bufferTimeoutMs"),  # a typo
+        ("spark.creditShuffle.buffersperchannel", "spark.creditShuffle.buffersPerChannel"),
+    ],
+)
+def test_a_misspelt_conf_key_names_the_nearest_setting_before_any_job(spark, df, key, nearest):
+    spark.conf.set(key, "5")
+    try:
+        with no_spark_jobs(spark), pytest.raises(scs.UnknownSettingError) as info:
+            scs.exchange(df, scs.rebalance(), 2)
+    finally:
+        spark.conf.unset(key)
+    assert str(info.value) == f"unknown setting '{key}'; did you mean '{nearest}'?"
+    assert info.value.nearest == nearest
+
+
+def test_a_misspelt_keyword_names_the_nearest_setting(spark, df):
+    with no_spark_jobs(spark), pytest.raises(scs.UnknownSettingError, match=r"did you mean 'buffer_timeout_ms'"):
+        scs.exchange(df, scs.rebalance(), 2, buffer_timeout=5)
+
+
+def test_metrics_before_any_action_raise_the_same_on_classic_and_connect(any_spark):
+    ex = scs.exchange(any_spark.range(0, 10, 1, 2), scs.rebalance(), 2, "blocking")
+    with pytest.raises(scs.CreditShuffleError, match="no action has run"):
+        ex.metrics()
+    ex.df.count()
+    assert ex.metrics().where("metric = 'numRecordsIn'").count() > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_null_key_reaches_the_driver_as_the_typed_error(any_spark, mode):
+    df = any_spark.range(0, 600, 1, 3).select(
+        "id", F.when(F.col("id") == 450, None).otherwise(F.col("id") % 7).alias("k")
+    )
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=3, mode=mode)
+    expected = r"producer subtask 2: key column 'k' has 1 null value"
+    with pytest.raises(scs.NullKeyError, match=expected) as info, scs.typed_errors():
+        ex.df.count()
+    assert info.value.__cause__ is not None  # Spark's own exception stays reachable
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_invalid_utf8_key_names_its_column(spark, mode):
+    df = spark.range(0, 40, 1, 2).select(
+        "id", F.when(F.col("id") == 7, F.unhex(F.lit("FFFE"))).otherwise(F.lit(b"ok")).cast("string").alias("name")
+    )
+    ex = scs.exchange(df, scs.key_by("name"), parallelism=2, mode=mode)
+    expected = r"key column 'name': string keys must be valid UTF-8"
+    with pytest.raises(scs.UnsupportedKeyTypeError, match=expected), scs.typed_errors():
+        ex.df.count()
+
+
+def test_typed_errors_leaves_other_errors_alone(spark):
+    with pytest.raises(ZeroDivisionError), scs.typed_errors():
+        raise ZeroDivisionError("not the exchange's")
+    assert scs.task_error(RuntimeError("no typed error in here")) is None
+
+
+_DYNAMIC_ALLOCATION_JOB = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+    import spark_credit_shuffle as scs
+
+    spark = (
+        SparkSession.builder.master("local-cluster[1,2,1024]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.executor.memory", "512m")
+        .config("spark.dynamicAllocation.enabled", "true")
+        .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
+        .getOrCreate()
+    )
+    tracker = spark.sparkContext.statusTracker()
+    df = spark.range(0, 2000, 1, 2)
+    try:
+        scs.exchange(df, scs.rebalance(), 2, "pipelined")
+        refused = None
+    except scs.BarrierStageError as exc:
+        refused = str(exc)
+    jobs_before_blocking = len(tracker.getJobIdsForGroup(None))
+    rows = scs.exchange(df, scs.rebalance(), 2, "blocking").df.count()
+    spark.stop()
+    print(json.dumps({"refused": refused, "jobs": jobs_before_blocking, "rows": rows}))
+    """
+)
+
+
+def test_pipelined_mode_under_dynamic_allocation_is_refused_before_any_job_and_blocking_runs(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(_DYNAMIC_ALLOCATION_JOB)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, check=False, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["refused"] is not None and "spark.dynamicAllocation.enabled" in out["refused"]
+    assert "mode='blocking'" in out["refused"] and "spark.executor.instances" in out["refused"]
+    assert out["jobs"] == 0, "the refusal came after a Spark job"
+    assert out["rows"] == 2000

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
+from spark_helpers import no_spark_jobs
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -208,3 +209,22 @@ def test_jobs_have_main_and_run_as_scripts():
         assert "job_session(" in (JOBS / f"{name}.py").read_text()
     assert "PYSPARK_GATEWAY_PORT" in (JOBS.parent / "spark_credit_shuffle" / "cli.py").read_text()
     assert os.access(JOBS / "plan.py", os.R_OK)
+
+
+@pytest.mark.spark
+def test_jobs_refuse_a_picture_without_matplotlib_before_any_job(spark, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what a machine without matplotlib has: no import
+    cases = [
+        ("exchange_job", ["--generate", "10", "--timeline-png", "t.png"], "--timeline-png"),
+        ("checkpoint_alignment_demo", ["--png", "c.png"], "--png"),
+        ("bench_exchange", ["--rows", "100"], "--png"),  # its sweep draws a picture by default
+    ]
+    with no_spark_jobs(spark):
+        for name, argv, option in cases:
+            job = load_job(name)
+            with pytest.raises(SystemExit) as info:
+                job.main(argv)
+            err = capsys.readouterr().err
+            assert info.value.code == 2, err
+            assert f"{option} draws a picture, which needs matplotlib" in err
+            assert "pip install 'spark-credit-shuffle[plot]'" in err

@@ -98,3 +98,41 @@ def test_the_installed_console_script_runs_the_planner():
     spec = scs.ExchangeSpec(producers=4, consumers=4, partitioner="hash", mode="pipelined")
     plan = scs.plan_network(spec, scs.Executors(count=2, slots=4, network_memory="64mb"))
     assert headline["fits"] is True and headline["required_buffers_per_executor"] == plan.required_per_executor
+
+
+def test_the_console_script_reports_the_version():
+    import spark_credit_shuffle as scs
+
+    script = Path(sys.executable).parent / "spark-credit-shuffle"
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"spark-credit-shuffle {scs.__version__}"
+
+
+def _tree(root: Path, top: str) -> set[str]:
+    return {
+        str(p.relative_to(root))
+        for p in (root / top).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts and p.suffix != ".pyc"
+    }
+
+
+def test_the_sdist_carries_everything_its_tests_need_and_the_pandas_bound(tmp_path):
+    import tarfile
+
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (sdist,) = tmp_path.glob("spark_credit_shuffle-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = tar.getnames()
+        top = names[0].split("/")[0]
+        members = {n.split("/", 1)[1] for n in names if "/" in n}
+        pkg_info = tar.extractfile(f"{top}/PKG-INFO").read().decode()  # type: ignore[union-attr]
+    needed = _tree(ROOT, "tests") | _tree(ROOT, "jobs") | _tree(ROOT, "notebooks")
+    assert {"tests/conftest.py", "tests/spark_helpers.py", "tests/protocol/protocol_helpers.py"} <= needed
+    assert needed - members == set()
+    requires = [line for line in pkg_info.splitlines() if line.startswith("Requires-Dist: pandas") and ";" not in line]
+    assert requires == ["Requires-Dist: pandas<3,>=2.0"], requires

@@ -554,7 +554,9 @@ def test_a_stalled_consumer_fails_the_stage_with_a_named_timeout(spark):
         df, scs.key_by("k"), mode="pipelined", injection=injection, segment_size=4096, buffers_request_timeout_ms=1500
     )
     out, _ = pipelined.build(ex.plan, df, retryable=False)  # no stage retry: fail once, fast
-    with pytest.raises(Exception, match="ExchangeTimeoutError") as err:
+    # whichever task's failure reaches the driver first (a producer's timeout, or a consumer whose producer
+    # failed), it is the first cause: the producers' typed timeout, naming the stalled consumer
+    with pytest.raises(ExchangeTimeoutError, match=r"waited \d+ ms for a network buffer") as err, scs.typed_errors():
         out.write.format("noop").mode("overwrite").save()
     assert "consumer subtask 1" in str(err.value)
 

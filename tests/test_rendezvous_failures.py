@@ -41,7 +41,7 @@ def test_a_reported_failure_answers_the_waiting_tasks_and_every_later_attempt():
         while not cancelled and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.1)
-        assert cancelled == [(7, f"NullKeyError: {error}")]
+        assert cancelled == [(7, f"spark_credit_shuffle.errors.NullKeyError: {error}")]
         assert service.failure("ex/2") is None
         assert all_gather_via(service.address, "ex/2", secret, "stage 8", 0, 1, 10.0)("mine") == ["mine"]
         assert not report_failure(service.address, "ex/2", os.urandom(32), 8, 0, 2, error)  # a wrong secret

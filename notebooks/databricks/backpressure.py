@@ -247,10 +247,11 @@ plot.plot_timeline(
 
 # COMMAND ----------
 
-# a hot key: every row of producer 0 goes to consumer 0, which sleeps 0.3 ms per row
+# a hot key: every row of producer 0 goes to consumer 0, which sleeps 30 us per row; 40,000 rows, many
+# times what the buffers in flight hold, keep the producers back-pressured through many checkpoint intervals
 hot = scs.key_group_channels(pa.array(range(100), pa.int32()), 2, scs.default_max_parallelism(2)).tolist().index(0)
-keyed = spark.range(0, 3000, 1, 2).select(
-    F.col("id"), F.when(F.col("id") < 1500, F.lit(hot)).otherwise(F.col("id") % 31).cast("int").alias("k")
+keyed = spark.range(0, 40000, 1, 2).select(
+    F.col("id"), F.when(F.col("id") < 20000, F.lit(hot)).otherwise(F.col("id") % 31).cast("int").alias("k")
 )
 alignment = {}
 for label, unaligned in (("aligned", False), ("unaligned", True)):
@@ -259,7 +260,7 @@ for label, unaligned in (("aligned", False), ("unaligned", True)):
         scs.key_by("k"),
         parallelism=2,
         mode=MODE,
-        injection=scs.Injection(consumer_delay_s=((0, 0.0003),)),
+        injection=scs.Injection(consumer_delay_s=((0, 0.00003),)),
         segment_size="4kb",
         checkpoint_interval_ms=50,
         unaligned_checkpoints=unaligned,

@@ -313,6 +313,15 @@ def _null_error(nulls: np.ndarray, column: str | None) -> NullKeyError:
 
 
 def _column_hashes(values: object, column: str | None, null_keys: str) -> np.ndarray:
+    try:
+        return _column_hashes_of(values, column, null_keys)
+    except UnsupportedKeyTypeError as exc:  # a value no hashCode exists for (invalid UTF-8): name its column
+        if column is None or str(exc).startswith("key column"):
+            raise
+        raise UnsupportedKeyTypeError(f"key column {column!r}: {exc}") from None
+
+
+def _column_hashes_of(values: object, column: str | None, null_keys: str) -> np.ndarray:
     if isinstance(values, np.ndarray):
         values = pa.array(values)
     if isinstance(values, pa.ChunkedArray):

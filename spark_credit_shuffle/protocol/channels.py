@@ -40,7 +40,11 @@ _END_OF_PARTITION = DataType.END_OF_PARTITION
 
 
 class InputChannelError(CreditShuffleError):
-    """An input channel failed (its error surfaces on the consumer's next poll)."""
+    """An input channel failed (its error surfaces on the consumer's next poll). ``remote``: the typed error
+    the producer failed with, when it reported one (Flink's ``ErrorResponse`` carrying the producer's cause):
+    the first cause of a failed exchange, which a consumer raises instead of its own knock-on failure."""
+
+    remote: CreditShuffleError | None = None
 
 
 class InputChannel(Protocol):

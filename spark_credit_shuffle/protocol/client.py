@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from ..buffers.buffer import Buffer, DataType, Payload
 from ..config import DEFAULT_SEGMENT_SIZE
-from ..errors import BufferReorderingError, ProtocolError
+from ..errors import BufferReorderingError, ProtocolError, error_in_text
 from ._flags import IS_BUFFER
 from .channels import InputChannelError, RemoteInputChannel
 from .codec import FrameDecoder, default_max_frame_length, encode
@@ -195,8 +195,11 @@ class CreditBasedPartitionRequestClientHandler:
         credit_based: bool = True,
         secret: bytes | None = None,
         max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE),
+        peer: str = "the producer",
     ) -> None:
         self.credit_based = credit_based
+        #: Who the connection leads to, as the channels' errors name it ("producer subtask 2 at host:port").
+        self.peer = peer
         self.input_channels: dict[int, RemoteInputChannel] = {}
         #: The local channels on this connection (producer and consumer share an executor), by receiver id.
         self.local_views: dict[int, ConnectionSubpartitionView] = {}
@@ -458,7 +461,8 @@ class CreditBasedPartitionRequestClientHandler:
             self._drain_staged()
 
     def _on_error_response(self, message: ErrorResponse) -> None:
-        error = InputChannelError(f"remote error: {message.message}")
+        error = InputChannelError(f"{self.peer}: remote error: {message.message}")
+        error.remote = error_in_text(message.message)  # the producer's own typed failure, if it sent one
         if message.receiver_id is None:
             self.fatal_error = error
             for channel in list(self.input_channels.values()):
@@ -472,7 +476,7 @@ class CreditBasedPartitionRequestClientHandler:
 
     def connection_closed(self) -> None:
         """The connection went away: fail every channel still open."""
-        error = InputChannelError("connection to the producer closed")
+        error = InputChannelError(f"connection to {self.peer} closed")
         for channel in list(self.input_channels.values()):
             if not channel.is_released and not channel.received_end_of_partition:
                 channel.on_error(error)

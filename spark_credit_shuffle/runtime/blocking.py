@@ -124,7 +124,7 @@ def produce_partition(
     partition = BlockingResultPartition(n, pool, partition_id=producer, sink=store)
     settings = Settings.of(config, blocking=True)
     engine = ProducerEngine(
-        producer, partition, selector, consumers, settings, config.segment_size, None, time.monotonic()
+        producer, partition, selector, consumers, settings, config.segment_size, plan.schema, time.monotonic()
     )
     timeline = engine.timeline
 

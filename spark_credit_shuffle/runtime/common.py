@@ -281,6 +281,9 @@ class _ReportsParam(_AccumulatorParam):
         return value1
 
 
+_NO_ACTION_YET = "no metrics yet: no action has run the exchange's DataFrame (count(), a write...) so far"
+
+
 class CollectedMetrics:
     """The metric rows consumer tasks reported, on the driver (after an action)."""
 
@@ -289,18 +292,24 @@ class CollectedMetrics:
         self._observation = observation
 
     def rows(self) -> list[MetricRow]:
-        """Every row the first action that ran the exchange reported (in band: blocks until it ended).
+        """Every row the first action that ran the exchange reported.
 
-        Raises :class:`CreditShuffleError` if no action has run the exchange yet (accumulator only).
+        Raises :class:`CreditShuffleError` if no action has run the exchange yet, on classic sessions and
+        Spark Connect alike (an in-band observation on a classic session, which only the in-process
+        harnesses use, waits for the action instead).
         """
         if self._observation is not None:
-            cells = self._observation.get.get("metrics") or []
+            try:
+                observed = self._observation.get
+            except Exception as exc:  # Spark Connect: NO_OBSERVE_BEFORE_GET until an action ran
+                raise CreditShuffleError(_NO_ACTION_YET) from exc
+            if not observed:
+                raise CreditShuffleError(_NO_ACTION_YET)
+            cells = observed.get("metrics") or []
             return [MetricRow(**{f: r[f] for f in METRIC_ROW_FIELDS}) for cell in cells for r in cell or []]
         reports = self._report.accumulator.value
         if not reports:
-            raise CreditShuffleError(
-                "no metrics yet: no action has run the exchange's DataFrame (count(), a write...) so far"
-            )
+            raise CreditShuffleError(_NO_ACTION_YET)
         best: dict[int, tuple[int, int, list]] = {}  # partition -> (stage id, task attempt id, rows)
         for stage, partition, attempt, rows in reports:
             current = best.get(partition)

@@ -35,8 +35,11 @@ are the glue around it, and this module the Spark side.
 
 **Placement.** The stage has max(S, T) tasks, and the cluster must be able to run them all at once
 (:class:`InsufficientSlotsError` before launch otherwise). With S == T (the common case) the input's
-partitions feed the stage directly. With S < T the input is first placed by an identity shuffle
-(``repartitionById`` on the producer index): one extra shuffle of the input rows.
+partitions feed the stage directly. With S < T, or when the input's last stage holds an operator whose
+partitions are not its input's (a ``union``, a ``coalesce``, a cartesian product: Spark refuses a barrier
+stage over those, see :func:`~.session.barrier_refusal`), the input is first placed by an identity shuffle
+(``repartitionById`` on the producer index, the input's partition): one extra shuffle of the input rows.
+Spark runs no barrier stage under dynamic allocation: :class:`BarrierStageError` before launch.
 
 **Output and retries.** A failure in one task fails the barrier stage. Spark never retries a failed
 barrier *result* stage, and refuses jobs that run only some of a barrier stage's partitions (``show``,
@@ -101,7 +104,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..errors import CreditShuffleError, InsufficientSlotsError
+from ..errors import BarrierStageError, CreditShuffleError, InsufficientSlotsError
 from ..metrics import PRODUCER
 from ..transport.tcp import resolve_host
 from ..transport.tls import TlsIdentity
@@ -118,7 +121,7 @@ from .common import (
 )
 from .in_threads import _ThreadAllGather, run_in_threads
 from .nested_output import nest, nested_spark_type, unnest
-from .session import available_slots, is_connect, spark_context
+from .session import available_slots, barrier_refusal, dynamic_allocation, is_connect, spark_context
 from .task import PipelinedTask, TaskOptions
 
 if TYPE_CHECKING:
@@ -131,6 +134,7 @@ __all__ = [
     "TaskOptions",
     "available_slots",
     "build",
+    "check_cluster",
     "check_slots",
     "run_barrier_task",
     "run_in_threads",
@@ -151,8 +155,23 @@ _ = _ThreadAllGather
 # -- the Spark side ------------------------------------------------------------------------------------
 
 
-def check_slots(plan: ExchangePlan, spark: Any) -> None:
-    """Raise :class:`InsufficientSlotsError` if the cluster cannot run all max(S, T) tasks at once."""
+def check_cluster(spark: Any) -> None:
+    """Raise :class:`BarrierStageError` if Spark would refuse any barrier stage on ``spark``'s cluster
+    (dynamic allocation), naming both ways out; no job runs."""
+    if dynamic_allocation(spark):
+        raise BarrierStageError(
+            "a pipelined exchange runs as one Spark barrier stage, and Spark runs no barrier stage while dynamic "
+            "allocation is enabled (spark.dynamicAllocation.enabled=true): use mode='blocking' (it runs under "
+            "dynamic allocation), or start the session with spark.dynamicAllocation.enabled=false and a fixed "
+            "number of executors (spark.executor.instances)"
+        )
+
+
+def check_slots(plan: ExchangePlan, spark: Any, input_partitions: int | None = None) -> None:
+    """Raise :class:`InsufficientSlotsError` if the cluster cannot run all max(S, T) tasks at once.
+
+    ``input_partitions``: the input DataFrame's partition count when its partitions are the producers (no
+    ``num_producers`` given): the message then names it and ``num_producers=`` as the usual way out."""
     needed = max(plan.num_producers, plan.num_consumers)
     slots = available_slots(spark)
     if slots is None:
@@ -160,11 +179,19 @@ def check_slots(plan: ExchangePlan, spark: Any) -> None:
         return
     total, executors, per = slots
     if needed > total:
+        if input_partitions is not None and plan.num_producers > total:
+            way_out = (
+                f"the input DataFrame has {input_partitions} partitions and each is a producer subtask (any "
+                f"DataFrame after a shuffle has spark.sql.shuffle.partitions of them): pass num_producers=N with "
+                f"N <= {total} to repartition it first, "
+            )
+        else:
+            way_out = "lower the parallelism, "
         raise InsufficientSlotsError(
             f"pipelined exchange {plan.name} runs {needed} barrier tasks at once (one per subtask: "
             f"max({plan.num_producers} producers, {plan.num_consumers} consumers)), but the cluster has only "
-            f"{total} task slots ({executors} executor(s) x {per} slots); lower the parallelism, add executors "
-            f"or cores, or use mode='blocking'"
+            f"{total} task slots ({executors} executor(s) x {per} slots); {way_out}add executors or cores, or "
+            f"use mode='blocking'"
         )
 
 
@@ -188,7 +215,7 @@ def build(
     """
     from pyspark.sql import functions as F
 
-    check_slots(plan, df.sparkSession)
+    check_slots(plan, df.sparkSession)  # exchange() checked it already, naming the input; build() may run alone
     if retryable is None:
         retryable = getattr(plan, "retryable", None)
     if retryable is None:
@@ -201,7 +228,10 @@ def build(
     tls = TlsIdentity.generate(plan.name) if plan.tls else None  # shipped to the tasks as the secret is
     tag = unused_name(_TAG, [*df.columns, report.column])
     source = df
-    if producers < consumers:  # place producer p's rows on task p of `width` tasks
+    refused = barrier_refusal(df)
+    if refused is not None:
+        log.info("%s: the input's last stage has a %s, which no barrier stage reads: placed first", plan.name, refused)
+    if producers < consumers or refused is not None:  # place producer p's rows on task p of `width` tasks
         source = place_by(df.withColumn(tag, F.spark_partition_id()), width, tag).drop(tag)
 
     rendezvous = (

@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ARROW_BATCH_BYTES_KEY",
     "available_slots",
+    "barrier_refusal",
     "bound_arrow_batches",
     "configured_executors",
+    "dynamic_allocation",
     "executor_slots",
     "is_connect",
     "num_partitions",
@@ -123,6 +125,69 @@ def bound_arrow_batches(spark: Any, max_bytes: int) -> bool:
         _log.warning("could not set %s (%s); Spark's default bound applies", ARROW_BATCH_BYTES_KEY, exc)
         return False
     return True
+
+
+# -- what a barrier stage over a DataFrame meets ---------------------------------------------------------
+
+#: Physical operators whose RDD has another partition count than its input's (a union's is the sum of its
+#: inputs', a coalesce's fewer, a cartesian product's the product): Spark runs no barrier stage whose RDD chain
+#: holds one (``BarrierJobUnsupportedRDDChainException``: every RDD of a barrier stage must have as many
+#: partitions as the stage has tasks).
+_CHAIN_BREAKERS = frozenset({"Union", "Coalesce", "CartesianProduct"})
+#: Operators below which another stage (a shuffle, a broadcast) produces the rows.
+_STAGE_BOUNDARIES = frozenset(
+    {"Exchange", "BroadcastExchange", "ReusedExchange", "ShuffleQueryStage", "BroadcastQueryStage"}
+)
+_PLAN_LINE = re.compile(r"^([ :+\-|]*)(?:\*\(\d+\) )?([A-Za-z]\w*)")
+
+
+def _physical_plan(df: DataFrame) -> str:
+    """The physical plan Spark would run for ``df``, as ``explain()`` prints it (no job runs)."""
+    sc = spark_context(df.sparkSession)
+    if sc is not None:
+        return str(df._jdf.queryExecution().simpleString())
+    return str(df._explain_string(mode="simple"))  # type: ignore[operator]  # Connect's DataFrame has it
+
+
+def stage_operators(plan: str) -> list[str]:
+    """The operators of physical plan text ``plan`` (``explain()``'s tree) that run in the stage producing
+    its output: every node not below a shuffle or broadcast exchange (cached relations included: their RDDs
+    are part of the chain)."""
+    lines = plan.split("== Physical Plan ==", 1)[-1].strip("\n").splitlines()
+    found: list[str] = []
+    below: list[tuple[int, bool]] = []  # (indent, beyond a stage boundary) of the current node's ancestors
+    for line in lines:
+        if not line.strip():
+            break
+        match = _PLAN_LINE.match(line)
+        if match is None:
+            continue
+        indent, name = len(match.group(1)), match.group(2)
+        while below and below[-1][0] >= indent:
+            below.pop()
+        beyond = bool(below) and below[-1][1]
+        if not beyond:
+            found.append(name)
+        below.append((indent, beyond or name in _STAGE_BOUNDARIES))
+    return found
+
+
+def barrier_refusal(df: DataFrame) -> str | None:
+    """The operator of ``df``'s last stage for which Spark would refuse a barrier stage reading ``df``
+    directly (``Union``, ``Coalesce``, ``CartesianProduct``); None if there is none."""
+    try:
+        plan = _physical_plan(df)
+    except Exception as exc:  # a plan that cannot be shown here: let Spark decide at the action
+        _log.info("could not read the physical plan of the exchange's input (%s)", exc)
+        return None
+    return next((name for name in stage_operators(plan) if name in _CHAIN_BREAKERS), None)
+
+
+def dynamic_allocation(spark: Any) -> bool:
+    """True if the session runs with dynamic allocation, under which Spark runs no barrier stage
+    (``BarrierJobRunWithDynamicAllocationException``); Spark ignores the setting in local mode."""
+    enabled = str(spark.conf.get("spark.dynamicAllocation.enabled", "false") or "false").strip().lower()
+    return enabled == "true" and _LOCAL.match(_master(spark)) is None
 
 
 # -- executors and task slots ----------------------------------------------------------------------------

@@ -207,9 +207,13 @@ class PipelinedTask(TaskWiring):
                 consumer.time.stop(time.monotonic())
             self._await_end()
             yield from self.report.last(self.plan.schema, self._metric_rows())
-        except BaseException:
+        except BaseException as exc:
             if self.failed_at is None:  # before closing: peers see the close and fail after this task
                 self.failed_at = time.monotonic()
+            self.cause = exc
+            remote = getattr(exc, "remote", None)
+            if remote is not None:  # a producer's failure reached this consumer: raise that first cause
+                raise remote from exc
             raise
         finally:
             self._close()
@@ -231,7 +235,6 @@ class PipelinedTask(TaskWiring):
         producer = self.producer
         assert producer is not None and self.transport is not None and self.partition is not None
         clock = producer.time
-        schema = self.plan.schema
         sending = self.transport.sending
         thread_cpu = time.thread_time()
         try:
@@ -249,8 +252,6 @@ class PipelinedTask(TaskWiring):
                     break
                 if not batch.num_rows:
                     continue
-                if batch.schema is not schema and not batch.schema.equals(schema):
-                    batch = batch.cast(schema)
                 # the writer stops at the first buffer its pool cannot give; wait, then write on from there
                 self._await_buffer(producer)
                 with sending(), self.writer_lock:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CreditShuffleError, ExchangeTimeoutError
+from ..errors import CreditShuffleError, ExchangeTimeoutError, qualified_name
 from ..protocol import (
     AddCredit,
     BufferResponse,
@@ -90,6 +90,7 @@ class TaskWiring:
         self.max_frame_length = default_max_frame_length(config.segment_size)
         self._failure: BaseException | None = None
         self.failed_at: float | None = None  # monotonic time this task first failed (its peers fail after it)
+        self.cause: BaseException | None = None  # what this task fails with, reported to its consumers
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.transport: TcpTransport | None = None
@@ -250,14 +251,15 @@ class TaskWiring:
             peer = found
             conn = self._client_connections.get(producer)
             if conn is None:  # one connection per producer task, for its remote and local channels alike
+                name = f"producer subtask {producer} at {peer['host']}:{peer['port']}"
                 handler = CreditBasedPartitionRequestClientHandler(
-                    credit_based=self.config.credit_based, secret=self.secret, max_frame_length=self.max_frame_length
+                    credit_based=self.config.credit_based,
+                    secret=self.secret,
+                    max_frame_length=self.max_frame_length,
+                    peer=name,
                 )
                 conn = transport.connect(
-                    (str(peer["host"]), int(peer["port"])),
-                    handler,
-                    peer=f"producer subtask {producer} at {peer['host']}:{peer['port']}",
-                    timeout_s=timeout_s,
+                    (str(peer["host"]), int(peer["port"])), handler, peer=name, timeout_s=timeout_s
                 )
                 self._client_connections[producer] = conn
             with self.lock:
@@ -428,6 +430,26 @@ class TaskWiring:
         where = "local" if consumer == self.index else self.peers.get(consumer, "?")
         return f"consumer subtask {consumer} ({where})"
 
+    def _report_cause(self, cause: BaseException) -> None:
+        """Tell every consumer this task serves why it fails, before the connections close (Flink's fatal
+        ``ErrorResponse``): their channels then fail with this first cause, which they raise in place of their
+        own knock-on failure (a connection that closed), so that the driver hears the same typed error
+        whichever task's failure reaches it first."""
+        remote = getattr(cause, "remote", None)
+        first = remote if remote is not None else cause
+        if not isinstance(first, CreditShuffleError):
+            return
+        transport = self.transport
+        assert transport is not None
+        text = f"{qualified_name(first)}: {first}"
+        try:
+            with transport.sending(), self.lock:
+                for conn in transport.connections:
+                    if conn.role == "server" and not conn.closed:
+                        conn.handler.queue.notify_fatal_error(text)
+        except Exception as exc:  # the connections close anyway; the consumers then fail on the close
+            log.info("task %d: could not report its failure to its consumers: %s", self.index, exc)
+
     def _close(self) -> None:
         """Stop the timer, join the threads, close the sockets, release the partition and the gate."""
         self._stop.set()
@@ -444,6 +466,8 @@ class TaskWiring:
                 stuck.append(thread.name)
         transport_error: BaseException | None = None
         if self.transport is not None:
+            if self.cause is not None:
+                self._report_cause(self.cause)
             try:
                 self.transport.close(self.config.partition_request_timeout_ms / 1000.0)
             except ExchangeTimeoutError as exc:

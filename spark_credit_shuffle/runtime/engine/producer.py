@@ -11,11 +11,28 @@ import pyarrow as pa
 
 from ...buffers.format import KeepAlive, LatencyMarker, encode_event
 from ...buffers.writer import RecordWriter
-from ...errors import ExchangeTimeoutError
+from ...errors import ExchangeTimeoutError, SchemaMismatchError
 from ...metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from .rules import Fail, Gauges, Settings, TimeAccount, Wait
 
-__all__ = ["Flusher", "ProducerEngine", "subpartition_gauges"]
+__all__ = ["Flusher", "ProducerEngine", "conform", "subpartition_gauges"]
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with the exchange's ``schema``: the columns Spark hands a task carry the nullability of the
+    plan it executes, which the optimizer tightens (a filter ``s IS NOT NULL``, a folded literal), and may
+    name a timestamp's zone otherwise; the exchange's channels carry the schema it was planned with. Only
+    the field labels change (no copy of the data); a batch whose types differ otherwise raises
+    :class:`SchemaMismatchError` naming both schemas."""
+    if batch.schema is schema or batch.schema.equals(schema):
+        return batch
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        raise SchemaMismatchError(
+            f"the rows Spark hands the producer have the schema\n{batch.schema}\nwhich does not convert to the "
+            f"schema the exchange was planned with\n{schema}\n({exc})"
+        ) from None
 
 
 class Flusher:
@@ -74,6 +91,7 @@ class ProducerEngine:
         self.partition = partition
         self.consumers = consumers
         self.settings = settings
+        self.schema = schema
         self.writer = RecordWriter(
             partition_writer if partition_writer is not None else partition,
             selector,
@@ -104,7 +122,10 @@ class ProducerEngine:
 
     def write(self, batch: pa.RecordBatch) -> bool:
         """Write ``batch``; False if the writer stopped at a buffer its pool cannot give (then wait until
-        :meth:`is_available` and call :meth:`resume`)."""
+        :meth:`is_available` and call :meth:`resume`). A batch is first given the engine's schema (see
+        :func:`conform`)."""
+        if self.schema is not None:
+            batch = conform(batch, self.schema)
         return bool(self._emit(batch))
 
     def resume(self) -> bool:

@@ -16,11 +16,10 @@ log = logging.getLogger("spark_credit_shuffle")
 
 
 def reported_error(kind: str, message: str) -> CreditShuffleError:
-    """The error a task reported, as its own class if that is one of this package's partitioner errors."""
-    cls = getattr(errors, kind, None)
-    if isinstance(cls, type) and issubclass(cls, errors.PartitionerError):
-        return cls(message)
-    return CreditShuffleError(f"{kind}: {message}")
+    """The error a task reported (``kind``: its class, as :func:`~spark_credit_shuffle.errors.qualified_name`
+    gives), as its own class if that is one of this package's errors."""
+    rebuilt = errors.rebuild(kind, message)
+    return rebuilt if rebuilt is not None else CreditShuffleError(f"{kind}: {message}")
 
 
 def report_failure(
@@ -36,7 +35,7 @@ def report_failure(
     """Tell the rendezvous at ``address`` that task ``task`` of stage ``stage`` met ``exc``, a failure every
     retry repeats (best effort, a few seconds at most: the task fails with ``exc`` either way). True if the
     service took it (it answers with the failure it holds). ``tls``: as :func:`~.client.all_gather_via`."""
-    failure = {"type": type(exc).__name__, "message": str(exc)[: MAX_REQUEST // 4]}
+    failure = {"type": errors.qualified_name(exc), "message": str(exc)[: MAX_REQUEST // 4]}
     request = {
         "group": f"stage {stage}",
         "task": task,
