@@ -5,10 +5,13 @@ Public API only; see README.md for a tour.
 
 from __future__ import annotations
 
+import contextlib
+
 from ._pyspark import MIN_PYSPARK  # first: refuses a pyspark older than MIN_PYSPARK
 from .buffers import CheckpointBarrier, EndOfPartition, LatencyMarker, RecordReader, RecordWriter
 from .config import NetworkConfig, default_max_parallelism
 from .dataframe import rdd_with_channel, with_channel
+from .diagnosis import Diagnosis, SubtaskSummary
 from .errors import (
     BarrierStageError,
     BufferDecodeError,
@@ -28,7 +31,17 @@ from .errors import (
     task_error,
     typed_errors,
 )
-from .exchange import Exchange, ExchangePlan, Injection, exchange, exchange_rdd, exchanged
+from .exchange import (
+    Exchange,
+    ExchangePlan,
+    Injection,
+    exchange,
+    exchange_of,
+    exchange_rdd,
+    exchanged,
+    exchanges_of,
+    install_dataframe_method,
+)
 from .partitioners import (
     ChannelSelector,
     Partitioner,
@@ -49,6 +62,11 @@ from .simulation import Simulation, SimulationReport, simulate
 
 __version__ = "0.1.0"
 
+# df.creditShuffle(...) on every PySpark DataFrame, classic and Spark Connect; without pyspark, the pure-Python
+# parts only
+with contextlib.suppress(ImportError):
+    install_dataframe_method()
+
 __all__ = [
     "MIN_PYSPARK",
     "BarrierStageError",
@@ -57,6 +75,7 @@ __all__ = [
     "CheckpointBarrier",
     "ConfigError",
     "CreditShuffleError",
+    "Diagnosis",
     "EndOfPartition",
     "Exchange",
     "ExchangePlan",
@@ -78,6 +97,7 @@ __all__ = [
     "SchemaMismatchError",
     "Simulation",
     "SimulationReport",
+    "SubtaskSummary",
     "UnknownSettingError",
     "UnsupportedColumnTypeError",
     "UnsupportedInputError",
@@ -87,10 +107,13 @@ __all__ = [
     "custom",
     "default_max_parallelism",
     "exchange",
+    "exchange_of",
     "exchange_rdd",
     "exchanged",
+    "exchanges_of",
     "forward",
     "global_",
+    "install_dataframe_method",
     "key_by",
     "key_group_channels",
     "key_group_range",

@@ -9,10 +9,13 @@ network metrics of that run as a DataFrame (schema in :mod:`spark_credit_shuffle
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +23,7 @@ import pyarrow as pa
 
 from .config import NetworkConfig, check_operator_parallelism
 from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, check_dataframe, resolve_key_columns
+from .diagnosis import SUMMARY_DDL, Diagnosis, SubtaskSummary, diagnose, summarize
 from .errors import ConfigError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
@@ -34,12 +38,30 @@ if TYPE_CHECKING:
 
     from .runtime.common import CollectedMetrics
 
-__all__ = ["MODES", "Exchange", "ExchangePlan", "Injection", "exchange", "exchange_rdd", "exchanged"]
+__all__ = [
+    "MODES",
+    "Exchange",
+    "ExchangePlan",
+    "Injection",
+    "exchange",
+    "exchange_of",
+    "exchange_rdd",
+    "exchanged",
+    "exchanges_of",
+    "install_dataframe_method",
+]
 
 log = logging.getLogger("spark_credit_shuffle")
 
 MODES = ("blocking", "pipelined")
 _ids = itertools.count(1)
+#: The exchanges planned in this process, by the label their stages' Python functions carry: the last
+#: _KEPT of them (a DataFrame built on an exchange keeps no Python object of it), and any older one still held.
+_planned: collections.OrderedDict[str, Exchange] = collections.OrderedDict()
+_held: weakref.WeakValueDictionary[str, Exchange] = weakref.WeakValueDictionary()
+_KEPT = 256
+#: The label of an exchange in a physical plan: the name of a stage's Python function.
+_STAGE_FUNCTION = re.compile(r"\bcredit_shuffle_(?:produce_|consume_)?([a-z0-9_]+?_(?:blocking|pipelined)_\d+)\(")
 
 
 #: The columns of :meth:`Exchange.checkpoints`.
@@ -56,6 +78,10 @@ class Exchange:
         self.plan = plan
         self.df = df
         self._collected = collected
+        label = _label(plan.name)
+        _planned[label] = _held[label] = self
+        while len(_planned) > _KEPT:
+            _planned.popitem(last=False)
 
     @property
     def rdd(self) -> RDD[Any]:
@@ -100,6 +126,26 @@ class Exchange:
             for r in self.metric_rows()
         ]
         return spark.createDataFrame(data, METRICS_DDL)
+
+    def summary_rows(self) -> list[SubtaskSummary]:
+        """One :class:`~spark_credit_shuffle.diagnosis.SubtaskSummary` per producer and consumer subtask of
+        the first action that ran ``df`` (see :meth:`summary`)."""
+        return summarize(self.metric_rows())
+
+    def summary(self) -> DataFrame:
+        """One row per subtask: ``side``, ``subtask``, ``records``, ``buffers`` and ``bytes`` (out for a
+        producer, in for a consumer), ``records_per_second``, ``busy_ms_per_second``, ``idle_ms_per_second``,
+        ``back_pressured_ms_per_second``, Flink's ``back_pressure`` status (``OK`` up to 10% of the time
+        back-pressured, ``LOW`` up to 50%, ``HIGH`` above) and the pool usage peak and mean. Available after
+        an action, like :meth:`metrics`."""
+        data = [(self.plan.name, self.plan.mode, *dataclasses.astuple(r)) for r in self.summary_rows()]
+        return self.df.sparkSession.createDataFrame(data, SUMMARY_DDL)
+
+    def diagnose(self) -> Diagnosis:
+        """Where backpressure starts (the busy consumer subtask the back-pressured producers send to), told
+        apart from data skew and from an idle exchange; ``str()`` of it is a sentence for people, its fields
+        a result for code (see :class:`~spark_credit_shuffle.diagnosis.Diagnosis`)."""
+        return diagnose(self.summary_rows())
 
     def checkpoint_rows(self) -> list[dict[str, Any]]:
         """The checkpoints each consumer subtask completed (``checkpoint_interval_ms`` > 0), one dict per
@@ -164,6 +210,63 @@ class Exchange:
 
     def __repr__(self) -> str:
         return f"Exchange({self.plan.describe()})"
+
+
+def _label(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def exchanges_of(df: DataFrame) -> list[Exchange]:
+    """The exchanges whose output ``df`` is or is built on (``df.transform(exchanged(...)).where(...)``), from
+    its physical plan, outermost first: the way to an exchange's metrics, summary and diagnosis from a
+    DataFrame alone, on classic sessions and Spark Connect. Exchanges planned in another process, or no
+    longer held by anything, are not found."""
+    from .runtime.session import physical_plan
+
+    found: list[Exchange] = []
+    for label in _STAGE_FUNCTION.findall(physical_plan(check_dataframe(df))):
+        ex = _planned.get(label) or _held.get(label)
+        if ex is not None and ex not in found:
+            found.append(ex)
+    return found
+
+
+def exchange_of(df: DataFrame) -> Exchange:
+    """The one exchange ``df`` is the output of, or is built on (see :func:`exchanges_of`);
+    :class:`ConfigError` if there is none, or more than one (then pick from :func:`exchanges_of`)."""
+    found = exchanges_of(df)
+    if len(found) != 1:
+        what = "no exchange" if not found else f"{len(found)} exchanges ({', '.join(e.name for e in found)})"
+        raise ConfigError(
+            "df", _short(df), "a DataFrame built on exactly one exchange of this process", f"its plan holds {what}"
+        )
+    return found[0]
+
+
+def install_dataframe_method(name: str = "creditShuffle") -> None:
+    """Add the exchange to PySpark's DataFrame (classic and Spark Connect alike) as ``df.<name>(partitioner,
+    parallelism, mode, **kwargs)``, returning the exchanged DataFrame (``exchange(...).df``); its metrics are
+    one :func:`exchange_of` away. Done on import as ``df.creditShuffle``, as PySpark extension libraries add
+    theirs; a DataFrame method of that name already there (Spark's own, or another library's) is left as it
+    is and :class:`ConfigError` says so."""
+    from pyspark.sql import DataFrame
+
+    existing = getattr(DataFrame, name, None)
+    if existing is not None and getattr(existing, "_credit_shuffle", False) is not True:
+        raise ConfigError("name", name, "a name that DataFrame does not have yet", "it has that attribute already")
+
+    def method(
+        self: DataFrame, partitioner: Partitioner, parallelism: int | None = None, mode: str = "blocking", **kwargs: Any
+    ) -> DataFrame:
+        return exchange(self, partitioner, parallelism, mode, **kwargs).df
+
+    method.__name__ = name
+    method.__doc__ = (
+        "The DataFrame after a credit-based exchange: ``spark_credit_shuffle.exchange(self, ...).df`` (see "
+        "there); ``spark_credit_shuffle.exchange_of(result)`` gives its metrics, summary and diagnosis."
+    )
+    method._credit_shuffle = True  # type: ignore[attr-defined]  # marks the method as this package's
+    setattr(DataFrame, name, method)
 
 
 def arrow_schema(df: DataFrame) -> pa.Schema:

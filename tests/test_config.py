@@ -139,14 +139,29 @@ def test_conf_keys():
     assert NetworkConfig.conf_key("floating_buffers_per_gate") == "spark.creditShuffle.floatingBuffersPerGate"
 
 
-def test_unknown_conf_key_names_the_existing_keys():
+def test_a_misspelt_conf_key_names_the_nearest_key():
     with pytest.raises(UnknownSettingError) as info:
         NetworkConfig.from_conf({"spark.creditShuffle.segmentSise": "32kb"})
+    assert (
+        str(info.value)
+        == "unknown setting 'spark.creditShuffle.segmentSise'; did you mean 'spark.creditShuffle.segmentSize'?"
+    )
+    assert info.value.nearest == "spark.creditShuffle.segmentSize"
+    assert isinstance(info.value, ConfigError)
+
+
+def test_an_unknown_conf_key_near_no_setting_lists_the_existing_keys():
+    with pytest.raises(UnknownSettingError) as info:
+        NetworkConfig.from_conf({"spark.creditShuffle.colour": "blue"})
     message = str(info.value)
-    assert "spark.creditShuffle.segmentSise" in message
+    assert "spark.creditShuffle.colour" in message and info.value.nearest is None
     for name in NetworkConfig.settings():
         assert NetworkConfig.conf_key(name) in message
-    assert isinstance(info.value, ConfigError)
+
+
+def test_a_key_under_the_prefix_in_another_case_is_refused_not_ignored():
+    with pytest.raises(UnknownSettingError, match=r"did you mean 'spark.creditShuffle.bufferTimeoutMs'"):
+        NetworkConfig.from_conf({"Spark.CreditShuffle.bufferTimeoutMs": "5"})
 
 
 def test_unknown_keyword_names_the_settings():

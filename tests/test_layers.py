@@ -19,7 +19,7 @@ ROOT = Path(spark_credit_shuffle.__file__).parent
 #: Bottom to top. A module belongs to the layer of its longest matching prefix (a package's name covers
 #: its modules). A module may import modules of its own layer (without a circle) and of lower layers.
 LAYERS: list[tuple[str, ...]] = [
-    ("config", "errors", "metrics", "_pyspark"),
+    ("config", "errors", "metrics", "diagnosis", "_pyspark"),
     ("partitioners",),
     ("buffers",),
     ("protocol",),

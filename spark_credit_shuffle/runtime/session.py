@@ -39,6 +39,7 @@ __all__ = [
     "executor_slots",
     "is_connect",
     "num_partitions",
+    "physical_plan",
     "spark_context",
     "task_partition_id",
 ]
@@ -141,7 +142,7 @@ _STAGE_BOUNDARIES = frozenset(
 _PLAN_LINE = re.compile(r"^([ :+\-|]*)(?:\*\(\d+\) )?([A-Za-z]\w*)")
 
 
-def _physical_plan(df: DataFrame) -> str:
+def physical_plan(df: DataFrame) -> str:
     """The physical plan Spark would run for ``df``, as ``explain()`` prints it (no job runs)."""
     sc = spark_context(df.sparkSession)
     if sc is not None:
@@ -176,7 +177,7 @@ def barrier_refusal(df: DataFrame) -> str | None:
     """The operator of ``df``'s last stage for which Spark would refuse a barrier stage reading ``df``
     directly (``Union``, ``Coalesce``, ``CartesianProduct``); None if there is none."""
     try:
-        plan = _physical_plan(df)
+        plan = physical_plan(df)
     except Exception as exc:  # a plan that cannot be shown here: let Spark decide at the action
         _log.info("could not read the physical plan of the exchange's input (%s)", exc)
         return None

@@ -1,0 +1,167 @@
+"""Summary and diagnosis of a run: Flink's back-pressure status per subtask, where backpressure starts, data
+skew told apart; from metric rows alone, and from real exchanges on Spark."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+import spark_credit_shuffle as scs
+from spark_credit_shuffle.diagnosis import HIGH, LOW, OK, back_pressure_status, diagnose, summarize
+from spark_credit_shuffle.metrics import CONSUMER, PRODUCER, MetricRow
+
+
+def test_flinks_back_pressure_levels():
+    assert [back_pressure_status(v) for v in (0.0, 100.0, 100.1, 500.0, 500.1, 1000.0)] == [
+        OK,
+        OK,
+        LOW,
+        LOW,
+        HIGH,
+        HIGH,
+    ]
+    assert back_pressure_status(None) is None
+
+
+def run_rows(records_in, back_pressured, busy, records_out=None):
+    """Metric rows of a run: per consumer ``records_in`` (over two channels) and busy ms/s, per producer its
+    back-pressured ms/s."""
+    rows = []
+    for p, bp in enumerate(back_pressured):
+        out = (records_out or [sum(records_in) // len(back_pressured)] * len(back_pressured))[p]
+        rows += [
+            MetricRow(PRODUCER, p, 0, "numRecordsOut", "total", float(out)),
+            MetricRow(PRODUCER, p, None, "backPressuredTimeMsPerSecond", "mean", bp),
+            MetricRow(PRODUCER, p, None, "busyTimeMsPerSecond", "mean", 1000.0 - bp),
+            MetricRow(PRODUCER, p, None, "accumulateBusyTimeMs", "total", 2000.0 - 2 * bp),
+            MetricRow(PRODUCER, p, None, "accumulateBackPressuredTimeMs", "total", 2 * bp),
+            MetricRow(PRODUCER, p, None, "outPoolUsage", "max", 1.0 if bp else 0.2),
+            MetricRow(PRODUCER, p, None, "outPoolUsage", "sample", 0.5, 12.0),  # a timeline row: left out
+        ]
+    for c, (n, b) in enumerate(zip(records_in, busy)):
+        rows += [
+            MetricRow(CONSUMER, c, 0, "numRecordsIn", "total", float(n // 2)),
+            MetricRow(CONSUMER, c, 1, "numRecordsIn", "total", float(n - n // 2)),
+            MetricRow(CONSUMER, c, None, "busyTimeMsPerSecond", "mean", b),
+            MetricRow(CONSUMER, c, None, "backPressuredTimeMsPerSecond", "mean", 0.0),
+        ]
+    return rows
+
+
+def test_summary_sums_channels_and_rates_from_the_subtasks_life():
+    summaries = summarize(run_rows([300, 100], back_pressured=[800.0, 0.0], busy=[990.0, 40.0]))
+    assert [(s.side, s.subtask) for s in summaries] == [(PRODUCER, 0), (PRODUCER, 1), (CONSUMER, 0), (CONSUMER, 1)]
+    p0, p1, c0, c1 = summaries
+    assert (p0.records, p0.back_pressure, p0.pool_usage_max) == (200, HIGH, 1.0)
+    assert p0.records_per_second == pytest.approx(200 / 2.0)  # 2000 ms of life
+    assert (p1.back_pressure, c0.records, c1.records) == (OK, 300, 100)
+    assert isinstance(c0.records, int) and c0.records_per_second is None  # no life time reported
+
+
+def test_backpressure_starts_at_the_busy_consumer_the_back_pressured_producers_send_to():
+    d = diagnose(summarize(run_rows([200, 200], back_pressured=[700.0, 300.0], busy=[50.0, 995.0])))
+    assert (d.verdict, d.origin, d.back_pressured) == ("backpressure", 1, (0, 1))
+    assert "backpressure starts at consumer subtask 1" in str(d) and "skew" not in str(d)
+
+
+def test_skew_is_named_as_the_cause_of_backpressure_or_alone():
+    d = diagnose(summarize(run_rows([900, 100, 100], back_pressured=[900.0, 0.0, 0.0], busy=[999.0, 10.0, 10.0])))
+    assert (d.verdict, d.origin) == ("backpressure", 0) and d.skew == pytest.approx(900 / (1100 / 3))
+    assert "the cause is data skew" in str(d)
+    d = diagnose(summarize(run_rows([900, 100, 100], back_pressured=[0.0, 0.0, 0.0], busy=[300.0, 30.0, 30.0])))
+    assert (d.verdict, d.origin, d.back_pressured) == ("skew", 0, ())
+
+
+def test_a_healthy_run_and_an_idle_one():
+    d = diagnose(summarize(run_rows([500, 520], back_pressured=[20.0, 0.0], busy=[400.0, 410.0])))
+    assert d.verdict == "ok" and d.origin is None
+    assert diagnose(summarize(run_rows([0, 0], back_pressured=[0.0, 0.0], busy=[0.0, 0.0]))).verdict == "idle"
+    assert diagnose([]).verdict == "idle"
+
+
+# -- on Spark ------------------------------------------------------------------------------------------
+
+
+def rows_df(spark, n):
+    return spark.range(0, n, 1, 2).select("id", (F.col("id") % 101).cast("int").alias("k"))
+
+
+@pytest.mark.spark
+def test_a_slow_consumer_is_where_backpressure_starts(spark):
+    # consumer 0 takes 0.1 ms per row; rebalance sends it half of every producer's rows (3 s of its time), far
+    # more than the buffers in flight hold: the producers wait for buffers most of their time
+    ex = scs.exchange(
+        rows_df(spark, 60_000),
+        scs.rebalance(),
+        2,
+        mode="pipelined",
+        injection=scs.Injection(consumer_delay_s=((0, 0.0001),)),
+        segment_size="4kb",
+    )
+    assert ex.df.count() == 60_000
+    summary = {(r.side, r.subtask): r for r in ex.summary().collect()}
+    assert {summary[(PRODUCER, p)].back_pressure for p in (0, 1)} == {HIGH}
+    assert sum(summary[(CONSUMER, c)].records for c in (0, 1)) == 60_000
+    assert isinstance(summary[(CONSUMER, 0)].records, int)
+    diagnosis = ex.diagnose()
+    assert (diagnosis.verdict, diagnosis.origin, diagnosis.back_pressured) == ("backpressure", 0, (0, 1))
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["blocking", "pipelined"])
+def test_skewed_keys_are_skew_and_an_even_exchange_is_ok(spark, mode):
+    df = rows_df(spark, 6000).withColumn("hot", F.when(F.col("id") % 10 < 8, F.lit(7)).otherwise(F.col("k")))
+    skewed = scs.exchange(df, scs.key_by("hot"), 3, mode=mode)
+    skewed.df.count()
+    diagnosis = skewed.diagnose()
+    assert diagnosis.verdict == "skew" and diagnosis.skew >= 2.0, diagnosis
+    even = scs.exchange(df, scs.rebalance(), 3, mode=mode)
+    even.df.count()
+    assert even.diagnose().verdict == "ok", even.diagnose()
+    if mode == "pipelined":
+        assert {r.back_pressure for r in even.summary().where("side = 'producer'").collect()} == {OK}
+
+
+# -- from a DataFrame to its exchange ---------------------------------------------------------------------
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["blocking", "pipelined"])
+def test_the_dataframe_method_and_the_exchange_found_from_a_result(any_spark, mode):
+    df = any_spark.range(0, 1000, 1, 2).select("id", (F.col("id") % 7).alias("k"))
+    result = df.creditShuffle(scs.key_by("k"), 3, mode).where("id >= 0")
+    assert result.count() == 1000
+    ex = scs.exchange_of(result)
+    assert (ex.plan.num_consumers, ex.plan.mode) == (3, mode)
+    assert sum(s.records for s in ex.summary_rows() if s.side == CONSUMER) == 1000
+    assert ex.diagnose().verdict in ("ok", "skew")
+    chained = df.transform(scs.exchanged(scs.rebalance(), 2, mode)).transform(scs.exchanged(scs.key_by("k"), 2, mode))
+    assert [e.plan.partitioner.name for e in scs.exchanges_of(chained)] == ["HASH", "REBALANCE"]  # outermost first
+    with pytest.raises(scs.ConfigError, match=r"its plan holds 2 exchanges"):
+        scs.exchange_of(chained)
+    with pytest.raises(scs.ConfigError, match=r"its plan holds no exchange"):
+        scs.exchange_of(df)
+
+
+def test_the_dataframe_method_never_replaces_an_existing_one(spark):
+    with pytest.raises(scs.ConfigError, match=r"it has that attribute already"):
+        scs.install_dataframe_method("filter")
+    scs.install_dataframe_method()  # again under its own name: allowed, the same method
+    assert spark.range(3).creditShuffle(scs.rebalance(), 1).count() == 3
+
+
+@pytest.mark.spark
+def test_the_readme_quick_start_runs(spark, tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("## Quick start")
+    code = readme[readme.index("```python\n", start) + len("```python\n") :]
+    code = code[: code.index("```")]
+    code = code.replace("1_000_000", "20_000")  # small data; the session is the tests' (getOrCreate returns it)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    exec(compile(code, "README quick start", "exec"), {})
+    assert (tmp_path / "timeline.png").read_bytes().startswith(b"\x89PNG")
+    out = capsys.readouterr().out
+    assert "back_pressure" in out and ("ok:" in out or "skew" in out or "backpressure starts" in out)
