@@ -20,7 +20,10 @@ action, ``write.format("noop")``, repeated ``--repeat`` times; the table shows t
 - ``pipelined, streaming``: the same barrier stage writing straight into the sink (``retryable=False``);
 - ``pipelined, streaming, deep``: the same with more buffers in flight per channel (``DEEP_BUFFERS``);
 - ``pipelined, checkpoints``: the streaming form with aligned checkpoint barriers every
-  ``CHECKPOINT_MS`` (100 ms); its throughput against the streaming form's must stay within 5%.
+  ``CHECKPOINT_MS`` (100 ms); its throughput against the streaming form's must stay within 5%;
+- ``exchange pipelined, TLS`` and ``pipelined, streaming, TLS``: the two forms with every connection of
+  the exchange under mutual TLS (``ssl=True``, what a session with ``spark.network.crypto.enabled`` gets):
+  the cost of encryption, next to the same forms without it.
 
 Pipelined mode also gets a buffer-timeout sweep (0, 1, 10, 100 ms and -1) of the streaming form with a
 latency marker every ``--marker-ms`` from every producer, printing throughput and the per-record latency
@@ -33,7 +36,8 @@ over TCP between processes of different executors; their headline figures come b
 
 Run ``python jobs/bench_exchange.py --mode pipelined --rows 1000000 --repeat 1 --no-cluster`` for a quick
 check; ``--checkpoint-cost`` runs only the streaming and checkpointed cases (and prints the checkpoints'
-alignment figures). The last line printed is one JSON object with the headline figures.
+alignment figures); ``--tls-cost`` only the two pipelined forms with TLS and without (and the tasks' CPU).
+The last line printed is one JSON object with the headline figures.
 """
 
 from __future__ import annotations
@@ -90,6 +94,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only the pipelined streaming and checkpointed cases (no sweep): the cost of checkpoint barriers",
     )
     parser.add_argument(
+        "--tls-cost",
+        action="store_true",
+        help="only the pipelined cases with TLS and without (no sweep): the cost of encrypting the exchange",
+    )
+    parser.add_argument(
         "--png",
         default="buffer_timeout_sweep.png",
         help="where the sweep's picture goes (throughput and latency against the timeout); '' for none",
@@ -101,6 +110,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.checkpoint_cost:
         if args.mode == "blocking":
             parser.error("--checkpoint-cost: checkpoint barriers are timed in pipelined mode, not --mode blocking")
+        args.mode, args.no_sweep = "pipelined", True
+    if args.tls_cost:
+        if args.mode == "blocking" or args.checkpoint_cost:
+            parser.error("--tls-cost: TLS is timed in pipelined mode, alone")
         args.mode, args.no_sweep = "pipelined", True
     return args
 
@@ -181,6 +194,21 @@ def worst(rows: list[dict[str, Any]], metric: str, stat: str) -> float | None:
     return max(values) if values else None
 
 
+def tls_cost(results: dict[str, tuple[float, list[float]]], plain_cpu: list[float], tls_cpu: list[float]) -> dict:
+    """Throughput with TLS against without, for both pipelined forms, and the streaming tasks' CPU time."""
+    out: dict[str, float] = {}
+    for form, key in (("exchange pipelined", "retryable"), ("pipelined, streaming", "streaming")):
+        ratio = results[form][0] / results[f"{form}, TLS"][0]
+        out[f"pipelined_{key}_tls_throughput_ratio"] = round(ratio, 3)
+        print(f"{form}: with TLS {ratio:.2f}x the throughput without")
+    plain = statistics.median(plain_cpu[1:] or plain_cpu) / 1000.0  # the warm-up run left out
+    tls = statistics.median(tls_cpu[1:] or tls_cpu) / 1000.0
+    out["pipelined_streaming_task_cpu_s"] = round(plain, 3)
+    out["pipelined_streaming_tls_task_cpu_s"] = round(tls, 3)
+    print(f"the streaming tasks' CPU time (taskCpuTimeMs, all tasks): {plain:.2f} s without TLS, {tls:.2f} s with")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     spark = session(args)
@@ -249,12 +277,15 @@ def main(argv: list[str] | None = None) -> int:
         cases.append(("exchange blocking", lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="blocking").df)))
     if "pipelined" in modes:
         streaming_cpu: list[float] = []
+        tls_cpu: list[float] = []
 
-        def streaming() -> None:
-            ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined")
+        def streaming(tls: bool = False) -> None:
+            ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined", ssl=tls)
+            assert ex.plan.tls == tls
             out, collected = pipelined.build(ex.plan, df, retryable=False)
             noop(out)
-            streaming_cpu.append(sum(r["value"] for r in metric_rows(collected) if r["metric"] == "taskCpuTimeMs"))
+            cpu = sum(r["value"] for r in metric_rows(collected) if r["metric"] == "taskCpuTimeMs")
+            (tls_cpu if tls else streaming_cpu).append(cpu)
 
         def deep() -> None:
             ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined", **DEEP_BUFFERS)
@@ -272,8 +303,23 @@ def main(argv: list[str] | None = None) -> int:
         cases.append(("pipelined, streaming", streaming))
         cases.append(("pipelined, checkpoints", checkpointed))
         cases.append(("pipelined, streaming, deep", deep))
+        cases.append(
+            (
+                "exchange pipelined, TLS",
+                lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="pipelined", ssl=True).df),
+            )
+        )
+        cases.append(("pipelined, streaming, TLS", lambda: streaming(tls=True)))
     if args.checkpoint_cost:
         cases = [case for case in cases if case[0] in ("pipelined, streaming", "pipelined, checkpoints")]
+    if args.tls_cost:
+        tls_cases = (
+            "exchange pipelined",
+            "pipelined, streaming",
+            "exchange pipelined, TLS",
+            "pipelined, streaming, TLS",
+        )
+        cases = [case for case in cases if case[0] in ("mapInArrow", *tls_cases)]
 
     print(
         f"{args.rows:,} rows ({data_bytes / 1e6:.0f} MB of values), parallelism {p}, {spark.conf.get('spark.master')}"
@@ -294,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.checkpoint_cost:
         headline.update(checkpoint_cost(results, metric_rows(checkpoint_metrics[-1])))
+        print(json.dumps(headline, sort_keys=True))
+        return 0
+    if "pipelined" in modes:
+        headline.update(tls_cost(results, streaming_cpu, tls_cpu))
+    if args.tls_cost:
         print(json.dumps(headline, sort_keys=True))
         return 0
     reference = results["repartition + mapInArrow"][0]

@@ -180,6 +180,27 @@ _parse_local_channels = _choice(
 )
 
 
+#: Whether the connections of a pipelined exchange run TLS (see :mod:`spark_credit_shuffle.runtime.security`).
+SSL_MODES = ("auto", "on", "off")
+_SSL_ALLOWED = (
+    "'auto' (TLS when the session encrypts its own traffic: spark.network.crypto.enabled or spark.ssl.enabled), "
+    "'on' (true) or 'off' (false)"
+)
+
+
+def _parse_ssl(value: Any, setting: str) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return "on"
+    if text in ("false", "0", "no", "off"):
+        return "off"
+    if text == "auto":
+        return text
+    raise ConfigError(setting, value, _SSL_ALLOWED)
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -344,6 +365,13 @@ class NetworkConfig:
         "print one line per exchange to stderr every few seconds while it runs (rows moved, back-pressured "
         "producers, the slowest consumer, pool usage), from samples the tasks send to the driver; classic "
         "sessions only (on Spark Connect the executors cannot reach the client)",
+    )  # fmt: skip
+    ssl: str = _setting(
+        "auto", "security.ssl.internal.enabled", _parse_ssl,
+        "pipelined mode: mutual TLS on every connection of the exchange (task to task and task to the driver's "
+        "address service), pinned to a key pair made on the driver for the exchange; 'auto' turns it on when "
+        "the session encrypts its own traffic (spark.network.crypto.enabled or spark.ssl.enabled), 'on' always, "
+        "'off' never. Blocking mode stores its buffers in Spark's shuffle, which Spark's own settings protect",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

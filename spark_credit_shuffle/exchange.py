@@ -31,6 +31,7 @@ from .partitioners import Partitioner
 from .runtime.checkpoints import CHECKPOINT_STAT
 from .runtime.monitor import MonitorAddress
 from .runtime.plan import ExchangePlan, Injection
+from .runtime.security import use_tls
 from .runtime.session import num_partitions
 
 if TYPE_CHECKING:
@@ -422,6 +423,7 @@ def exchange(
         max_parallelism = _max_parallelism(partitioner, config, max(consumers, 1))
     name = f"{partitioner.name.lower()}-{mode}-{next(_ids)}"
     wanted = config.monitor if monitor is None else monitor
+    tls = use_tls(config, spark, mode)  # a ConfigError here if TLS is asked for and impossible
     plan = ExchangePlan(
         name=name,
         mode=mode,
@@ -434,6 +436,7 @@ def exchange(
         injection=injection,
         retryable=retryable,
         monitor=_live_monitor(spark, name, wanted) if producers and wanted is not False else None,
+        tls=tls,
     )
     if producers:
         from .planner import check_fits

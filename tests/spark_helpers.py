@@ -43,3 +43,26 @@ def job_group(spark) -> Iterator[list[int]]:
                     attempts.append(stage_info.currentAttemptId)
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setLocalProperty("spark.job.description", None)
+
+
+@contextlib.contextmanager
+def session_conf(spark, key: str, value: str) -> Iterator[None]:
+    """Set ``key`` in the shared session's conf for the block, then put back what was there.
+
+    A Spark core setting (``spark.network.crypto.enabled``) is refused by ``spark.conf.set`` unless
+    ``spark.sql.legacy.setCommandRejectsSparkCoreConfs`` is false, which the block also sets for its
+    duration: the session's conf then says what a cluster started with it would say, which is what the
+    package reads (Spark's own connections, set up at start, do not change).
+    """
+    legacy = "spark.sql.legacy.setCommandRejectsSparkCoreConfs"
+    before = {k: spark.conf.get(k, None) for k in (legacy, key)}
+    spark.conf.set(legacy, "false")
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for k in (key, legacy):
+            if before[k] is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, before[k])

@@ -2,7 +2,9 @@
 Flink TaskManager: no credit and no exclusive buffers; the producer's pool bounds what they hold.
 
 The tasks run as threads over real sockets (``run_in_threads`` with ``executors``), and once as a Spark job
-on ``local-cluster`` (two executors of two slots, a subprocess), where Spark decides the placement.
+on ``local-cluster`` (two executors of two slots, a subprocess), where Spark decides the placement; that
+cluster encrypts its own traffic (``spark.network.crypto.enabled``), so the exchange runs TLS between its
+executors' processes too.
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ _LOCAL_CLUSTER_JOB = textwrap.dedent(
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "3")
+        .config("spark.authenticate", "true")  # a cluster that encrypts its own traffic (crypto needs auth)
+        .config("spark.authenticate.secret", os.urandom(16).hex())
+        .config("spark.network.crypto.enabled", "true")
         .getOrCreate()
     )
     df = spark.range(0, 20000, 1, 4).select(F.col("id"), (F.col("id") % 97).cast("int").alias("k"))
@@ -104,7 +109,8 @@ _LOCAL_CLUSTER_JOB = textwrap.dedent(
                                                                  F.sum("id").alias("s")).collect()
     credit = {(r["subtask"], r["channel"]) for r in ex.timeline().where("metric = 'credit' and side = 'consumer'")
               .select("subtask", "channel").distinct().collect()}
-    out = {"rows": sum(r["n"] for r in rows), "sum": sum(r["s"] for r in rows), "credit_channels": sorted(credit)}
+    out = {"rows": sum(r["n"] for r in rows), "sum": sum(r["s"] for r in rows), "credit_channels": sorted(credit),
+           "tls": ex.plan.tls}
     spark.stop()
     print(json.dumps(out))
     """
@@ -112,7 +118,7 @@ _LOCAL_CLUSTER_JOB = textwrap.dedent(
 
 
 @pytest.mark.spark
-def test_on_local_cluster_only_channels_between_executors_are_remote(tmp_path):
+def test_on_local_cluster_that_encrypts_only_channels_between_executors_are_remote_and_all_run_tls(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(_LOCAL_CLUSTER_JOB)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -122,6 +128,7 @@ def test_on_local_cluster_only_channels_between_executors_are_remote(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["rows"] == 20000 and out["sum"] == sum(range(20000))
+    assert out["tls"]  # spark.network.crypto.enabled: the exchange's connections run TLS without being asked
     # two executors of two slots run the four tasks: each consumer reads the two producers of the other
     # executor remotely (with credit) and its neighbour on its own executor through a local channel
     remote = out["credit_channels"]

@@ -27,7 +27,7 @@ import spark_credit_shuffle as scs
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError, ExchangeTimeoutError, InsufficientSlotsError
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
-from spark_credit_shuffle.protocol import Hello, encode_to_bytes
+from spark_credit_shuffle.protocol import AuthResponse, Hello, encode_to_bytes
 from spark_credit_shuffle.runtime import pipelined
 from spark_credit_shuffle.runtime.pipelined import PipelinedTask, TaskOptions, run_in_threads
 from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
@@ -428,7 +428,8 @@ def test_rogue_clients_during_an_exchange_are_closed_logged_and_the_exchange_car
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         host, port = path.read_text().strip().rsplit(":", 1)
-        for payload in (encode_to_bytes(Hello(b"wrong" * 6)), b"\x00\x00\x00\x0a garbage!!", b"\xff" * 64):
+        wrong_secret = encode_to_bytes(Hello(b"n" * 32)) + encode_to_bytes(AuthResponse(b"x" * 32))
+        for payload in (wrong_secret, b"\x00\x00\x00\x0a garbage!!", b"\xff" * 64):
             with socket.create_connection((host, int(port))) as rogue:
                 rogue.sendall(payload)
                 closed.append(closed_by_peer(rogue))
@@ -574,7 +575,7 @@ def test_a_rogue_connection_during_a_spark_exchange_changes_nothing(spark, tmp_p
     for path in sorted(tmp_path.glob("task-*.addr")):
         host, port = path.read_text().strip().rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=5) as rogue:
-            rogue.sendall(encode_to_bytes(Hello(os.urandom(32))))
+            rogue.sendall(encode_to_bytes(Hello(os.urandom(32))) + encode_to_bytes(AuthResponse(os.urandom(32))))
             assert closed_by_peer(rogue)
     runner.join(60)
     assert sorted(r["id"] for r in result["rows"]) == list(range(6000))
@@ -604,7 +605,8 @@ def test_the_address_service_answers_every_task_in_order_and_turns_away_stranger
         for t in threads:
             t.start()
         with caplog.at_level(logging.WARNING, logger="spark_credit_shuffle"):
-            for bad in (  # none of these joins the group: a wrong secret, an unknown exchange, an old attempt
+            for bad in (  # none of these joins the group: a wrong secret (the task finds the service's proof
+                # wrong and leaves), an unknown exchange
                 lambda: all_gather_via(service.address, "ex/1", os.urandom(32), "stage 7", 1, 99, 5.0)("rogue"),
                 lambda: all_gather_via(service.address, "ex/9", secret, "stage 7", 1, 99, 5.0)("rogue"),
             ):
@@ -613,7 +615,8 @@ def test_the_address_service_answers_every_task_in_order_and_turns_away_stranger
             with socket.create_connection(service.address, timeout=5) as rogue:
                 rogue.sendall(b"\x00garbage\n")
                 assert closed_by_peer(rogue)
-        assert service.num_rejected == 3 and "wrong secret" in caplog.text
+        assert service.num_rejected == 3
+        assert service.rejected_by_cause == {"closed early": 1, "unknown exchange": 1, "bad request": 1}
         task(1, 11)  # the last task completes the group: everyone gets every message, in task order
         for t in threads:
             t.join(10)

@@ -19,6 +19,8 @@ from spark_credit_shuffle.buffers import Buffer, RecordReader, RecordWriter
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ExchangeTimeoutError
 from spark_credit_shuffle.protocol import (
+    AuthChallenge,
+    AuthResponse,
     CreditBasedPartitionRequestClientHandler,
     Hello,
     NetworkBufferPool,
@@ -52,7 +54,9 @@ def batches(n: int, seed: int = 0) -> list[pa.RecordBatch]:
 class Producer:
     """One producer subtask serving a pipelined partition over TCP."""
 
-    def __init__(self, num_subpartitions: int, *, handshake_timeout_s: float = 5.0, max_unauthenticated: int = 32):
+    def __init__(
+        self, num_subpartitions: int, *, handshake_timeout_s: float = 5.0, max_unauthenticated: int = 32, tls=None
+    ):
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.network = NetworkBufferPool.from_config(CONFIG)
@@ -68,6 +72,7 @@ class Producer:
             max_unauthenticated=max_unauthenticated,
             on_event=self.notify,
             name="producer",
+            tls=tls,
         )
         self.transport.start()
 
@@ -122,11 +127,11 @@ class LockedPartition:
 class Consumer:
     """One consumer task reading ``channels`` subpartitions of one producer over ONE connection."""
 
-    def __init__(self, address, subpartitions: list[int], *, secret: bytes = SECRET):
+    def __init__(self, address, subpartitions: list[int], *, secret: bytes = SECRET, tls=None):
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.network = NetworkBufferPool.from_config(CONFIG)
-        self.transport = TcpTransport("127.0.0.1", self.lock, on_event=self.notify, name="consumer")
+        self.transport = TcpTransport("127.0.0.1", self.lock, on_event=self.notify, name="consumer", tls=tls)
         self.transport.start()
         self.gate = SingleInputGate(self.network, len(subpartitions), CONFIG)
         self.gate.listener = self.notify
@@ -231,11 +236,14 @@ def test_all_channels_of_a_task_pair_stream_over_one_connection_under_credit():
 def hostile_payloads() -> dict[str, bytes]:
     header = struct.Struct(">IIBB")
     return {
-        "wrong secret": encode_to_bytes(Hello(b"x" * 32)),
+        "wrong secret": encode_to_bytes(Hello(b"n" * 32)) + encode_to_bytes(AuthResponse(b"x" * 32)),
         "no hello first": encode_to_bytes(PartitionRequest(1, 0, 2, 7)),
+        "request before the response": encode_to_bytes(Hello(b"n" * 32))
+        + encode_to_bytes(PartitionRequest(1, 0, 2, 7)),
         "garbage": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
         "oversized length": header.pack(1 << 31, MAGIC_NUMBER, PROTOCOL_VERSION, 2),
-        "garbage after a valid hello": encode_to_bytes(Hello(SECRET)) + b"\xff" * 64,
+        "garbage after a valid hello": encode_to_bytes(Hello(b"n" * 32)) + b"\xff" * 64,
+        "the old protocol's hello with the secret": header.pack(44, MAGIC_NUMBER, 1, 12) + b"\0\x20" + SECRET,
     }
 
 
@@ -262,16 +270,17 @@ def test_hostile_connection_is_closed_and_logged_and_the_exchange_carries_on(cap
         producer.transport.close()
 
 
-def test_a_client_with_the_wrong_secret_gets_no_data(caplog):
+def test_a_client_with_the_wrong_secret_gets_no_data_and_sends_nothing_but_its_hello(caplog):
     caplog.set_level(logging.WARNING, logger="spark_credit_shuffle")
     producer = Producer(1)
     consumer = Consumer(producer.transport.address, [0], secret=b"not the secret")
     try:
         assert wait_until(lambda: consumer.conn.closed)
-        assert consumer.conn.bytes_in == 0
+        assert "producer's proof does not verify" in str(consumer.conn.error)
+        assert consumer.conn.bytes_in == len(encode_to_bytes(AuthChallenge(b"n" * 32, b"p" * 32)))  # no data
+        assert consumer.conn.bytes_out == len(encode_to_bytes(Hello(b"n" * 32)))  # no request, no credit
         with consumer.lock, pytest.raises(Exception, match="connection to the producer closed"):
             consumer.gate.poll_next()
-        assert "wrong secret" in " ".join(producer.transport.rejections)
     finally:
         consumer.transport.close()
         producer.transport.close()
@@ -283,7 +292,7 @@ def test_a_silent_connection_is_closed_after_the_handshake_timeout(caplog):
     try:
         silent = socket.create_connection(producer.transport.address)
         assert closed_by_peer(silent)
-        assert "no valid Hello" in producer.transport.rejections[0]
+        assert "no completed handshake" in producer.transport.rejections[0]
         silent.close()
     finally:
         producer.transport.close()
@@ -319,7 +328,7 @@ def test_when_too_many_connections_wait_to_authenticate_the_oldest_is_closed_and
 
 def test_a_peer_dribbling_a_hello_byte_by_byte_is_closed_at_the_deadline_counted_from_connecting():
     producer = Producer(1, handshake_timeout_s=0.3)
-    hello = encode_to_bytes(Hello(SECRET))
+    hello = encode_to_bytes(Hello(b"n" * 32))
     try:
         with socket.create_connection(producer.transport.address) as slow:
             stop = threading.Event()
@@ -338,12 +347,12 @@ def test_a_peer_dribbling_a_hello_byte_by_byte_is_closed_at_the_deadline_counted
             finally:
                 stop.set()
                 sender.join(5)
-        assert "no valid Hello within 300 ms of connecting" in producer.transport.rejections[0]
+        assert "no completed handshake within 300 ms of connecting" in producer.transport.rejections[0]
     finally:
         producer.transport.close()
 
 
-def test_a_peer_sending_more_than_a_hello_before_authenticating_is_closed():
+def test_a_peer_sending_more_than_the_handshake_before_authenticating_is_closed():
     producer = Producer(1)  # authentication deadline 5 s: the byte limit closes it first
     header = struct.Struct(">IIBB")
     try:
@@ -351,7 +360,7 @@ def test_a_peer_sending_more_than_a_hello_before_authenticating_is_closed():
             rogue.sendall(header.pack(4000, MAGIC_NUMBER, PROTOCOL_VERSION, 12))  # a Hello frame of 4000 bytes
             rogue.sendall(b"\0" * (MAX_HELLO_BYTES + 10))
             assert closed_by_peer(rogue, timeout=2.0)
-        assert f"without a valid Hello (at most {MAX_HELLO_BYTES} bytes" in producer.transport.rejections[0]
+        assert f"without completing the handshake (at most {MAX_HELLO_BYTES} bytes" in producer.transport.rejections[0]
     finally:
         producer.transport.close()
 

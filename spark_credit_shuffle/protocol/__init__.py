@@ -35,10 +35,13 @@ from .client import ConnectionSubpartitionView, CreditBasedPartitionRequestClien
 from .codec import NEED_DATA, FrameDecoder, default_max_frame_length, encode, encode_to_bytes, encoded_size
 from .debloat import BufferDebloater, BufferSizeEMA, ThroughputCalculator
 from .gate import BufferOrEvent, SingleInputGate
+from .handshake import ClientHandshake, ServerHandshake
 from .local_channel import LocalInputChannel, LocalPartitionRequestClient, LocalSubpartitionView
 from .messages import (
     AckAllUserRecordsProcessed,
     AddCredit,
+    AuthChallenge,
+    AuthResponse,
     BacklogAnnouncement,
     BufferResponse,
     CancelPartitionRequest,
@@ -84,6 +87,8 @@ __all__ = [
     "AbortedCheckpoint",
     "AckAllUserRecordsProcessed",
     "AddCredit",
+    "AuthChallenge",
+    "AuthResponse",
     "AvailabilityWithBacklog",
     "BacklogAnnouncement",
     "BarrierHandlerState",
@@ -99,6 +104,7 @@ __all__ = [
     "CancelPartitionRequest",
     "ChannelStatePersister",
     "CheckpointStatus",
+    "ClientHandshake",
     "CloseRequest",
     "CompletedCheckpoint",
     "ConnectionSubpartitionView",
@@ -134,6 +140,7 @@ __all__ = [
     "ResultSubpartitionView",
     "ResumeConsumption",
     "SequenceNumberingViewReader",
+    "ServerHandshake",
     "SingleCheckpointBarrierHandler",
     "SingleInputGate",
     "StoredBuffer",

@@ -24,10 +24,12 @@ from ..errors import BufferReorderingError, ProtocolError, error_in_text
 from ._flags import IS_BUFFER
 from .channels import InputChannelError, RemoteInputChannel
 from .codec import FrameDecoder, default_max_frame_length, encode
+from .handshake import ClientHandshake
 from .local_channel import LocalInputChannel
 from .messages import (
     AckAllUserRecordsProcessed,
     AddCredit,
+    AuthResponse,
     BacklogAnnouncement,
     BufferResponse,
     CancelPartitionRequest,
@@ -176,8 +178,11 @@ class CreditBasedPartitionRequestClientHandler:
     ``NettyPartitionRequestClient``): channels by receiver id, inbound routing, outbound FIFO.
 
     Outbound AddCredit messages are built when pulled, with the credit accumulated by then, so credit
-    gathered while the link is busy goes out as one message. With a ``secret`` the first outbound message
-    is :class:`Hello`. Releasing the last channel sends CloseRequest, any other one CancelPartitionRequest.
+    gathered while the link is busy goes out as one message. With a ``secret`` the connection starts with
+    the handshake of :mod:`~spark_credit_shuffle.protocol.handshake`: :class:`Hello` goes out first, and
+    nothing else (requests and credit wait in order) until the server proved the secret in its
+    :class:`AuthChallenge` and this side's :class:`AuthResponse` is on its way. Releasing the last channel
+    sends CloseRequest, any other one CancelPartitionRequest.
 
     In the model without credits (``credit_based=False``) a data buffer that finds no free buffer in its
     gate's pool is staged, and :attr:`is_reading` turns False: the transport must stop delivering input
@@ -208,8 +213,28 @@ class CreditBasedPartitionRequestClientHandler:
         #: Called when the handler goes from nothing to send to something to send, or resumes reading.
         self.listener: Callable[[], None] | None = None
         self.num_times_paused = 0
-        if secret is not None:
-            self._outbound.append(Hello(secret))
+        self._handshake = ClientHandshake(secret) if secret is not None else None
+        #: The handshake's next message to send (the Hello, then the response), while it runs.
+        self._handshake_out: Hello | AuthResponse | None = None
+        if self._handshake is not None:
+            self._handshake_out = self._handshake.hello
+            self.next_message = self._next_handshake_message  # type: ignore[method-assign]  # until authenticated
+            self.has_data = self._has_handshake_message  # type: ignore[method-assign]
+
+    @property
+    def is_authenticated(self) -> bool:
+        """Whether the server proved the secret (always, without one)."""
+        return self._handshake is None or self._handshake.done
+
+    def _next_handshake_message(self) -> ClientMessage | None:
+        message, self._handshake_out = self._handshake_out, None
+        if message is not None and isinstance(message, AuthResponse):  # the last one: the queue is next
+            del self.next_message
+            del self.has_data
+        return message
+
+    def _has_handshake_message(self) -> bool:
+        return self._handshake_out is not None
 
     # -- channels and outbound --
 
@@ -316,6 +341,11 @@ class CreditBasedPartitionRequestClientHandler:
 
     def receive_message(self, message: Message) -> None:
         """One decoded message from the server."""
+        if self._handshake is not None and not self._handshake.done:
+            self._handshake_out = self._handshake.on_challenge(message)  # raises unless the server proved it
+            if self.listener is not None:
+                self.listener()
+            return
         match message:
             case BufferResponse():
                 self._on_buffer_response(message)

@@ -18,9 +18,15 @@ ResumeConsumption (7)   receiver id:u64
 AckAllUserRecords (8)   receiver id:u64
 BacklogAnnounce (9)     backlog:u32, receiver id:u64
 NewBufferSize (10)      buffer size:u32, receiver id:u64
-Hello (12)              secret size:u16 (<= 1024), secret
+Hello (12)              nonce (32 bytes)
 RecycleBuffers (13)     count:u32 (> 0), receiver id:u64
+AuthChallenge (14)      nonce (32 bytes), proof (32 bytes)
+AuthResponse (15)       proof (32 bytes)
 ======================  =====================================================================================
+
+The handshake's three messages (:mod:`~spark_credit_shuffle.protocol.handshake`) carry nonces and HMACs,
+never the secret. Version 2 of the protocol is the one with that handshake (version 1 sent the secret in
+its ``Hello``); a peer of the other version is refused at its first frame.
 
 Input from the wire is untrusted. :class:`FrameDecoder` checks the declared length against its maximum
 before it waits for (let alone allocates) the frame, checks magic, version and message id as soon as
@@ -42,9 +48,12 @@ from typing import Final
 from ..buffers.buffer import DataType, Payload
 from ..config import DEFAULT_SEGMENT_SIZE
 from ..errors import ProtocolError
+from .handshake import NONCE_BYTES, PROOF_BYTES
 from .messages import (
     AckAllUserRecordsProcessed,
     AddCredit,
+    AuthChallenge,
+    AuthResponse,
     BacklogAnnouncement,
     BufferResponse,
     CancelPartitionRequest,
@@ -63,7 +72,6 @@ __all__ = [
     "HEADER_ROOM",
     "MAGIC_NUMBER",
     "MAX_ERROR_MESSAGE_BYTES",
-    "MAX_SECRET_BYTES",
     "NEED_DATA",
     "PROTOCOL_VERSION",
     "FrameDecoder",
@@ -75,12 +83,11 @@ __all__ = [
 
 #: Our own magic number ("CSHF", credit shuffle frame); Flink's is 0xBADC0FFE.
 MAGIC_NUMBER: Final = 0x43534846
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 FRAME_HEADER_LENGTH: Final = 10
 #: Bytes a frame may need beyond one segment of payload (headers, error messages, events).
 HEADER_ROOM: Final = 1024
 MAX_ERROR_MESSAGE_BYTES: Final = 900
-MAX_SECRET_BYTES: Final = 1024
 _U32_MAX: Final = (1 << 32) - 1
 
 _FRAME = struct.Struct(">IIBB")
@@ -90,7 +97,6 @@ _ERROR = struct.Struct(">BQI")
 _PARTITION_REQUEST = struct.Struct(">QIQIB")
 _RECEIVER = struct.Struct(">Q")
 _INT_RECEIVER = struct.Struct(">IQ")
-_SECRET = struct.Struct(">H")
 
 
 class _NeedData:
@@ -142,15 +148,26 @@ def _encode_error(m: ErrorResponse) -> list[Payload]:
     return _frame(1, _ERROR.pack(1 if has_id else 0, m.receiver_id if has_id else 0, len(text)) + text)
 
 
+def _fixed(name: str, value: bytes, size: int) -> bytes:
+    value = bytes(value)
+    if len(value) != size:
+        raise ProtocolError(f"{name} is {len(value)} bytes; it must be exactly {size}")
+    return value
+
+
 def _encode_hello(m: Hello) -> list[Payload]:
-    secret = bytes(m.secret)
-    if len(secret) > MAX_SECRET_BYTES:
-        raise ProtocolError(f"secret of {len(secret)} bytes is longer than the allowed {MAX_SECRET_BYTES}")
-    return _frame(12, _SECRET.pack(len(secret)) + secret)
+    return _frame(12, _fixed("Hello nonce", m.nonce, NONCE_BYTES))
+
+
+def _encode_challenge(m: AuthChallenge) -> list[Payload]:
+    return _frame(
+        14, _fixed("AuthChallenge nonce", m.nonce, NONCE_BYTES) + _fixed("AuthChallenge proof", m.proof, PROOF_BYTES)
+    )
 
 
 def _encode(m: Message) -> list[Payload]:
-    """The frame of ``m``; the message ids follow Flink's ``NettyMessage`` numbering (Hello: a free one)."""
+    """The frame of ``m``; the message ids follow Flink's ``NettyMessage`` numbering (the handshake's: free
+    ones)."""
     match m:
         case BufferResponse():
             return _encode_buffer_response(m)
@@ -178,6 +195,10 @@ def _encode(m: Message) -> list[Payload]:
             return _frame(13, _INT_RECEIVER.pack(m.count, m.receiver_id))
         case Hello():
             return _encode_hello(m)
+        case AuthChallenge():
+            return _encode_challenge(m)
+        case AuthResponse():
+            return _frame(15, _fixed("AuthResponse proof", m.proof, PROOF_BYTES))
         case _:
             raise ProtocolError(f"cannot encode {type(m).__name__}: not a protocol message")
 
@@ -298,14 +319,18 @@ def _decode_new_buffer_size(body: memoryview) -> NewBufferSize:
 
 
 def _decode_hello(body: memoryview) -> Hello:
-    if len(body) < _SECRET.size:
-        raise ProtocolError(f"Hello body is {len(body)} bytes, shorter than its {_SECRET.size}-byte header")
-    (size,) = _SECRET.unpack_from(body)
-    if size > MAX_SECRET_BYTES:
-        raise ProtocolError(f"Hello declares a {size}-byte secret; at most {MAX_SECRET_BYTES} are allowed")
-    if size != len(body) - _SECRET.size:
-        raise ProtocolError(f"Hello declares {size} secret bytes but its frame holds {len(body) - _SECRET.size}")
-    return Hello(bytes(body[_SECRET.size :]))
+    _expect(body, NONCE_BYTES, "Hello")
+    return Hello(bytes(body))
+
+
+def _decode_challenge(body: memoryview) -> AuthChallenge:
+    _expect(body, NONCE_BYTES + PROOF_BYTES, "AuthChallenge")
+    return AuthChallenge(bytes(body[:NONCE_BYTES]), bytes(body[NONCE_BYTES:]))
+
+
+def _decode_response(body: memoryview) -> AuthResponse:
+    _expect(body, PROOF_BYTES, "AuthResponse")
+    return AuthResponse(bytes(body))
 
 
 _DECODERS: dict[int, Callable[[memoryview], Message]] = {
@@ -321,6 +346,8 @@ _DECODERS: dict[int, Callable[[memoryview], Message]] = {
     10: _decode_new_buffer_size,
     12: _decode_hello,
     13: _decode_recycle_buffers,
+    14: _decode_challenge,
+    15: _decode_response,
 }
 
 

@@ -4,9 +4,13 @@
 Server to client: :class:`BufferResponse`, :class:`ErrorResponse`, :class:`BacklogAnnouncement`.
 Client to server: :class:`PartitionRequest`, :class:`CancelPartitionRequest`, :class:`CloseRequest`,
 :class:`AddCredit`, :class:`ResumeConsumption`, :class:`AckAllUserRecordsProcessed`,
-:class:`NewBufferSize`, :class:`RecycleBuffers`, and :class:`Hello`, which carries the exchange's secret and
-must be the first message of every connection whose server expects one (Flink has no such message; its
-connections are authenticated by SSL if at all).
+:class:`NewBufferSize`, :class:`RecycleBuffers`, and the handshake that proves both sides know the
+exchange's secret without sending it: :class:`Hello` (client, a fresh nonce), :class:`AuthChallenge` (server,
+its own nonce and its proof) and :class:`AuthResponse` (client, its proof), the first messages of every
+connection whose server expects a secret (Flink has no such messages; its connections are authenticated by
+mutual TLS if at all, ``security.ssl.internal.enabled``; here TLS comes below them when it is on, see
+:mod:`spark_credit_shuffle.transport.tls`, and :mod:`spark_credit_shuffle.protocol.handshake` says what
+is proven).
 
 A *local* channel (``PartitionRequest(local=True)``) joins two tasks of one executor that run in different
 processes: it has no credit and no buffers of its own, as Flink's ``LocalInputChannel``; the producer keeps
@@ -15,7 +19,7 @@ each data buffer's segment (counted in its pool) until the consumer recycled the
 
 A *receiver id* identifies one input channel on a connection (Flink's 16-byte ``InputChannelID``); here it
 is an unsigned 64-bit integer chosen by the consumer. The message ids on the wire follow Flink's numbering
-(:mod:`spark_credit_shuffle.protocol.codec` holds them); :class:`Hello` takes a free id.
+(:mod:`spark_credit_shuffle.protocol.codec` holds them); the handshake's messages take free ids.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ __all__ = [
     "MAX_RECEIVER_ID",
     "AckAllUserRecordsProcessed",
     "AddCredit",
+    "AuthChallenge",
+    "AuthResponse",
     "BacklogAnnouncement",
     "BufferResponse",
     "CancelPartitionRequest",
@@ -165,15 +171,30 @@ class RecycleBuffers:
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """First message of a connection: the per-exchange ``secret`` the server checks before anything else."""
+    """First message of a connection from the client: a fresh random ``nonce`` (the server's challenge to
+    prove follows; nothing secret travels)."""
 
-    secret: bytes
-
-    def __repr__(self) -> str:  # never print the secret
-        return f"Hello(secret=<{len(self.secret)} bytes>)"
+    nonce: bytes
 
 
-ServerMessage = BufferResponse | ErrorResponse | BacklogAnnouncement
+@dataclass(frozen=True, slots=True)
+class AuthChallenge:
+    """The server's answer to :class:`Hello`: its own fresh ``nonce`` and its ``proof`` that it knows the
+    exchange's secret (an HMAC over both nonces, see :mod:`~spark_credit_shuffle.protocol.handshake`)."""
+
+    nonce: bytes
+    proof: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AuthResponse:
+    """The client's ``proof`` that it knows the exchange's secret, over the server's nonce and its own; the
+    last message before the server accepts any other."""
+
+    proof: bytes
+
+
+ServerMessage = BufferResponse | ErrorResponse | BacklogAnnouncement | AuthChallenge
 ClientMessage = (
     PartitionRequest
     | CancelPartitionRequest
@@ -184,5 +205,6 @@ ClientMessage = (
     | NewBufferSize
     | RecycleBuffers
     | Hello
+    | AuthResponse
 )
 Message = ServerMessage | ClientMessage

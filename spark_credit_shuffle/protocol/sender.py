@@ -17,7 +17,6 @@ the consumer recycled the buffer and said so with :class:`RecycleBuffers`.
 
 from __future__ import annotations
 
-import hmac
 from collections import deque
 from collections.abc import Callable
 
@@ -25,15 +24,16 @@ from ..config import DEFAULT_SEGMENT_SIZE
 from ..errors import PartitionNotFoundError, PartitionStateError, ProtocolError
 from ._flags import IS_BUFFER
 from .codec import FrameDecoder, default_max_frame_length, encode
+from .handshake import ServerHandshake
 from .messages import (
     AckAllUserRecordsProcessed,
     AddCredit,
+    AuthChallenge,
     BacklogAnnouncement,
     BufferResponse,
     CancelPartitionRequest,
     CloseRequest,
     ErrorResponse,
-    Hello,
     Message,
     NewBufferSize,
     PartitionRequest,
@@ -196,8 +196,10 @@ class PartitionRequestServerHandler:
     """The server end of one connection: decodes and routes inbound messages, queues outbound ones.
 
     ``partitions`` provides subpartition views (usually a :class:`ResultPartitionManager`). With a
-    ``secret``, the first message must be a :class:`Hello` carrying it, or :class:`ProtocolError` is raised
-    (the transport then closes the connection). ``credit_based=False`` serves the model without credits.
+    ``secret``, the connection starts with the handshake of :mod:`~spark_credit_shuffle.protocol.handshake`
+    (the client's :class:`Hello`, this side's :class:`AuthChallenge`, the client's :class:`AuthResponse`);
+    anything else before it completes, or a proof that does not verify, raises :class:`ProtocolError` (the
+    transport then closes the connection). ``credit_based=False`` serves the model without credits.
     A request for a partition not registered yet waits until it is (if ``partitions`` is a manager) or
     until :meth:`fail_pending_requests` answers it with PartitionNotFound (the runtime calls it on its
     partition request timeout).
@@ -214,15 +216,27 @@ class PartitionRequestServerHandler:
         self.partitions = partitions
         self.credit_based = credit_based
         self.queue = PartitionRequestQueue()
-        self._secret = secret
+        self._handshake = ServerHandshake(secret) if secret is not None else None
+        self._challenge: AuthChallenge | None = None
         self.is_authenticated = secret is None
         self._decoder = FrameDecoder(max_frame_length)
         self._pending: dict[int, tuple[PartitionRequest, Callable[[], None]]] = {}
         self.is_closed = False
-        #: The next message to send, or None (bound to the queue's: the hot path).
+        #: The next message to send, or None (bound to the queue's: the hot path; during the handshake its
+        #: challenge, then nothing until the client proved the secret).
         self.next_message: Callable[[], ServerMessage | None] = self.queue.next_message
         #: Something may be sendable now (bound to the queue's, as above).
         self.has_data: Callable[[], bool] = self.queue.has_data
+        if self._handshake is not None:
+            self.next_message = self._next_handshake_message
+            self.has_data = self._has_handshake_message
+
+    def _next_handshake_message(self) -> ServerMessage | None:
+        challenge, self._challenge = self._challenge, None
+        return challenge
+
+    def _has_handshake_message(self) -> bool:
+        return self._challenge is not None
 
     # -- inbound --
 
@@ -240,11 +254,7 @@ class PartitionRequestServerHandler:
     def receive_message(self, message: Message) -> None:
         """One decoded message from the client."""
         if not self.is_authenticated:
-            if not isinstance(message, Hello):
-                raise ProtocolError(f"connection not authenticated: first message was {type(message).__name__}")
-            if not hmac.compare_digest(bytes(message.secret), self._secret or b""):
-                raise ProtocolError("connection not authenticated: wrong secret")
-            self.is_authenticated = True
+            self._authenticate(message)
             return
         queue = self.queue
         match message:
@@ -281,10 +291,25 @@ class PartitionRequestServerHandler:
                     reader.notify_new_buffer_size(message.buffer_size)
             case RecycleBuffers():
                 self._on_recycle_buffers(message)
-            case Hello():
-                pass  # already authenticated, or no secret required
             case _:
                 raise ProtocolError(f"unexpected {type(message).__name__} from a client")
+
+    def _authenticate(self, message: Message) -> None:
+        """One message of the handshake: answer the Hello with the challenge, or check the response."""
+        handshake = self._handshake
+        assert handshake is not None  # unauthenticated only with a secret
+        challenge = handshake.on_message(message)
+        if challenge is not None:
+            self._challenge = challenge
+            listener = self.queue.listener
+            if listener is not None:
+                listener()
+            return
+        self.is_authenticated = True
+        self.next_message = self.queue.next_message
+        self.has_data = self.queue.has_data
+        if self.queue.has_data() and self.queue.listener is not None:
+            self.queue.listener()
 
     def _on_recycle_buffers(self, message: RecycleBuffers) -> None:
         reader = self.queue.all_readers.get(message.receiver_id)

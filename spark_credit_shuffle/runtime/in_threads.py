@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from ..errors import CreditShuffleError, ExchangeTimeoutError
 from ..metrics import MetricRow
+from ..transport.tls import TlsIdentity
 from .task import PipelinedTask, TaskOptions
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ def run_in_threads(
     timeout_s: float = 60.0,
     on_batch: Callable[[int, pa.RecordBatch], None] | None = None,
     executors: Sequence[object] | None = None,
+    tls: TlsIdentity | None = None,
 ) -> tuple[list[list[pa.RecordBatch]], list[MetricRow]]:
     """Run a pipelined exchange between threads of this process over real TCP sockets, without Spark.
 
@@ -38,12 +40,15 @@ def run_in_threads(
     ``executors[i]`` names the executor task ``i`` plays on (tasks of one executor talk through local
     channels); default: every task its own executor, so every channel between tasks is remote.
     Returns (the data batches each consumer received, every metric row); ``on_batch(consumer, batch)``
-    sees each data batch as it arrives. Raises the error of the task that failed first.
+    sees each data batch as it arrives. Raises the error of the task that failed first. ``tls``: the key
+    pair of an exchange whose connections run TLS (made here if ``plan.tls`` and none is given).
     """
     width = max(plan.num_producers, plan.num_consumers)
     if len(partitions) != plan.num_producers:
         raise ValueError(f"{len(partitions)} input partitions for {plan.num_producers} producers")
     secret = secret if secret is not None else _secrets.token_bytes(32)
+    if tls is None and plan.tls:
+        tls = TlsIdentity.generate(plan.name)
     options = options or TaskOptions()
     gather = _ThreadAllGather(width, timeout_s)
     outputs: list[list[pa.RecordBatch]] = [[] for _ in range(width)]
@@ -52,7 +57,7 @@ def run_in_threads(
 
     def task_main(i: int) -> None:
         data = partitions[i] if i < plan.num_producers else []
-        task = PipelinedTask(plan, i, secret, host, options, attempt_id=i, executors=executors)
+        task = PipelinedTask(plan, i, secret, host, options, attempt_id=i, executors=executors, tls=tls)
         try:
             for batch in task.run(iter(data), gather.all_gather):
                 outputs[i].append(batch)

@@ -14,7 +14,9 @@ local mode) and publishes ``host:port`` once: through the driver's address servi
 or ``TaskOptions(address_exchange="allgather")``; each barrier call costs about a second, during which no
 consumer reads); after that tasks talk only over their own sockets. A consumer opens one TCP connection
 per remote producer task, carrying every channel between the two (framed with the protocol codec,
-authenticated with a random per-exchange secret generated on the driver). Every channel between two tasks
+authenticated by a random per-exchange secret generated on the driver, which a challenge and response
+proves without sending it; with ``plan.tls`` under mutual TLS pinned to a key pair made on the driver for
+the exchange, see :mod:`~spark_credit_shuffle.runtime.security`). Every channel between two tasks
 of one executor (``getTaskInfos()`` gives each task's executor address; in local mode all tasks share one)
 is a local channel, as between two tasks of one Flink TaskManager: no credit and no exclusive buffers; a
 task's own subpartition is read directly (no copy), a subpartition of another task of the executor (another
@@ -55,10 +57,11 @@ the output is always placed on T partitions by that shuffle.
 and from whom: connecting (``partition_request_timeout_ms``), data on a channel (a live producer sends a
 latency marker on every channel at least every quarter of ``partition_request_timeout_ms``, so silence
 means a stalled peer), a network buffer while back-pressured (``buffers_request_timeout_ms`` without a
-single data buffer moving), and the end of the exchange. Connections must present the exchange's secret
-within the authentication deadline (``min(partition_request_timeout_ms, 2 s)`` from connecting); a wrong
-secret, garbage, an oversized frame or silence closes that connection (logged once per cause) and nothing
-else. At most four times the task's remote consumers (at least 32) may wait to authenticate; one more
+single data buffer moving), and the end of the exchange. Connections must complete their handshake (TLS
+when on, then the secret's challenge and response) within the authentication deadline
+(``min(partition_request_timeout_ms, 2 s)`` from connecting); a wrong proof, a wrong certificate, plain
+text to TLS, garbage, an oversized frame or silence closes that connection (logged once per cause) and
+nothing else. At most four times the task's remote consumers (at least 32) may wait to authenticate; one more
 closes the oldest of them, and a consumer writes its ``Hello`` with its connect, so a flood of silent
 connections costs a bounded number of sockets and does not displace the consumers.
 
@@ -104,6 +107,7 @@ import pyarrow as pa
 from ..errors import BarrierStageError, CreditShuffleError, InsufficientSlotsError
 from ..metrics import PRODUCER
 from ..transport.tcp import resolve_host
+from ..transport.tls import TlsIdentity
 from .common import (
     IN_BAND,
     CollectedMetrics,
@@ -221,6 +225,7 @@ def build(
     producers, consumers = plan.num_producers, plan.num_consumers
     width = max(producers, consumers)
     secret = _secrets.token_bytes(32)
+    tls = TlsIdentity.generate(plan.name) if plan.tls else None  # shipped to the tasks as the secret is
     tag = unused_name(_TAG, [*df.columns, report.column])
     source = df
     refused = barrier_refusal(df)
@@ -229,14 +234,16 @@ def build(
     if producers < consumers or refused is not None:  # place producer p's rows on task p of `width` tasks
         source = place_by(df.withColumn(tag, F.spark_partition_id()), width, tag).drop(tag)
 
-    rendezvous = _address_service(df.sparkSession, plan, secret, width) if options.address_exchange == "auto" else None
+    rendezvous = (
+        _address_service(df.sparkSession, plan, secret, width, tls) if options.address_exchange == "auto" else None
+    )
 
     output_type = report.output_type(df)
     placed = producers > consumers or retryable
     rows_column = unused_name(_ROWS, [tag])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        output = run_barrier_task(batches, plan, secret, options, rendezvous, report)
+        output = run_barrier_task(batches, plan, secret, options, rendezvous, report, tls)
         if placed:  # one row per output batch, for the placement's shuffle (see nested_output)
             from pyspark import BarrierTaskContext
 
@@ -252,7 +259,9 @@ def build(
     return finish_plan(plan, consumed, report)
 
 
-def _address_service(spark: Any, plan: ExchangePlan, secret: bytes, width: int) -> tuple[str, int, str] | None:
+def _address_service(
+    spark: Any, plan: ExchangePlan, secret: bytes, width: int, tls: TlsIdentity | None = None
+) -> tuple[str, int, str] | None:
     """(host, port, exchange key) of the driver's address service, with this exchange registered; None on
     Spark Connect or if the service cannot start (the tasks then use Spark's ``allGather``)."""
     from .rendezvous import driver_rendezvous
@@ -267,7 +276,7 @@ def _address_service(spark: Any, plan: ExchangePlan, secret: bytes, width: int) 
         log.info("%s: addresses through Spark's allGather (%s: %s)", plan.name, type(exc).__name__, exc)
         return None
     key = f"{plan.name}/{hashlib.sha256(secret).hexdigest()[:16]}"
-    service.register(key, secret, width, on_failure=_stage_canceller(spark, plan.name))
+    service.register(key, secret, width, on_failure=_stage_canceller(spark, plan.name), tls=tls)
     host, port = service.address
     return host, port, key
 
@@ -293,10 +302,11 @@ def run_barrier_task(
     options: TaskOptions,
     rendezvous: tuple[str, int, str] | None = None,
     report: MetricsReport = IN_BAND,
+    tls: TlsIdentity | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The body of one barrier task: its subtasks, addresses published once, through the driver's address
     service at ``rendezvous`` (host, port, exchange key) or with Spark's ``allGather``; its metrics go
-    through ``report``."""
+    through ``report``; with ``tls`` (the exchange's key pair) every connection runs mutual TLS."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -313,7 +323,15 @@ def run_barrier_task(
     host = resolve_host(address.rsplit(":", 1)[0] if ":" in address else address)
     executors = [info.address for info in infos]  # an executor's address (host:port) names it
     task = PipelinedTask(
-        plan, index, secret, host, options, attempt_id=ctx.taskAttemptId(), report=report, executors=executors
+        plan,
+        index,
+        secret,
+        host,
+        options,
+        attempt_id=ctx.taskAttemptId(),
+        report=report,
+        executors=executors,
+        tls=tls,
     )
     all_gather: Callable[[str], list[str]] = ctx.allGather
     if rendezvous is not None:
@@ -323,7 +341,15 @@ def run_barrier_task(
         wait_s = max(_MIN_ADDRESS_WAIT_S, plan.config.partition_request_timeout_ms / 1000.0)
         group = f"stage {ctx.stageId()}"
         all_gather = all_gather_via(
-            (service_host, service_port), key, secret, group, index, ctx.taskAttemptId(), wait_s, fallback=ctx.allGather
+            (service_host, service_port),
+            key,
+            secret,
+            group,
+            index,
+            ctx.taskAttemptId(),
+            wait_s,
+            fallback=ctx.allGather,
+            tls=tls,
         )
     try:
         yield from task.run(batches, all_gather)
@@ -336,6 +362,6 @@ def run_barrier_task(
 
             service_host, service_port, key = rendezvous
             report_failure(
-                (service_host, service_port), key, secret, ctx.stageId(), index, ctx.taskAttemptId(), located
+                (service_host, service_port), key, secret, ctx.stageId(), index, ctx.taskAttemptId(), located, tls
             )
         raise located from None

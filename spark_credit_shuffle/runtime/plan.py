@@ -67,6 +67,9 @@ class ExchangePlan:
     retryable: bool | None = None
     #: Where the tasks send their timeline samples while they run (the live monitor), if anywhere.
     monitor: MonitorAddress | None = None
+    #: Pipelined mode: every connection of the exchange runs mutual TLS with a key pair made for it on the
+    #: driver (decided before launch, :func:`~spark_credit_shuffle.runtime.security.use_tls`).
+    tls: bool = False
 
     def describe(self) -> str:
         return (

@@ -28,6 +28,7 @@ from ..config import ADDRESS_EXCHANGES
 from ..errors import ConfigError, CreditShuffleError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics
 from ..protocol import PipelinedResultPartition, SingleInputGate
+from ..transport.tls import TlsIdentity
 from .checkpoints import ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport
 from .engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings, TimeAccount, Wait
@@ -82,7 +83,8 @@ class PipelinedTask(TaskWiring):
     ``host`` is the address to listen on; ``attempt_id`` distinguishes attempts of the same task (it
     becomes the partition id that consumers request); ``report`` carries the task's metrics to the driver
     (default: in band, as a last output row); ``executors[i]`` names the executor of task ``i`` (tasks of
-    one executor read each other through local channels; None: every task its own executor). :meth:`run`
+    one executor read each other through local channels; None: every task its own executor); ``tls`` the
+    exchange's key pair when its connections run TLS (``plan.tls``). :meth:`run`
     does everything: set-up, one address exchange through ``all_gather``, streaming, and the final metrics;
     it closes every socket and joins every thread before it returns or raises.
     """
@@ -98,8 +100,9 @@ class PipelinedTask(TaskWiring):
         attempt_id: int = 0,
         report: MetricsReport = IN_BAND,
         executors: Sequence[object] | None = None,
+        tls: TlsIdentity | None = None,
     ) -> None:
-        super().__init__(plan, index, secret, host, attempt_id=attempt_id, report=report, executors=executors)
+        super().__init__(plan, index, secret, host, attempt_id=attempt_id, report=report, executors=executors, tls=tls)
         self.options = options or TaskOptions()
         options = self.options
         self.settings = Settings.of(

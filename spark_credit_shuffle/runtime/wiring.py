@@ -34,6 +34,7 @@ from ..protocol.codec import default_max_frame_length
 from ..transport.authentication import AUTHENTICATION_TIMEOUT_S, unauthenticated_cap
 from ..transport.connection import Connection
 from ..transport.tcp import TcpTransport
+from ..transport.tls import TlsIdentity
 from .checkpoints import CheckpointTrigger
 from .common import IN_BAND, MetricsReport
 from .engine import ConsumerEngine, Fail, Settings, check_end
@@ -66,8 +67,10 @@ class TaskWiring:
         attempt_id: int = 0,
         report: MetricsReport = IN_BAND,
         executors: Sequence[object] | None = None,
+        tls: TlsIdentity | None = None,
     ) -> None:
         self.plan = plan
+        self.tls = tls
         self.report = report
         self.index = index
         self.executors = list(executors) if executors is not None else None
@@ -179,6 +182,7 @@ class TaskWiring:
             on_send=self._on_send,
             on_closed=self._on_connection_closed,
             name=f"{self.plan.name} task {self.index}",
+            tls=self.tls,
         )
         self.transport.start()
         directory = self.options.announce_address_dir
@@ -355,7 +359,8 @@ class TaskWiring:
             if conn.bytes_in == 0:  # closed before the producer answered anything: it never accepted us
                 hint = (
                     " (closed before the producer answered anything; unless that task failed, its log says why: "
-                    "a wrong secret, or more connections waiting to authenticate there than it allows)"
+                    "a TLS or secret handshake it refused, or more connections waiting to authenticate there than "
+                    "it allows)"
                 )
             self._failure = CreditShuffleError(
                 f"consumer subtask {self.index}: connection to {conn.peer} failed before the end of its "

@@ -1,7 +1,9 @@
 """Who may wait on a task's listener, and for how long: the transport's authentication policy.
 
-Every accepted connection must present the exchange's secret (the protocol's ``Hello``) within the
-authentication deadline, counted from the accept, and within :data:`MAX_HELLO_BYTES`. At most
+Every accepted connection must prove it knows the exchange's secret (the handshake of
+:mod:`~spark_credit_shuffle.protocol.handshake`: ``Hello``, ``AuthChallenge``, ``AuthResponse``; with TLS on,
+the TLS handshake first) within the authentication deadline, counted from the accept, and within
+:data:`MAX_HELLO_BYTES`. At most
 ``max_unauthenticated`` connections (:func:`unauthenticated_cap`) wait to authenticate; when one more
 arrives, the oldest one still waiting is evicted. The transport does the reading and closing; this
 module says when a connection goes and why, and keeps the count of every
@@ -15,7 +17,8 @@ import re
 from collections.abc import Iterable
 
 from ..errors import ProtocolError
-from ..protocol.codec import FRAME_HEADER_LENGTH, MAX_SECRET_BYTES
+from ..protocol.codec import FRAME_HEADER_LENGTH
+from ..protocol.handshake import NONCE_BYTES, PROOF_BYTES
 from .connection import Connection
 
 __all__ = [
@@ -33,12 +36,13 @@ __all__ = [
 
 log = logging.getLogger("spark_credit_shuffle")
 
-#: The longest a task's listener waits for a connected peer's ``Hello`` (at most, the runtime passes
-#: ``min(partition_request_timeout_ms, this)``): a legitimate peer sends it as soon as it is connected.
+#: The longest a task's listener waits for a connected peer to complete its handshake (at most, the runtime
+#: passes ``min(partition_request_timeout_ms, this)``): a legitimate peer starts it as soon as it is
+#: connected and answers the challenge as soon as it arrives.
 AUTHENTICATION_TIMEOUT_S = 2.0
-#: The most bytes a peer may send before its ``Hello`` authenticates it: one Hello frame with the longest
-#: secret the codec accepts (frame header, secret size, secret).
-MAX_HELLO_BYTES = FRAME_HEADER_LENGTH + 2 + MAX_SECRET_BYTES
+#: The most bytes a peer may send before it is authenticated: its ``Hello`` and its ``AuthResponse`` frames
+#: (with TLS, counted after decryption; the TLS handshake itself is bounded by the deadline).
+MAX_HELLO_BYTES = 2 * FRAME_HEADER_LENGTH + NONCE_BYTES + PROOF_BYTES
 #: The fewest connections allowed to wait for authentication at once, whatever the expected peers.
 MIN_UNAUTHENTICATED = 32
 #: The most connections an I/O thread accepts before it reads its other sockets again.
@@ -60,7 +64,8 @@ def check_hello_bytes(conn: Connection) -> None:
     """Raise ProtocolError if ``conn`` sent more than :data:`MAX_HELLO_BYTES` without authenticating."""
     if conn.bytes_in > MAX_HELLO_BYTES and not conn.is_authenticated:
         raise ProtocolError(
-            f"{conn.bytes_in} bytes received without a valid Hello (at most {MAX_HELLO_BYTES} bytes may come before it)"
+            f"{conn.bytes_in} bytes received without completing the handshake (at most {MAX_HELLO_BYTES} bytes may "
+            "come before it)"
         )
 
 

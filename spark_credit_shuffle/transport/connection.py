@@ -1,10 +1,18 @@
 """One TCP connection of the transport: its socket, the protocol handler it drives, its output queue and
-the counters the runtime reports; and what a handler must offer (:class:`SansIOConnection`)."""
+the counters the runtime reports; and what a handler must offer (:class:`SansIOConnection`).
+
+A connection with TLS (:mod:`.tls`) has an ``ssl.SSLSocket`` in non-blocking mode as its socket. It cannot
+``sendmsg``: its output is joined into writes of at most :data:`TLS_WRITE_BYTES` (one copy, small beside
+the encryption), and a write that the socket could not take (``SSLWantWriteError``) is retried with the
+very same bytes, as OpenSSL requires.
+"""
 
 from __future__ import annotations
 
 import itertools
 import socket
+import ssl
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -17,6 +25,8 @@ __all__ = ["Connection", "SansIOConnection", "resolve_host"]
 
 #: The most buffers one ``sendmsg`` call is given.
 _MAX_IOV = 64
+#: The most bytes one write to a TLS socket is given (four TLS records of 16 KiB).
+TLS_WRITE_BYTES = 64 * 1024
 
 
 class SansIOConnection(Protocol):
@@ -64,6 +74,11 @@ class Connection:
         "peer",
         "role",
         "sock",
+        "tls",
+        "tls_handshaking",
+        "tls_lock",
+        "tls_retry",
+        "tls_want_write",
         "write_error",
         "write_shut",
     )
@@ -86,6 +101,16 @@ class Connection:
         self.bytes_in = 0
         self.bytes_out = 0
         self.messages_out = 0
+        #: TLS: the socket is an ``ssl.SSLSocket``; ``tls_handshaking`` until its handshake completed (an
+        #: accepted one completes it in the I/O thread), ``tls_want_write`` while that handshake waits to
+        #: write, ``tls_retry`` the write that must be repeated as it was (bytes, chunks it covers).
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        self.tls_handshaking = False
+        self.tls_want_write = False
+        self.tls_retry: tuple[bytes | memoryview, int] | None = None
+        #: An SSL object must not be read and written by two threads at once (OpenSSL's rule): the I/O
+        #: thread's reads and any thread's writes take this lock (writes inside the transport's lock).
+        self.tls_lock = threading.Lock() if self.tls else None
 
     def fill(self, high_water: int, on_send: Callable[[Connection, Message], None] | None) -> None:
         """Pull messages from the handler, encoded without copying their payloads, while fewer than
@@ -108,6 +133,9 @@ class Connection:
     def write(self) -> None:
         """Write what the socket takes now (the transport's ``lock`` held; any thread). A failure is
         recorded in ``write_error`` for the I/O thread, which drops the connection."""
+        if self.tls:
+            self._write_tls()
+            return
         out = self.out
         sock = self.sock
         while out:
@@ -136,10 +164,52 @@ class Connection:
             if sent < wanted:
                 return  # the socket is full: wait for EVENT_WRITE
 
+    def _write_tls(self) -> None:
+        """:meth:`write` on a TLS socket: whole chunks joined into writes of at most :data:`TLS_WRITE_BYTES`."""
+        out = self.out
+        sock = self.sock
+        if self.tls_handshaking:
+            return  # the I/O thread writes once the handshake is done
+        while out:
+            retry = self.tls_retry
+            if retry is not None:
+                data, count = retry
+            else:
+                count, size = 0, 0
+                for chunk in out:
+                    if count and size + chunk.nbytes > TLS_WRITE_BYTES:
+                        break
+                    count += 1
+                    size += chunk.nbytes
+                data = out[0] if count == 1 else b"".join(itertools.islice(out, count))
+            lock = self.tls_lock
+            assert lock is not None
+            try:
+                with lock:
+                    sock.send(data)
+            except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+                self.tls_retry = (data, count)
+                return
+            except OSError as exc:
+                self.write_error = exc
+                out.clear()
+                self.out_bytes = 0
+                self.tls_retry = None
+                return
+            self.tls_retry = None
+            sent = len(data)
+            self.bytes_out += sent
+            self.out_bytes -= sent
+            for _ in range(count):
+                out.popleft()
+
     @property
     def is_authenticated(self) -> bool:
-        """A server connection whose client presented the secret (client connections always are)."""
-        return bool(getattr(self.handler, "is_authenticated", True))
+        """A server connection whose TLS handshake (if any) completed and whose client proved the secret
+        (client connections always are: the listener's limits concern the peers it accepted)."""
+        if self.role == "client":
+            return True
+        return not self.tls_handshaking and bool(getattr(self.handler, "is_authenticated", True))
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"

@@ -19,18 +19,29 @@ write it cannot finish being anything but handed to the I/O thread: in Python ev
 threads waits for the interpreter lock, and the credit loop (credit out, buffer back) is the latency
 that bounds a channel's throughput.
 
-Input from the wire is untrusted. Every accepted connection must authenticate with the exchange's secret
-(the protocol's ``Hello``) within ``handshake_timeout_s`` (counted from the accept) and within
-:data:`MAX_HELLO_BYTES`; a wrong secret, garbage, an oversized frame length or a message out of turn raises
+Input from the wire is untrusted. Every accepted connection must prove it knows the exchange's secret (the
+protocol's handshake, :mod:`~spark_credit_shuffle.protocol.handshake`; the secret itself never travels)
+within ``handshake_timeout_s`` (counted from the accept) and within :data:`MAX_HELLO_BYTES`; a wrong proof,
+garbage, an oversized frame length or a message out of turn raises
 :class:`~spark_credit_shuffle.errors.ProtocolError` in the handler, and the transport closes that connection
 only: the exchange carries on. At most ``max_unauthenticated`` connections wait to authenticate: when one
-more arrives, whatever the waiting ones sent is read first (a peer whose ``Hello`` has arrived
+more arrives, whatever the waiting ones sent is read first (a peer whose response has arrived
 authenticates), then the oldest one still unauthenticated is closed to make room, so a flood of silent
 connections costs a bounded number of sockets and closes a legitimate peer only if ``max_unauthenticated``
-newer connections arrive before its Hello does: connected sockets are read before new connections are
+newer connections arrive before its handshake is done: connected sockets are read before new connections are
 accepted, and at most :data:`ACCEPTS_PER_ROUND` are accepted per round of the I/O thread. The limits, and
 how rejections are counted and logged, are :mod:`.authentication`'s; the connection's output queue is
 :mod:`.connection`'s and the selector with its wakeup :mod:`.event_loop`'s.
+
+With ``tls`` (the exchange's :class:`~.tls.TlsIdentity`) every connection runs mutual TLS 1.3 pinned to
+the exchange's certificate below the protocol (:mod:`.tls`). A client completes its TLS handshake in
+:meth:`TcpTransport.connect`, blocking, within its connect timeout. An accepted socket completes it in the
+I/O thread, non-blocking (``do_handshake`` until it no longer wants to read or write), counted as
+unauthenticated: the deadline and the cap above hold for it too, and plain text or a wrong certificate
+fails the handshake and closes that connection only. TLS decrypts whole records: bytes of a record already
+read from the socket wait in the ``SSLSocket`` (``pending()``), where the selector cannot see them, so the
+I/O thread reads a TLS connection until it would block and looks again (without waiting) at one that still
+holds decrypted bytes when it stopped (its round's share read, or its handler not reading).
 
 Connections end with a half-close: a client whose handler sent ``CloseRequest`` (every channel on it
 received its end of partition) shuts down its sending side once its output is written; the server sees
@@ -50,6 +61,7 @@ import itertools
 import logging
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -71,6 +83,7 @@ from .authentication import (
 )
 from .connection import Connection, SansIOConnection, resolve_host
 from .event_loop import EventLoop
+from .tls import TlsIdentity, check_pinned
 
 # The names the runtime and tests take from here: the transport and its connection and limits.
 __all__ = [
@@ -125,7 +138,8 @@ class TcpTransport:
     ends (its ``error`` tells why, None for a clean close).
     ``handshake_timeout_s`` is the authentication deadline of an accepted connection and
     ``max_unauthenticated`` how many may wait for it at once (:func:`unauthenticated_cap`);
-    ``handshake_timeout_setting`` names where the deadline comes from in logs.
+    ``handshake_timeout_setting`` names where the deadline comes from in logs. ``tls``: the exchange's key
+    pair, with which every connection runs mutual TLS (None: plain TCP).
     """
 
     def __init__(
@@ -143,6 +157,7 @@ class TcpTransport:
         on_closed: Callable[[Connection], None] | None = None,
         name: str = "",
         port: int = 0,
+        tls: TlsIdentity | None = None,
     ) -> None:
         if high_water <= 0:
             raise ValueError(f"high_water must be > 0 bytes, got {high_water}")
@@ -182,6 +197,11 @@ class TcpTransport:
         self._rejections = RejectionLog(self.name)
         #: CPU seconds the I/O thread used (set when it stops).
         self.thread_cpu_s = 0.0
+        self.tls = tls
+        self._server_tls = tls.server_context() if tls is not None else None
+        self._client_tls = tls.client_context() if tls is not None else None
+        #: TLS connections holding decrypted input the selector cannot see (I/O thread only).
+        self._tls_readable: set[Connection] = set()
 
     # -- public API ---------------------------------------------------------------------------------
 
@@ -301,6 +321,8 @@ class TcpTransport:
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.5)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._client_tls is not None:
+            sock = self._client_handshake(sock, peer, deadline)
         sock.setblocking(False)
         conn = Connection(sock, handler, "client", peer, next(self._ids))
         if hasattr(handler, "listener"):
@@ -315,6 +337,23 @@ class TcpTransport:
             self._pending.append(conn)
         self.wakeup()
         return conn
+
+    def _client_handshake(self, sock: socket.socket, peer: str, deadline: float) -> ssl.SSLSocket:
+        """The TLS handshake of a connection to ``peer``, blocking until ``deadline`` at the latest; raises
+        :class:`ProtocolError` (TLS refused, or the peer's certificate is not the exchange's) or
+        :class:`ExchangeTimeoutError`."""
+        assert self._client_tls is not None and self.tls is not None
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            tls_sock = self._client_tls.wrap_socket(sock, server_side=False)
+            check_pinned(tls_sock, self.tls, peer)
+        except TimeoutError:
+            sock.close()
+            raise ExchangeTimeoutError(f"TLS handshake with {peer}: not done within the connect timeout") from None
+        except (ssl.SSLError, OSError, ProtocolError) as exc:
+            sock.close()
+            raise ProtocolError(f"TLS handshake with {peer} failed: {exc}") from None
+        return tls_sock
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the I/O thread (joining it within ``timeout_s``) and close every socket.
@@ -347,17 +386,27 @@ class TcpTransport:
         started = time.thread_time()
         try:
             while not self._stopping:
-                accept, ready = self._loop.poll(self._select_timeout())
+                accept, ready = self._loop.poll(0.0 if self._tls_readable else self._select_timeout())
                 touched = self._attention
+                if self._tls_readable:  # decrypted input the selector cannot see
+                    ready = [
+                        (c, selectors.EVENT_READ)
+                        for c in self._tls_readable
+                        if getattr(c.handler, "is_reading", True)  # one that stopped is added when it resumes
+                    ] + ready
+                    self._tls_readable = set()
                 for conn, mask in ready:
                     if not conn.closed:
                         touched.add(conn)
+                        if conn.tls_handshaking:
+                            self._tls_handshake(conn)
+                            continue
                         if mask & selectors.EVENT_READ:
                             self._read(conn)
                         if mask & selectors.EVENT_WRITE and not conn.closed:
                             with self.lock:
                                 conn.write()
-                if accept:  # after the other sockets were read: a Hello that arrived counts
+                if accept:  # after the other sockets were read: a handshake that arrived counts
                     self._accept()
                 self._adopt_pending()
                 self._pump()
@@ -412,20 +461,30 @@ class TcpTransport:
             self._make_room()
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._server_tls is not None:
+                try:
+                    sock = self._server_tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except (ssl.SSLError, OSError) as exc:
+                    self._refuse(sock, peer, f"TLS refused: {exc}")
+                    continue
             conn = Connection(sock, None, "server", f"client {peer}", next(self._ids))
+            conn.tls_handshaking = conn.tls
             with self.lock:
                 conn.handler = self._factory(functools.partial(self._ready, conn))
             self._add(conn)
 
     def _make_room(self) -> None:
         """Before accepting one more: if ``max_unauthenticated`` connections wait to authenticate, read what
-        they sent (a Hello that arrived authenticates its peer), then close the oldest still waiting."""
+        they sent (a response that arrived authenticates its peer), then close the oldest still waiting."""
         waiting = [c for c in self._unauthenticated.values() if not c.closed and not c.is_authenticated]
         if len(waiting) < self._max_unauthenticated:
             return
         for conn in waiting:
             if not conn.closed:
-                self._read(conn)
+                if conn.tls_handshaking:
+                    self._tls_handshake(conn)
+                else:
+                    self._read(conn)
         waiting = [c for c in waiting if not c.closed and not c.is_authenticated]
         if len(waiting) < self._max_unauthenticated:
             return
@@ -442,14 +501,51 @@ class TcpTransport:
         self._rejections.record(f"refused connection from {peer}: {reason}", reason)
         sock.close()
 
-    def _read(self, conn: Connection) -> None:
+    def _tls_handshake(self, conn: Connection) -> None:
+        """One step of an accepted connection's TLS handshake (I/O thread); done, it reads what came with it."""
+        sock = conn.sock
+        assert isinstance(sock, ssl.SSLSocket) and self.tls is not None
+        lock = conn.tls_lock
+        assert lock is not None
         try:
-            data = conn.sock.recv(_RECV_SIZE)
-        except (BlockingIOError, InterruptedError):
+            with lock:
+                sock.do_handshake()
+            check_pinned(sock, self.tls, conn.peer)
+        except ssl.SSLWantReadError:
+            self._want(conn, write=False)
             return
-        except OSError as exc:
-            self._drop(conn, exc, clean=False)
+        except ssl.SSLWantWriteError:
+            self._want(conn, write=True)
             return
+        except (ssl.SSLError, OSError, ProtocolError) as exc:
+            reason = getattr(exc, "reason", None) or type(exc).__name__
+            self._rejections.record(
+                f"closing connection with {conn.peer}: TLS handshake failed: {exc}", f"TLS handshake failed: {reason}"
+            )
+            self._drop(conn, ProtocolError(f"TLS handshake failed: {exc}"), clean=False, logged=True)
+            return
+        conn.tls_handshaking = False
+        self._want(conn, write=False)
+        self._read(conn)
+
+    def _want(self, conn: Connection, *, write: bool) -> None:
+        """A TLS handshake waits for its socket to be writable (``write``) or readable."""
+        conn.tls_want_write = write
+        self._update_interest(conn)
+
+    def _read(self, conn: Connection) -> None:
+        if conn.tls:
+            data = self._read_tls(conn)
+            if data is None:
+                return
+        else:
+            try:
+                data = conn.sock.recv(_RECV_SIZE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._drop(conn, exc, clean=False)
+                return
         if not data:
             self._drop(conn, None, clean=True)
             return
@@ -464,6 +560,39 @@ class TcpTransport:
                 return
             finally:
                 self._notify()
+
+    def _read_tls(self, conn: Connection) -> bytes | None:
+        """Decrypted input of a TLS connection, up to ``_RECV_SIZE`` bytes (``b""``: the peer closed; None:
+        nothing now, or the connection was dropped). Reads until the socket would block: what a record
+        already read holds is not seen by the selector; a connection left with some is looked at again."""
+        sock = conn.sock
+        lock = conn.tls_lock
+        assert lock is not None
+        chunks: list[bytes] = []
+        size = 0
+        eof = False
+        while size < _RECV_SIZE:
+            try:
+                with lock:
+                    chunk = sock.recv(_RECV_SIZE - size)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+                break
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                eof = True  # close_notify, or the peer's half-close (it shuts its socket down without one)
+                break
+            except OSError as exc:
+                self._drop(conn, exc, clean=False)
+                return None
+            if not chunk:
+                eof = True
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size >= _RECV_SIZE or (chunks and eof):
+            self._tls_readable.add(conn)  # more may wait decrypted (or the EOF after it): next round
+        if chunks:
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return b"" if eof else None
 
     def _reject(self, conn: Connection, exc: ProtocolError) -> None:
         """A peer broke the protocol (wrong secret, garbage, oversized frame): log it, close it, carry on."""
@@ -486,6 +615,7 @@ class TcpTransport:
             self._connections.pop(conn.id, None)
             self._unauthenticated.pop(conn.id, None)
             self._dirty.discard(conn)
+            self._tls_readable.discard(conn)
             with contextlib.suppress(OSError):
                 conn.sock.close()
             conn.out.clear()
@@ -539,14 +669,22 @@ class TcpTransport:
             if getattr(handler, "is_closed", False) and not handler.has_data() and not conn.out:
                 conn.write_shut = True
                 with contextlib.suppress(OSError):
-                    conn.sock.shutdown(socket.SHUT_WR)
+                    # the TCP socket's own shutdown: SSLSocket.shutdown would also drop its TLS state, and
+                    # the answer still has to be read through it
+                    socket.socket.shutdown(conn.sock, socket.SHUT_WR)
 
     def _update_interest(self, conn: Connection) -> None:
         interest = 0
-        if getattr(conn.handler, "is_reading", True):
-            interest |= selectors.EVENT_READ
-        if conn.out:
-            interest |= selectors.EVENT_WRITE
+        if conn.tls_handshaking:
+            interest = selectors.EVENT_WRITE if conn.tls_want_write else selectors.EVENT_READ
+        else:
+            if getattr(conn.handler, "is_reading", True):
+                interest |= selectors.EVENT_READ
+                sock = conn.sock
+                if isinstance(sock, ssl.SSLSocket) and sock.pending():  # decrypted, unseen by the selector
+                    self._tls_readable.add(conn)
+            if conn.out:
+                interest |= selectors.EVENT_WRITE
         before = self._interest.get(conn.id, 0)
         if before == interest:
             return
@@ -562,12 +700,12 @@ class TcpTransport:
         for conn in expired_handshakes(list(self._unauthenticated.values()), self._handshake_timeout, time.monotonic()):
             if not conn.closed:  # the callbacks of an earlier drop may have closed it
                 self._rejections.record(
-                    f"closing connection with {conn.peer}: no valid Hello within "
+                    f"closing connection with {conn.peer}: no completed handshake within "
                     f"{self._handshake_timeout * 1000:.0f} ms of connecting "
                     f"(the authentication deadline, {self._handshake_setting})",
                     "handshake timeout",
                 )
-                self._drop(conn, ProtocolError("no Hello within the handshake timeout"), clean=False, logged=True)
+                self._drop(conn, ProtocolError("no completed handshake within the deadline"), clean=False, logged=True)
 
     def _close_all(self) -> None:
         self._rejections.log_counts()

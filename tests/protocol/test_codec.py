@@ -14,6 +14,8 @@ from spark_credit_shuffle.protocol import (
     NEED_DATA,
     AckAllUserRecordsProcessed,
     AddCredit,
+    AuthChallenge,
+    AuthResponse,
     BacklogAnnouncement,
     BufferResponse,
     CancelPartitionRequest,
@@ -48,7 +50,9 @@ messages = st.one_of(
     st.builds(AckAllUserRecordsProcessed, u64),
     st.builds(BacklogAnnouncement, u64, u32),
     st.builds(NewBufferSize, u64, u32),
-    st.builds(Hello, st.binary(max_size=64)),
+    st.builds(Hello, st.binary(min_size=32, max_size=32)),
+    st.builds(AuthChallenge, st.binary(min_size=32, max_size=32), st.binary(min_size=32, max_size=32)),
+    st.builds(AuthResponse, st.binary(min_size=32, max_size=32)),
 )
 
 
@@ -132,7 +136,8 @@ def _frame(msg_id: int, body: bytes, *, magic: int = MAGIC_NUMBER, version: int 
         (_frame(0, b"\x00" * 5), "shorter than its"),
         (_frame(1, struct.pack(">BQI", 1, 1, 50) + b"abc"), "declares 50 message bytes"),
         (_frame(1, struct.pack(">BQI", 3, 1, 0)), "receiver-id flag"),
-        (_frame(12, struct.pack(">H", 5000) + b"x" * 10), "at most 1024"),
+        (_frame(12, b"x" * 12), "Hello body is 12 bytes, expected exactly 32"),
+        (_frame(15, b"x" * 40), "AuthResponse body is 40 bytes"),
     ],
 )
 def test_bad_frames_raise_protocol_error(wire, match):
@@ -165,8 +170,16 @@ def test_encoding_out_of_range_fields_raises_protocol_error():
         encode("not a message")  # type: ignore[arg-type]
 
 
-def test_hello_hides_its_secret():
-    assert "hunter2" not in repr(Hello(b"hunter2"))
+def test_the_handshake_frames_have_fixed_sizes_and_carry_no_secret():
+    assert len(encode_to_bytes(Hello(b"n" * 32))) == FRAME_HEADER_LENGTH + 32
+    assert len(encode_to_bytes(AuthChallenge(b"n" * 32, b"p" * 32))) == FRAME_HEADER_LENGTH + 64
+    assert len(encode_to_bytes(AuthResponse(b"p" * 32))) == FRAME_HEADER_LENGTH + 32
+    with pytest.raises(ProtocolError, match="exactly 32"):
+        encode(Hello(b"short"))
+    long_hello = bytearray(encode_to_bytes(Hello(b"n" * 32)) + b"x")
+    long_hello[3] += 1  # a frame one byte longer than a Hello may be
+    with pytest.raises(ProtocolError, match="expected exactly 32"):
+        FrameDecoder(MAX_FRAME).receive_data(bytes(long_hello))
 
 
 @settings(max_examples=500, deadline=None)

@@ -11,6 +11,7 @@ from spark_credit_shuffle.errors import ProtocolError
 from spark_credit_shuffle.protocol import (
     AckAllUserRecordsProcessed,
     AddCredit,
+    AuthChallenge,
     BacklogAnnouncement,
     BlockingResultPartition,
     BoundedBlockingSubpartitionReader,
@@ -292,17 +293,18 @@ def test_blocking_reader_backlog_and_availability():
     assert reader.get_next_buffer() is None
 
 
-def test_server_requires_the_secret_first():
+def test_server_requires_the_handshake_first():
     manager = ResultPartitionManager()
     handler = PartitionRequestServerHandler(manager, secret=b"s3cret")
     with pytest.raises(ProtocolError, match="not authenticated"):
         handler.receive_message(PartitionRequest(1, 0, 2))
     handler = PartitionRequestServerHandler(manager, secret=b"s3cret")
-    with pytest.raises(ProtocolError, match="wrong secret"):
-        handler.receive_message(Hello(b"guess"))
-    handler = PartitionRequestServerHandler(manager, secret=b"s3cret")
-    handler.receive_message(Hello(b"s3cret"))
-    assert handler.is_authenticated
+    handler.receive_message(Hello(b"n" * 32))
+    assert not handler.is_authenticated and handler.has_data()
+    challenge = handler.next_message()
+    assert isinstance(challenge, AuthChallenge) and not handler.has_data()
+    with pytest.raises(ProtocolError, match="before the response"):
+        handler.receive_message(PartitionRequest(1, 0, 2))
 
 
 def test_request_for_unregistered_partition_waits_then_fails():

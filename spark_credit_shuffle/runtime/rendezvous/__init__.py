@@ -3,18 +3,19 @@
 Spark's own ``BarrierTaskContext.allGather`` does the job, but each call costs about a second (the task
 polls the driver's barrier coordinator once a second), and during that second no consumer reads: the
 producers fill their pools and wait. On a classic Spark session the driver runs one
-:class:`AddressRendezvous` per process instead: every task of a barrier stage sends it one line (its
-exchange's name and secret, the stage attempt it belongs to, its index and its message) and gets back, as
-soon as every task index of that stage has arrived, every message in task order. A task that comes
+:class:`AddressRendezvous` per process instead: every task of a barrier stage sends it one request (its
+exchange's name, the stage attempt it belongs to, its index and its message; signed with the exchange's
+secret after the service proved it knows it, see :mod:`.wire`, and inside TLS when the exchange runs it) and
+gets back, as soon as every task index of that stage has arrived, every message in task order. A task that comes
 again before its group is complete (a new attempt of the stage, after a failure) replaces its earlier
 entry if its task attempt id is newer (Spark numbers task attempts in increasing order); an older one (a
 late task of a failed attempt) is turned away. The barrier stage
 still schedules all tasks at once and retries them together; only the address exchange is faster.
 
-The service listens on the driver's own address only. Each exchange registers its random secret with it
-(:meth:`AddressRendezvous.register`); a connection that presents a wrong secret, a malformed or oversized
-request (more than :data:`MAX_REQUEST` bytes), or that says nothing within ``request_timeout_s`` is closed
-and changes nothing. A task that gets no answer within its timeout raises
+The service listens on the driver's own address only. Each exchange registers its random secret (and its
+key pair, with TLS) with it (:meth:`AddressRendezvous.register`); a connection that proves a wrong secret,
+sends a malformed or oversized line (more than :data:`MAX_REQUEST` bytes), or has not sent its request
+within ``request_timeout_s`` is closed and changes nothing. A task that gets no answer within its timeout raises
 :class:`~spark_credit_shuffle.errors.ExchangeTimeoutError` naming the service and what it waited for.
 Spark Connect sessions (no driver process here) and ``TaskOptions(address_exchange="allgather")`` use
 Spark's ``allGather``.
@@ -40,7 +41,8 @@ pipelined runtime cancels the stage with it) runs once per stage: the exchange f
 error, instead of after every barrier stage attempt Spark allows.
 
 The package: :mod:`.service` (the driver's service), :mod:`.client` (the task's ``allGather``),
-:mod:`.failures` (reporting a failure that a retry repeats), :mod:`.wire` (the request and answer lines).
+:mod:`.failures` (reporting a failure that a retry repeats), :mod:`.wire` (the conversation's lines and their
+proofs).
 """
 
 from .client import all_gather_via

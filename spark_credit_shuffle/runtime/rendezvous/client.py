@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import CreditShuffleError, ExchangeTimeoutError
+from ...errors import CreditShuffleError, ExchangeTimeoutError, ProtocolError
+from ...transport.tls import TlsIdentity
 from .failures import reported_error
-from .wire import UNKNOWN_EXCHANGE, read_line, request_line
+from .wire import UNKNOWN_EXCHANGE, converse
 
 __all__ = ["all_gather_via"]
 
@@ -27,6 +26,7 @@ def all_gather_via(
     attempt: int,
     timeout_s: float,
     fallback: Callable[[str], list[str]] | None = None,
+    tls: TlsIdentity | None = None,
 ) -> Callable[[str], list[str]]:
     """An ``allGather(message)`` for task ``task`` (task attempt id ``attempt``) through the rendezvous at
     ``address``.
@@ -34,25 +34,25 @@ def all_gather_via(
     ``group`` names the stage (every task of it must use the same). Raises
     :class:`ExchangeTimeoutError` if the answer does not come within ``timeout_s``. If the service does
     not know the exchange (it forgot it, see :data:`~.service.EXCHANGE_TTL_S`), every task of the stage hears so, and
-    ``fallback`` (Spark's ``allGather``) is used instead; without one, :class:`CreditShuffleError`.
+    ``fallback`` (Spark's ``allGather``) is used instead; without one, :class:`CreditShuffleError`. The
+    conversation proves the secret both ways without sending it (:mod:`.wire`); with ``tls`` (the exchange's
+    key pair) it runs inside mutual TLS pinned to it.
     """
     host, port = address
 
     def all_gather(message: str) -> list[str]:
         where = f"the driver's address service at {host}:{port}"
         started = time.monotonic()
+        request = {"group": group, "task": task, "attempt": attempt, "message": message}
         try:
-            with socket.create_connection((host, port), timeout=timeout_s) as sock:
-                sock.sendall(request_line(exchange, secret, group, task, attempt, message))
-                sock.settimeout(max(0.01, timeout_s - (time.monotonic() - started)))
-                answer: Any = json.loads(read_line(sock))
+            answer: Any = converse((host, port), exchange, secret, request, timeout_s, tls)
         except TimeoutError:
             raise ExchangeTimeoutError(
                 f"task {task} of {exchange} waited {(time.monotonic() - started) * 1000:.0f} ms for the addresses "
                 f"of the other tasks from {where} (partition_request_timeout_ms); set "
                 f"spark.creditShuffle.addressExchange=allgather if executors cannot reach the driver"
             ) from None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, ProtocolError) as exc:
             raise CreditShuffleError(
                 f"task {task} of {exchange}: exchanging addresses through {where} failed: {exc}; set "
                 f"spark.creditShuffle.addressExchange=allgather if executors cannot reach the driver"

@@ -3,13 +3,12 @@ the exchange hears of the failure instead of its addresses, and raises it (see t
 
 from __future__ import annotations
 
-import json
 import logging
-import socket
 
 from ... import errors
-from ...errors import CreditShuffleError
-from .wire import MAX_REQUEST, read_line, request_line
+from ...errors import CreditShuffleError, ProtocolError
+from ...transport.tls import TlsIdentity
+from .wire import MAX_REQUEST, converse
 
 __all__ = ["report_failure", "reported_error"]
 
@@ -24,18 +23,30 @@ def reported_error(kind: str, message: str) -> CreditShuffleError:
 
 
 def report_failure(
-    address: tuple[str, int], exchange: str, secret: bytes, stage: int, task: int, attempt: int, exc: BaseException
+    address: tuple[str, int],
+    exchange: str,
+    secret: bytes,
+    stage: int,
+    task: int,
+    attempt: int,
+    exc: BaseException,
+    tls: TlsIdentity | None = None,
 ) -> bool:
     """Tell the rendezvous at ``address`` that task ``task`` of stage ``stage`` met ``exc``, a failure every
     retry repeats (best effort, a few seconds at most: the task fails with ``exc`` either way). True if the
-    service took it (it answers with the failure it holds)."""
-    failure = {"type": errors.qualified_name(exc), "message": str(exc)[: MAX_REQUEST // 2]}
-    request = request_line(exchange, secret, f"stage {stage}", task, attempt, "", stage=stage, failure=failure)
+    service took it (it answers with the failure it holds). ``tls``: as :func:`~.client.all_gather_via`."""
+    failure = {"type": errors.qualified_name(exc), "message": str(exc)[: MAX_REQUEST // 4]}
+    request = {
+        "group": f"stage {stage}",
+        "task": task,
+        "attempt": attempt,
+        "message": "",
+        "stage": stage,
+        "failure": failure,
+    }
     try:
-        with socket.create_connection(address, timeout=5.0) as sock:
-            sock.sendall(request)
-            answer = json.loads(read_line(sock))
-    except (OSError, ValueError) as e:
+        answer = converse(address, exchange, secret, request, 5.0, tls)
+    except (OSError, ValueError, ProtocolError) as e:
         log.warning("task %d of %s: could not report its failure to the driver: %s", task, exchange, e)
         return False
     return isinstance(answer, dict) and "failed" in answer

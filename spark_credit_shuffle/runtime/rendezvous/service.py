@@ -1,6 +1,16 @@
 """The driver's address service (:class:`AddressRendezvous`): groups the tasks' requests per stage attempt
 and answers each group once complete; turns away connections that do not authenticate; holds the failures
-tasks reported (the package docstring says how)."""
+tasks reported (the package docstring says how).
+
+Each connection is a conversation of :mod:`.wire`: the task's hello, the service's challenge, the task's
+signed request, the service's signed answer. One listener serves exchanges with and without TLS: the first
+byte a task sends tells them apart (a TLS record starts with 22, a JSON line with ``{``). A TLS connection
+names the exchange in its server name (:func:`~.wire.server_name`); the service presents that exchange's
+certificate and requires the same from the task (an unknown name is refused with TLS's
+``unrecognized_name`` alert, which a task takes as "unknown exchange"). An exchange registered with a key
+pair accepts no plain-text conversation, and a TLS conversation only for the exchange its server name
+chose.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +18,22 @@ import contextlib
 import hmac
 import json
 import logging
+import secrets
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
+from ...errors import ProtocolError
+from ...protocol.handshake import NONCE_BYTES, handshake_proof
 from ...transport.authentication import ACCEPTS_PER_ROUND, unauthenticated_cap
 from ...transport.connection import resolve_host
 from ...transport.event_loop import EventLoop
-from .wire import MAX_LINE, MAX_REQUEST, UNKNOWN_EXCHANGE
+from ...transport.tls import TlsIdentity, check_pinned
+from .wire import ANSWER_LABEL, MAX_LINE, MAX_REQUEST, REQUEST_LABEL, SERVICE_LABEL, UNKNOWN_EXCHANGE, server_name
 
 __all__ = ["EXCHANGE_TTL_S", "REQUEST_TIMEOUT_S", "AddressRendezvous", "driver_rendezvous"]
 
@@ -47,10 +63,18 @@ class _Exchange:
     """A registered exchange: its secret, its tasks per stage attempt, and when it was last asked for; the
     failure a task reported (``{"failed": error class, "message": text}``), if any, and what to call then."""
 
-    __slots__ = ("failed_stages", "failure", "last_used", "on_failure", "secret", "width")
+    __slots__ = ("failed_stages", "failure", "last_used", "on_failure", "secret", "tls", "tls_context", "width")
 
-    def __init__(self, secret: bytes, width: int, on_failure: Callable[[int, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        secret: bytes,
+        width: int,
+        on_failure: Callable[[int, str], None] | None = None,
+        tls: TlsIdentity | None = None,
+    ) -> None:
         self.secret = secret
+        self.tls = tls
+        self.tls_context = tls.server_context() if tls is not None else None
         self.width = width
         self.last_used = time.monotonic()
         self.failure: dict[str, str] | None = None
@@ -72,9 +96,25 @@ class _Group:
 
 
 class _Peer:
-    """One connection: reading its request, waiting for its group, or being written its answer."""
+    """One connection: authenticating and reading its request, waiting for its group, or being written its
+    answer."""
 
-    __slots__ = ("accepted", "address", "answer", "deadline", "inbox", "sent", "sock", "state")
+    __slots__ = (
+        "accepted",
+        "address",
+        "answer",
+        "close_after",
+        "deadline",
+        "exchange",
+        "handshaking",
+        "inbox",
+        "nonce",
+        "sent",
+        "sniffed",
+        "sock",
+        "state",
+        "task_nonce",
+    )
 
     def __init__(self, sock: socket.socket, address: str, deadline: float) -> None:
         self.sock = sock
@@ -85,6 +125,14 @@ class _Peer:
         self.inbox = bytearray()
         self.answer = memoryview(b"")
         self.sent = 0
+        self.close_after = False
+        #: The first byte was looked at (TLS or not); a TLS handshake is under way.
+        self.sniffed = False
+        self.handshaking = False
+        #: After the task's hello: the exchange it named, its nonce and the service's.
+        self.exchange: str | None = None
+        self.task_nonce = b""
+        self.nonce = secrets.token_bytes(NONCE_BYTES)
 
 
 class AddressRendezvous:
@@ -121,6 +169,9 @@ class AddressRendezvous:
         self.exchange_ttl_s = exchange_ttl_s
         self._max_pending = max_pending
         self._exchanges: dict[str, _Exchange] = {}
+        #: TLS server name -> exchange (see :func:`~.wire.server_name`).
+        self._server_names: dict[str, str] = {}
+        self._tls_context: ssl.SSLContext | None = None  # made on the first TLS connection
         self._groups: dict[tuple[str, str], _Group] = {}
         self._peers: set[_Peer] = set()
         self._lock = threading.Lock()
@@ -163,13 +214,21 @@ class AddressRendezvous:
         return unauthenticated_cap(tasks)
 
     def register(
-        self, name: str, secret: bytes, width: int, on_failure: Callable[[int, str], None] | None = None
+        self,
+        name: str,
+        secret: bytes,
+        width: int,
+        on_failure: Callable[[int, str], None] | None = None,
+        tls: TlsIdentity | None = None,
     ) -> None:
-        """Accept the tasks of exchange ``name`` (``width`` per stage attempt) presenting ``secret``;
+        """Accept the tasks of exchange ``name`` (``width`` per stage attempt) that prove ``secret``;
         ``on_failure(stage_id, reason)`` runs (on a thread of its own) the first time a task of a stage
-        reports a deterministic failure."""
+        reports a deterministic failure. With ``tls`` (the exchange's key pair) only over TLS pinned to it."""
+        exchange = _Exchange(bytes(secret), int(width), on_failure, tls)
         with self._lock:
-            self._exchanges[name] = _Exchange(bytes(secret), int(width), on_failure)
+            self._exchanges[name] = exchange
+            if tls is not None:
+                self._server_names[server_name(name)] = name
         self._wakeup()
 
     def failure(self, name: str) -> dict[str, str] | None:
@@ -182,6 +241,7 @@ class AddressRendezvous:
         """Forget exchange ``name``: its secret now, its open groups (closing their connections) at once."""
         with self._lock:
             self._exchanges.pop(name, None)
+            self._server_names.pop(server_name(name), None)
         self._wakeup()
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -262,15 +322,21 @@ class AddressRendezvous:
             )
 
     def _on_readable(self, peer: _Peer) -> None:
-        try:
-            data = peer.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
+        if peer.state == "request" and not peer.sniffed:
+            self._sniff(peer)
             return
+        if peer.handshaking:
+            self._tls_step(peer)
+            return
+        try:
+            data = self._recv(peer)
         except OSError as exc:
             if peer.state == "request":
                 self._reject(peer, f"bad request ({type(exc).__name__}: {exc})", "connection error")
             else:
                 self._leave(peer)
+            return
+        if data is None:
             return
         if peer.state != "request" or not data:
             if peer.state == "request":
@@ -285,19 +351,145 @@ class AddressRendezvous:
                 self._reject(peer, f"bad request (longer than {MAX_REQUEST} bytes)", "request too long")
             return
         line = bytes(peer.inbox + data[:end])
-        peer.inbox = bytearray()
-        if len(line) > MAX_REQUEST:
+        peer.inbox = bytearray(data[end + 1 :])
+        if len(line) > MAX_REQUEST or len(peer.inbox) > MAX_REQUEST:
             self._reject(peer, f"bad request (longer than {MAX_REQUEST} bytes)", "request too long")
             return
-        self._on_request(peer, line)
+        if peer.exchange is None:
+            self._on_hello(peer, line)
+        else:
+            self._on_request(peer, line)
+
+    def _recv(self, peer: _Peer) -> bytes | None:
+        """What ``peer`` sent (``b""``: it closed; None: nothing yet). A TLS socket is read until it would
+        block: bytes already decrypted wait where the selector cannot see them."""
+        sock = peer.sock
+        if not isinstance(sock, ssl.SSLSocket):
+            try:
+                return sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return None
+        chunks: list[bytes] = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+                break
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                chunk = b""
+            if not chunk:
+                return b"".join(chunks) if chunks else b""
+            chunks.append(chunk)
+            if sum(len(c) for c in chunks) > MAX_REQUEST:
+                break
+        return b"".join(chunks) if chunks else None
+
+    def _sniff(self, peer: _Peer) -> None:
+        """The first byte tells a TLS connection (a handshake record, 22) from a plain one."""
+        try:
+            first = peer.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._reject(peer, f"bad request ({type(exc).__name__}: {exc})", "connection error")
+            return
+        if not first:
+            self._reject(peer, "bad request (connection closed before the end of the line)", "closed early")
+            return
+        peer.sniffed = True
+        if first != b"\x16":
+            self._on_readable(peer)
+            return
+        if self._tls_context is None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_3
+            # the server name switches the connection to the exchange's context, which brings its certificate
+            # and the one certificate it trusts; whether a client certificate is asked for stays this one's
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+            context.num_tickets = 0
+            context.sni_callback = self._choose_certificate
+            self._tls_context = context
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(peer.sock)
+        try:
+            peer.sock = self._tls_context.wrap_socket(peer.sock, server_side=True, do_handshake_on_connect=False)
+        except (ssl.SSLError, OSError) as exc:
+            self._reject(peer, f"TLS refused ({exc})", "TLS handshake failed")
+            return
+        self._selector.register(peer.sock, selectors.EVENT_READ, peer)
+        peer.handshaking = True
+        self._tls_step(peer)
+
+    def _choose_certificate(self, sock: Any, name: str | None, context: ssl.SSLContext) -> int | None:
+        """TLS's server name callback: present the certificate of the exchange the task names (or refuse)."""
+        with self._lock:
+            exchange = self._exchanges.get(self._server_names.get(name or "", ""))
+        if exchange is None or exchange.tls_context is None:
+            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+        sock.context = exchange.tls_context
+        return None
+
+    def _tls_step(self, peer: _Peer) -> None:
+        sock = peer.sock
+        assert isinstance(sock, ssl.SSLSocket)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._selector.modify(sock, selectors.EVENT_READ, peer)
+            return
+        except ssl.SSLWantWriteError:
+            self._selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
+            return
+        except (ssl.SSLError, OSError) as exc:
+            self._reject(peer, f"TLS handshake failed ({exc})", "TLS handshake failed")
+            return
+        peer.handshaking = False
+        self._selector.modify(sock, selectors.EVENT_READ, peer)
+        self._on_readable(peer)  # the hello may have come with the handshake's last record
+
+    def _on_hello(self, peer: _Peer, line: bytes) -> None:
+        """The task's first line names the exchange and brings its nonce: answer with the challenge."""
+        try:
+            hello = json.loads(line)
+            name = str(hello["exchange"])
+            task_nonce = bytes.fromhex(str(hello["nonce"]))
+            if len(task_nonce) != NONCE_BYTES:
+                raise ValueError(f"a nonce of {len(task_nonce)} bytes")
+        except (ValueError, KeyError, TypeError) as exc:
+            self._reject(peer, f"bad request ({type(exc).__name__}: {exc})", "bad request")
+            return
+        with self._lock:
+            known = self._exchanges.get(name)
+        if known is None:
+            self._reject(peer, f"{UNKNOWN_EXCHANGE} {name!r}", UNKNOWN_EXCHANGE)
+            return
+        sock = peer.sock
+        if known.tls is not None:
+            if not isinstance(sock, ssl.SSLSocket):
+                self._reject(peer, f"exchange {name!r} requires TLS, the connection is plain", "plain text for TLS")
+                return
+            try:
+                if sock.context is not known.tls_context:
+                    raise ProtocolError("its TLS server name chose another exchange")
+                check_pinned(sock, known.tls, peer.address)
+            except ProtocolError as exc:
+                self._reject(peer, f"exchange {name!r}: {exc}", "wrong certificate")
+                return
+        peer.exchange = name
+        peer.task_nonce = task_nonce
+        proof = handshake_proof(known.secret, SERVICE_LABEL, task_nonce, peer.nonce)
+        self._write(peer, (json.dumps({"nonce": peer.nonce.hex(), "proof": proof.hex()}) + "\n").encode())
 
     def _on_request(self, peer: _Peer, line: bytes) -> None:
         try:
-            request = json.loads(line)
-            name, group_id = str(request["exchange"]), str(request["group"])
+            envelope = json.loads(line)
+            text = str(envelope["request"])
+            proof = bytes.fromhex(str(envelope["proof"]))
+            request = json.loads(text)
+            group_id = str(request["group"])
             task, message = int(request["task"]), str(request["message"])
             attempt = int(request["attempt"])
-            secret = bytes.fromhex(str(request["secret"]))
             failure = request.get("failure")
             if failure is not None:
                 failure = {"failed": str(failure["type"]), "message": str(failure["message"])[: MAX_LINE // 2]}
@@ -305,17 +497,20 @@ class AddressRendezvous:
         except (ValueError, KeyError, TypeError) as exc:
             self._reject(peer, f"bad request ({type(exc).__name__}: {exc})", "bad request")
             return
+        name = peer.exchange
+        assert name is not None
         now = time.monotonic()
         with self._lock:
             known = self._exchanges.get(name)
-            if known is not None and hmac.compare_digest(secret, known.secret):
-                known.last_used = now
         if known is None:
             self._reject(peer, f"{UNKNOWN_EXCHANGE} {name!r}", UNKNOWN_EXCHANGE)
             return
-        if not hmac.compare_digest(secret, known.secret):
-            self._reject(peer, "wrong secret", "wrong secret")
+        expected = handshake_proof(known.secret, REQUEST_LABEL, peer.nonce, peer.task_nonce, text.encode())
+        if not hmac.compare_digest(proof, expected):
+            self._reject(peer, "wrong secret (the task's proof does not verify)", "wrong secret")
             return
+        with self._lock:
+            known.last_used = now
         if not 0 <= task < known.width:
             self._reject(peer, f"task {task} outside [0, {known.width})", "task outside the exchange")
             return
@@ -340,9 +535,9 @@ class AddressRendezvous:
         peer.deadline = None  # the group's timeout bounds the wait
         if len(group.messages) == group.width:
             del self._groups[(name, group_id)]
-            answer = (json.dumps([group.messages[i] for i in range(group.width)]) + "\n").encode()
+            answer = json.dumps([group.messages[i] for i in range(group.width)])
             for waiting in group.waiting.values():
-                self._answer(waiting, answer)
+                self._answer(waiting, answer, known.secret)
 
     def _fail_exchange(
         self, peer: _Peer, name: str, known: _Exchange, failure: dict[str, str] | None, stage: int
@@ -359,37 +554,52 @@ class AddressRendezvous:
                     callback = known.on_failure
             recorded = known.failure
         assert recorded is not None
-        answer = (json.dumps(recorded) + "\n").encode()
+        answer = json.dumps(recorded)
         for key in [k for k in self._groups if k[0] == name]:
             for waiting in self._groups.pop(key).waiting.values():
-                self._answer(waiting, answer)
-        self._answer(peer, answer)
+                self._answer(waiting, answer, known.secret)
+        self._answer(peer, answer, known.secret)
         if callback is not None:
             reason = f"{recorded['failed']}: {recorded['message']}"
             threading.Thread(target=callback, args=(stage, reason), name="credit-shuffle-failure", daemon=True).start()
 
-    def _answer(self, peer: _Peer, line: bytes) -> None:
-        """Write ``line`` to ``peer`` (shared, never copied per peer) and close it once written."""
+    def _answer(self, peer: _Peer, answer: str, secret: bytes) -> None:
+        """Write ``answer`` (JSON text) to ``peer``, signed for its conversation, and close it once written."""
+        proof = handshake_proof(secret, ANSWER_LABEL, peer.task_nonce, peer.nonce, answer.encode())
         peer.state = "answer"
+        peer.deadline = time.monotonic() + self.request_timeout_s
+        self._write(peer, (json.dumps({"answer": answer, "proof": proof.hex()}) + "\n").encode(), close_after=True)
+
+    def _write(self, peer: _Peer, line: bytes, *, close_after: bool = False) -> None:
+        """Write ``line`` to ``peer`` (the rest when its socket is writable); close it once written if
+        ``close_after``, else go on reading it."""
         peer.answer = memoryview(line)
         peer.sent = 0
-        peer.deadline = time.monotonic() + self.request_timeout_s
+        peer.close_after = close_after
         self._on_writable(peer)
-        if peer in self._peers:
+        if peer in self._peers and peer.sent < len(peer.answer):
             self._selector.modify(peer.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, peer)
 
     def _on_writable(self, peer: _Peer) -> None:
-        if peer.state != "answer":
+        if peer.handshaking:
+            self._tls_step(peer)
+            return
+        if peer.sent >= len(peer.answer):
             return
         try:
             peer.sent += peer.sock.send(peer.answer[peer.sent :])
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             return
         except OSError:
             self._close(peer)
             return
         if peer.sent >= len(peer.answer):
-            self._close(peer)
+            if peer.close_after:
+                self._close(peer)
+            else:
+                peer.answer = memoryview(b"")
+                peer.sent = 0
+                self._selector.modify(peer.sock, selectors.EVENT_READ, peer)
 
     def _leave(self, peer: _Peer) -> None:
         """A task's connection ended while it waited for its group or its answer: forget the connection."""
@@ -412,7 +622,9 @@ class AddressRendezvous:
             self._log_window[cause] = (start, count + 1)
             log.debug("%s", text)
         if cause == UNKNOWN_EXCHANGE:  # logged first: the peer may look at the log once it is answered
-            self._answer(peer, (json.dumps({"error": UNKNOWN_EXCHANGE}) + "\n").encode())
+            peer.state = "answer"
+            peer.deadline = time.monotonic() + self.request_timeout_s
+            self._write(peer, (json.dumps({"error": UNKNOWN_EXCHANGE}) + "\n").encode(), close_after=True)
         else:
             self._close(peer)
 
@@ -442,6 +654,7 @@ class AddressRendezvous:
                 idle = now - exchange.last_used
                 if idle > self.exchange_ttl_s and not any(key[0] == name for key in self._groups):
                     del self._exchanges[name]
+                    self._server_names.pop(server_name(name), None)
                     log.info("address rendezvous: forgot exchange %s after %.0f s without a request", name, idle)
             known = set(self._exchanges)
         for key, group in list(self._groups.items()):

@@ -1,17 +1,52 @@
-"""The address service's line protocol: a task sends one JSON line, the service answers with one.
+"""The address service's line protocol: one JSON line at a time, each side proving the exchange's secret.
 
-A request names the exchange, its secret (hex), the group (the stage attempt), the task, its task attempt
-id and its message; a failure report adds the stage and the failure. The answer is the group's messages in
-task order, ``{"error": "unknown exchange"}``, or ``{"failed": error class, "message": text}``.
+A conversation on one connection (the task speaks first; with TLS all of it runs inside the exchange's
+mutual TLS, :mod:`spark_credit_shuffle.transport.tls`, whose server name tells the service which
+exchange's certificate to present, :func:`server_name`)::
+
+    task    -> service   {"exchange": name, "nonce": hex}                      the task's fresh nonce
+    service -> task      {"nonce": hex, "proof": hex}                          the service proves the secret
+                         or {"error": "unknown exchange"}
+    task    -> service   {"request": text, "proof": hex}                       the task proves it, and signs
+    service -> task      {"answer": text, "proof": hex}                        the answer, signed
+
+``text`` is a JSON document in a string, so that what is signed is exactly what is read. The proofs are
+:func:`~spark_credit_shuffle.protocol.handshake.handshake_proof` with labels of their own (never those of
+the data plane, and different per direction and per line), over both nonces and the text: the secret
+never travels, a recorded request replayed on another connection fails (the service's nonce differs), and
+a task believes no answer the service did not sign for this connection.
+
+A request names the group (the stage attempt), the task, its task attempt id and its message; a failure
+report adds the stage and the failure. The answer is the group's messages in task order, or
+``{"failed": error class, "message": text}``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
 import json
+import secrets
 import socket
+import ssl
 from typing import Any
 
-__all__ = ["MAX_LINE", "MAX_REQUEST", "UNKNOWN_EXCHANGE", "read_line", "request_line"]
+from ...errors import ProtocolError
+from ...protocol.handshake import NONCE_BYTES, handshake_proof
+from ...transport.tls import TlsIdentity, check_pinned
+
+__all__ = [
+    "ANSWER_LABEL",
+    "MAX_LINE",
+    "MAX_REQUEST",
+    "REQUEST_LABEL",
+    "SERVICE_LABEL",
+    "UNKNOWN_EXCHANGE",
+    "converse",
+    "read_line",
+    "server_name",
+]
 
 #: The longest answer line a task accepts (one address message per task is about 100 bytes).
 MAX_LINE = 1 << 20
@@ -19,26 +54,23 @@ MAX_LINE = 1 << 20
 MAX_REQUEST = 64 * 1024
 #: The answer to a request for an exchange the service does not know (never registered, or forgotten).
 UNKNOWN_EXCHANGE = "unknown exchange"
+#: What the service's first proof says.
+SERVICE_LABEL = b"spark-credit-shuffle v2 address service to task"
+#: What a task's proof of its request says.
+REQUEST_LABEL = b"spark-credit-shuffle v2 task request to address service"
+#: What the service's proof of its answer says.
+ANSWER_LABEL = b"spark-credit-shuffle v2 address service answer to task"
 
 
-def request_line(
-    exchange: str, secret: bytes, group: str, task: int, attempt: int, message: str, **extra: Any
-) -> bytes:
-    """The request of task ``task`` (task attempt id ``attempt``) of ``group``, with ``extra`` fields."""
-    request = {
-        "exchange": exchange,
-        "group": group,
-        "task": task,
-        "attempt": attempt,
-        "message": message,
-        "secret": secret.hex(),
-        **extra,
-    }
-    return (json.dumps(request) + "\n").encode()
+def server_name(exchange: str) -> str:
+    """The TLS server name a task asks the service for to reach ``exchange`` (one DNS label, whatever the
+    exchange's name)."""
+    return "x" + hashlib.sha256(exchange.encode()).hexdigest()[:40]
 
 
-def read_line(sock: socket.socket) -> str:
-    """One line (without its newline) of at most :data:`MAX_LINE` bytes; raises ValueError otherwise."""
+def read_line(sock: socket.socket, limit: int = MAX_LINE) -> str:
+    """One line (without its newline) of at most ``limit`` bytes; raises ValueError otherwise. The lines of
+    a conversation alternate, so no byte of a later line comes in the same read."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -51,5 +83,66 @@ def read_line(sock: socket.socket) -> str:
             return b"".join(chunks).decode()
         chunks.append(data)
         size += len(data)
-        if size > MAX_LINE:
-            raise ValueError(f"line longer than {MAX_LINE} bytes")
+        if size > limit:
+            raise ValueError(f"line longer than {limit} bytes")
+
+
+def _line(obj: Any) -> bytes:
+    return (json.dumps(obj) + "\n").encode()
+
+
+def converse(
+    address: tuple[str, int],
+    exchange: str,
+    secret: bytes,
+    request: dict[str, Any],
+    timeout_s: float,
+    tls: TlsIdentity | None = None,
+) -> Any:
+    """Send ``request`` for ``exchange`` to the service at ``address`` and return its answer (a JSON value),
+    or ``{"error": UNKNOWN_EXCHANGE}``.
+
+    Raises ``TimeoutError`` (a step took longer than ``timeout_s``), ``OSError`` or ``ValueError`` (the
+    service is unreachable or broke the protocol) and :class:`ProtocolError` (the service did not prove the
+    secret, or signed its answer wrongly, or presented another certificate).
+    """
+    with socket.create_connection(address, timeout=timeout_s) as raw:
+        sock: socket.socket = raw
+        if tls is not None:
+            try:
+                sock = tls.client_context().wrap_socket(raw, server_hostname=server_name(exchange))
+            except ssl.SSLError as exc:
+                if "UNRECOGNIZED_NAME" in str(exc).upper():  # the service holds no key pair for it (forgotten)
+                    return {"error": UNKNOWN_EXCHANGE}
+                raise ProtocolError(f"TLS handshake with the address service failed: {exc}") from None
+            check_pinned(sock, tls, "the address service")
+        with contextlib.ExitStack() as stack:
+            if sock is not raw:
+                stack.callback(sock.close)
+            nonce = secrets.token_bytes(NONCE_BYTES)
+            sock.sendall(_line({"exchange": exchange, "nonce": nonce.hex()}))
+            challenge = json.loads(read_line(sock))
+            if isinstance(challenge, dict) and challenge.get("error") == UNKNOWN_EXCHANGE:
+                return challenge
+            try:
+                service_nonce = bytes.fromhex(str(challenge["nonce"]))
+                proof = bytes.fromhex(str(challenge["proof"]))
+            except (KeyError, TypeError) as exc:
+                raise ValueError(f"malformed challenge ({type(exc).__name__}: {exc})") from None
+            if not hmac.compare_digest(proof, handshake_proof(secret, SERVICE_LABEL, nonce, service_nonce)):
+                raise ProtocolError("the address service did not prove the exchange's secret")
+            text = json.dumps(request)
+            signed = handshake_proof(secret, REQUEST_LABEL, service_nonce, nonce, text.encode())
+            sock.sendall(_line({"request": text, "proof": signed.hex()}))
+            reply = json.loads(read_line(sock))
+            if isinstance(reply, dict) and reply.get("error") == UNKNOWN_EXCHANGE:  # forgotten meanwhile
+                return reply
+            try:
+                answer_text = str(reply["answer"])
+                answer_proof = bytes.fromhex(str(reply["proof"]))
+            except (KeyError, TypeError) as exc:
+                raise ValueError(f"malformed answer ({type(exc).__name__}: {exc})") from None
+            expected = handshake_proof(secret, ANSWER_LABEL, nonce, service_nonce, answer_text.encode())
+            if not hmac.compare_digest(answer_proof, expected):
+                raise ProtocolError("the address service's answer is not signed with the exchange's secret")
+            return json.loads(answer_text)
