@@ -40,6 +40,11 @@ LOW = "LOW"
 HIGH = "HIGH"
 #: A consumer receiving at least this many times the mean of the consumers' records is skewed.
 SKEW_RATIO = 2.0
+#: A consumer busy at least this many times the median of the other consumers' times (and at least
+#: _STRAGGLER_MIN_MS) is a straggler: where nothing measures backpressure (blocking mode), the slow consumer
+#: shows as its own time.
+STRAGGLER_RATIO = 2.0
+_STRAGGLER_MIN_MS = 100.0
 
 
 def back_pressure_status(back_pressured_ms_per_second: float | None) -> str | None:
@@ -63,6 +68,7 @@ class SubtaskSummary:
     buffers: int
     bytes: int
     records_per_second: float | None
+    busy_ms: float | None
     busy_ms_per_second: float | None
     idle_ms_per_second: float | None
     back_pressured_ms_per_second: float | None
@@ -102,6 +108,7 @@ def summarize(rows: Iterable[MetricRow]) -> list[SubtaskSummary]:
                 buffers=int(values.get((f"numBuffers{direction}", "total"), 0.0)),
                 bytes=int(values.get((f"numBytes{direction}", "total"), 0.0)),
                 records_per_second=records / (life_ms / 1000.0) if life_ms > 0 else None,
+                busy_ms=values.get(("accumulateBusyTimeMs", "total")),
                 busy_ms_per_second=values.get(("busyTimeMsPerSecond", "mean")),
                 idle_ms_per_second=values.get(("idleTimeMsPerSecond", "mean")),
                 back_pressured_ms_per_second=back_pressured,
@@ -117,7 +124,9 @@ def summarize(rows: Iterable[MetricRow]) -> list[SubtaskSummary]:
 class Diagnosis:
     """What a run's metrics say. ``verdict``: ``"backpressure"`` (producers back-pressured; ``origin`` is the
     consumer subtask where it starts), ``"skew"`` (``origin`` receives ``skew`` times the mean of the
-    consumers' records and no producer is back-pressured), ``"ok"`` or ``"idle"`` (no record moved).
+    consumers' records and no producer is back-pressured), ``"straggler"`` (no producer back-pressured, the
+    records even, but ``origin`` busy at least twice the other consumers' median time: what a slow consumer looks like
+    in blocking mode, whose producers never wait), ``"ok"`` or ``"idle"`` (no record moved).
     ``back_pressured``: the producer subtasks at ``LOW`` or ``HIGH``. ``text``: the same for people."""
 
     verdict: str
@@ -161,6 +170,18 @@ def diagnose(summaries: Iterable[SubtaskSummary]) -> Diagnosis:
         )
         return Diagnosis("skew", heaviest.subtask, (), skew, text)
     unmeasured = all(s.back_pressure is None for s in producers)
+    busy = {s.subtask: s.busy_ms for s in consumers if s.busy_ms is not None}
+    if unmeasured and len(busy) > 1:
+        slowest = max(busy, key=lambda c: (busy[c], -c))
+        median = statistics.median(ms for c, ms in busy.items() if c != slowest)  # the others'
+
+        if busy[slowest] >= _STRAGGLER_MIN_MS and busy[slowest] >= STRAGGLER_RATIO * max(median, 1e-9):
+            text = (
+                f"straggler: consumer subtask {slowest} was busy {busy[slowest] / 1000.0:.2f} s, "
+                f"{busy[slowest] / max(median, 1e-9):.1f}x the other consumers' median {median / 1000.0:.2f} s, with "
+                f"records within {skew:.1f}x of the mean: it is slow itself and holds the exchange back"
+            )
+            return Diagnosis("straggler", slowest, (), skew, text)
     text = (
         f"ok: no producer back-pressured over 10% of its time; the consumers' records within {skew:.1f}x of their mean"
         if not unmeasured

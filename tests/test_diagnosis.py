@@ -72,6 +72,20 @@ def test_skew_is_named_as_the_cause_of_backpressure_or_alone():
     assert (d.verdict, d.origin, d.back_pressured) == ("skew", 0, ())
 
 
+def test_a_slow_consumer_where_nothing_measures_backpressure_is_a_straggler():
+    def blocking_run(busy_ms):
+        rows = [MetricRow(PRODUCER, p, 0, "numRecordsOut", "total", 500.0) for p in range(2)]
+        for c, ms in enumerate(busy_ms):
+            rows.append(MetricRow(CONSUMER, c, 0, "numRecordsIn", "total", 500.0))
+            rows.append(MetricRow(CONSUMER, c, None, "accumulateBusyTimeMs", "total", ms))
+        return summarize(rows)
+
+    d = diagnose(blocking_run([3100.0, 210.0]))
+    assert (d.verdict, d.origin) == ("straggler", 0) and "consumer subtask 0 was busy 3.10 s" in str(d)
+    assert diagnose(blocking_run([260.0, 210.0])).verdict == "ok"
+    assert diagnose(blocking_run([60.0, 5.0])).verdict == "ok"  # too short to tell
+
+
 def test_a_healthy_run_and_an_idle_one():
     d = diagnose(summarize(run_rows([500, 520], back_pressured=[20.0, 0.0], busy=[400.0, 410.0])))
     assert d.verdict == "ok" and d.origin is None
@@ -105,6 +119,20 @@ def test_a_slow_consumer_is_where_backpressure_starts(spark):
     assert isinstance(summary[(CONSUMER, 0)].records, int)
     diagnosis = ex.diagnose()
     assert (diagnosis.verdict, diagnosis.origin, diagnosis.back_pressured) == ("backpressure", 0, (0, 1))
+
+
+@pytest.mark.spark
+def test_a_slow_consumer_in_blocking_mode_is_the_straggler(spark):
+    ex = scs.exchange(
+        rows_df(spark, 20_000),
+        scs.rebalance(),
+        2,
+        mode="blocking",
+        injection=scs.Injection(consumer_delay_s=((0, 0.0001),)),
+    )
+    assert ex.df.count() == 20_000
+    diagnosis = ex.diagnose()
+    assert (diagnosis.verdict, diagnosis.origin) == ("straggler", 0), diagnosis
 
 
 @pytest.mark.spark
