@@ -233,7 +233,8 @@ def test_jobs_refuse_a_picture_without_matplotlib_before_any_job(spark, capsys, 
 @pytest.mark.spark
 def test_timeline_pictures_job_draws_the_live_and_the_after_run_timelines(spark, tmp_path, capsys):
     job = load_job("timeline_pictures")
-    assert job.main(["--rows", "8000", "--delay-us", "100", "--out", str(tmp_path)]) == 0
+    # 40,000 rows: consumer 0's share is several times what the buffers in flight hold, so its producers wait
+    assert job.main(["--rows", "40000", "--delay-us", "50", "--out", str(tmp_path)]) == 0
     headline = last_json(capsys.readouterr().out)
     for name in ("pipelined_timeline", "pipelined_local_timeline", "blocking_timeline", "live_timeline"):
         assert (tmp_path / f"{name}.png").read_bytes().startswith(PNG), name

@@ -14,7 +14,15 @@ import spark_credit_shuffle as scs
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError
 from spark_credit_shuffle.metrics import MAX_TIMELINE_POINTS, SAMPLE, MetricRow, TimelineSampler
-from spark_credit_shuffle.plot import bar_chart, line_chart, plot_metrics, plot_timeline, plot_timeout_sweep
+from spark_credit_shuffle.plot import (
+    DEFAULT_TIMELINE_METRICS,
+    METRIC_LABELS,
+    bar_chart,
+    line_chart,
+    plot_metrics,
+    plot_timeline,
+    plot_timeout_sweep,
+)
 from spark_credit_shuffle.runtime.blocking import produce_partition
 from spark_credit_shuffle.runtime.consumer import consume_partition
 from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
@@ -133,9 +141,19 @@ def test_plots_return_figures_and_write_pngs(tmp_path):
     _, rows = _run_blocking(NetworkConfig(segment_size="4kb", metrics_sample_interval_ms=1))
     timeline = [r for r in rows if r.time_ms is not None]
     fig = plot_timeline(timeline, path=tmp_path / "timeline.png")
-    assert len(fig.axes) == 8  # every default metric is present in a blocking run
-    assert fig.axes[0].get_ylabel() == "outPoolUsage"
+    # a panel per default metric that moved in the run, named in words with its unit and Flink's name; the
+    # metrics that stayed 0 are listed under the figure instead of drawn empty
+    present = {r.metric for r in timeline}
+    moving = {r.metric for r in timeline if r.value != 0}
+    drawn = [m for m in DEFAULT_TIMELINE_METRICS if m in moving]
+    if "backPressuredTimeMsPerSecond" in present and "isBackPressured" in drawn:
+        drawn.remove("isBackPressured")
+    assert [ax.get_ylabel().split("\n[")[1].split(",")[0].rstrip("]") for ax in fig.axes] == drawn
+    assert fig.axes[0].get_ylabel() == f"{METRIC_LABELS['outPoolUsage']}\n[outPoolUsage]"
+    zero = [m for m in DEFAULT_TIMELINE_METRICS if m in present and m not in moving]
+    assert zero and fig.get_supxlabel() == "always 0 in this run, not drawn: " + ", ".join(zero)
     assert len(fig.axes[0].get_lines()) == 2  # one line per producer subtask
+    assert all(ax.get_legend() is not None for ax in fig.axes)
     assert (tmp_path / "timeline.png").read_bytes().startswith(PNG)
 
     fig = plot_timeline(timeline, ["credit"], side="consumer", per_channel=True)
