@@ -180,6 +180,7 @@ class RecordWriter:
         self._released_log: collections.deque[tuple[int, int]] = collections.deque()  # appended by recyclers
         if schema is not None:
             self._set_schema(schema)
+        _warm_up_take()
 
     # -- counters (Flink's numRecordsOut, numBytesOut, numBuffersOut, per subpartition) ------------
 
@@ -955,6 +956,19 @@ class _PendingWrite:
         self.runs = runs
         self.index = 0
         self.resume_row: int | None = None
+
+
+_take_warm = False
+
+
+def _warm_up_take() -> None:
+    """Call ``RecordBatch.take`` once per process, when the first writer is made: pyarrow's first take
+    imports pandas, which took 1-3 s inside a Spark task's first ``emit`` on a loaded 2-core machine; there
+    it held the producer's writer (and so its checkpoint timer) the whole time."""
+    global _take_warm
+    if not _take_warm:
+        _take_warm = True
+        pa.record_batch([pa.array([0])], names=["x"]).take(pa.array([0]))
 
 
 def _empty_row_batch(schema: pa.Schema) -> pa.RecordBatch:

@@ -290,6 +290,22 @@ class PipelinedResultPartition(ResultPartition):
         self.num_events_out += 1
         self.subpartitions[subpartition].add(buffer)
 
+    def add_priority_event_after_finish(self, subpartition: int, buffer: Buffer) -> bool:
+        """Put a priority event (an unaligned checkpoint barrier) into a finished partition's ``subpartition``
+        while its reader reads it: ahead of what the reader has not polled yet, END_OF_PARTITION included, or
+        behind what it sent, where the consumer's channel puts it ahead of what it has not consumed (a
+        consumer that already consumed END_OF_PARTITION drops it); False (nothing added) once the reader
+        released the subpartition or the partition was released. As a finished Flink task whose output is
+        not fully consumed still takes part in checkpoints (FLIP-147), a finished producer keeps injecting
+        barriers, so that a slow consumer's checkpoints complete before it reaches the end."""
+        if self.is_released or not self.is_finished:
+            return False
+        sub = self.subpartitions[subpartition]
+        if not sub.has_reader or sub.add(buffer) < 0:
+            return False
+        self.num_events_out += 1
+        return True
+
     def set_channel_state_writer(self, writer: OutputChannelStateWriter | None) -> None:
         """Where every subpartition's output channel state goes (see :class:`PipelinedSubpartition`)."""
         for subpartition in self.subpartitions:

@@ -143,12 +143,14 @@ def produce_partition(
             yield _storage_batch(out, data)
             out = []
             data = bytearray()  # the batch handed to Spark keeps the old one
+    barriers_out: list[MetricRow] = []
     if config.checkpoint_interval_ms > 0:  # blocking mode: one barrier at the end of each producer
         engine.writer.broadcast_event(CheckpointBarrier(1, time.time_ns() // 1_000_000, config.checkpoint_options))
+        barriers_out.append(MetricRow(PRODUCER, producer, None, "numCheckpointBarriersOut", "total", 1.0))
     engine.finish()
     engine.sample_output()
     sample(time.monotonic())
-    metric_rows = [*engine.metric_rows(time.monotonic()), *timeline.timeline_rows()]
+    metric_rows = [*engine.metric_rows(time.monotonic()), *barriers_out, *timeline.timeline_rows()]
     rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in metric_rows]
     metrics = json.dumps(rows).encode()
     data.extend(metrics)

@@ -335,10 +335,20 @@ class PipelinedTask(TaskWiring):
         try:
             while True:
                 producing = producer is not None and not producer.is_finished
+                # a finished producer whose output a consumer still reads injects unaligned barriers on
+                finishing = (
+                    not producing
+                    and producer is not None
+                    and trigger.enabled
+                    and trigger.options.is_unaligned
+                    and producer.takes_part_in_checkpoints_after_finish()
+                )
                 due = min(next_sample, next_timeline)
                 if producing:
                     assert producer is not None
                     due = min(due, producer.next_timer(), next_checkpoint, trigger.timeout_at)
+                elif finishing:
+                    due = min(due, next_checkpoint)
                 if due == inf:
                     due = now + 1.0
                 if self._stop.wait(max(0.0, due - time.monotonic())):
@@ -349,6 +359,11 @@ class PipelinedTask(TaskWiring):
                     next_sample = max(next_sample + sample_every, now)
                 if now >= next_timeline:
                     next_timeline = max(next_timeline + self._sample_timeline(now), now)
+                if finishing and producer is not None and now >= next_checkpoint:
+                    with self._sending(), self.lock:
+                        if trigger.is_due():
+                            producer.inject_after_finish(trigger.next_barrier())
+                        next_checkpoint = now + trigger.seconds_until_next()
                 if not producing or producer is None:
                     continue
                 with self._sending(), self.writer_lock:

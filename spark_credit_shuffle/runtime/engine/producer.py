@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ...buffers.format import KeepAlive, LatencyMarker, encode_event
+from ...buffers.format import CheckpointBarrier, KeepAlive, LatencyMarker, encode_event
 from ...buffers.writer import RecordWriter
 from ...errors import ExchangeTimeoutError
 from ...metrics import PRODUCER, MetricRow, RateMeter, TaskMetrics, TimelineSampler
@@ -118,6 +118,27 @@ class ProducerEngine:
 
     def is_available(self) -> bool:
         return bool(self.partition.is_available())
+
+    def inject_after_finish(self, barrier: CheckpointBarrier) -> int:
+        """Put the unaligned ``barrier`` into every subpartition of the finished partition that its consumer
+        has not read to the end; returns how many took it (see
+        ``PipelinedResultPartition.add_priority_event_after_finish``)."""
+        partition = self.partition
+        return sum(
+            bool(partition.add_priority_event_after_finish(sp, encode_event(barrier)))
+            for sp in range(partition.num_subpartitions)
+        )
+
+    def takes_part_in_checkpoints_after_finish(self) -> bool:
+        """Finished, with a pipelined partition whose consumers have not all read it to the end: unaligned
+        barriers still overtake what they have left."""
+        partition = self.partition
+        return (
+            self.is_finished
+            and not self.settings.blocking
+            and not partition.is_released
+            and any(sub.has_reader for sub in partition.subpartitions)
+        )
 
     # -- backpressure --
 
