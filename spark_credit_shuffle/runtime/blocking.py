@@ -35,7 +35,7 @@ from ..protocol.partition import partition_buffer_pool
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.sizing import PartitionType
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
-from .consumer import consume_partition
+from .consumer import consume_partition, timed_batches
 from .engine import ProducerEngine, Settings
 from .session import bound_arrow_batches
 
@@ -132,7 +132,7 @@ def produce_partition(
         timeline.record(lambda: engine.gauges(now, {}), now, time.time() * 1000.0)
 
     sample(time.monotonic())
-    for batch in batches:
+    for batch in timed_batches(batches, engine.time):  # the wait for the next input batch is idle time
         if batch.num_rows:
             engine.write(batch)
             engine.sample_output()
@@ -150,6 +150,7 @@ def produce_partition(
     engine.finish()
     engine.sample_output()
     sample(time.monotonic())
+    engine.time.stop(time.monotonic())
     metric_rows = [*engine.metric_rows(time.monotonic()), *barriers_out, *timeline.timeline_rows()]
     rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in metric_rows]
     metrics = json.dumps(rows).encode()

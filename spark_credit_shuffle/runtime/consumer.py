@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +26,7 @@ from ..protocol.pools import NetworkBufferPool
 from ..transport.memory import StoredBuffersExchange
 from .checkpoints import ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport
-from .engine import ConsumerEngine, GateGauges, Settings, combine
+from .engine import ConsumerEngine, GateGauges, Settings, TimeAccount, combine
 
 if TYPE_CHECKING:
     from .plan import ExchangePlan
@@ -66,7 +66,6 @@ def consume_partition(
     producer_metrics: list[MetricRow] = []
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
-    started = time.perf_counter()
     checkpoints = ConsumerCheckpoints(consumer, producers) if config.checkpoint_interval_ms > 0 else None
     engine = ConsumerEngine(
         consumer,
@@ -121,7 +120,7 @@ def consume_partition(
     add = replay.add
     data_types = {int(t): t for t in DataType}
     try:
-        for batch in batches:
+        for batch in timed_batches(batches, engine.time):  # the wait for the next stored batch is idle time
             if not batch.num_rows:
                 continue
             for producer, data_type, payload in stored_buffers(batch):
@@ -147,9 +146,22 @@ def consume_partition(
     finally:
         replay.close()
 
-    engine.metrics.set("accumulateBusyTimeMs", (time.perf_counter() - started) * 1000.0)
+    engine.time.stop(time.monotonic())
     rows = engine.metric_rows(time.monotonic())
     yield from report.last(plan.schema, [*producer_metrics, *rows, *timeline.timeline_rows()])
+
+
+def timed_batches(batches: Iterable[pa.RecordBatch], clock: TimeAccount) -> Iterator[pa.RecordBatch]:
+    """``batches``, with the time spent waiting for each one counted as ``clock``'s idle time."""
+    iterator = iter(batches)
+    while True:
+        waited = clock.idle_since = time.monotonic()
+        batch = next(iterator, None)
+        clock.idle_since = None
+        clock.add_idle(time.monotonic() - waited)
+        if batch is None:
+            return
+        yield batch
 
 
 def stored_buffers(batch: pa.RecordBatch) -> Iterator[tuple[int, int, pa.Buffer]]:

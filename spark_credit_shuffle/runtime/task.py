@@ -239,8 +239,9 @@ class PipelinedTask(TaskWiring):
                 self._record_producer_sample(time.monotonic())
             iterator = iter(batches)
             while not self._stop.is_set():
-                waited = time.monotonic()
+                waited = clock.idle_since = time.monotonic()
                 batch = next(iterator, None)
+                clock.idle_since = None
                 clock.idle += time.monotonic() - waited
                 if batch is None:
                     break
@@ -255,7 +256,7 @@ class PipelinedTask(TaskWiring):
                 while not done:
                     with self.lock:
                         producer.sample_output()
-                    self._await_buffer(producer)
+                    self._await_buffer(producer, hard=True)  # in the middle of an input: hard back-pressure
                     with sending(), self.writer_lock:
                         done = producer.resume()
                 with self.lock:
@@ -274,13 +275,14 @@ class PipelinedTask(TaskWiring):
         except BaseException as exc:
             self._fail(exc)
 
-    def _await_buffer(self, producer: ProducerEngine) -> None:
+    def _await_buffer(self, producer: ProducerEngine, *, hard: bool = False) -> None:
         """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``), as long as
-        the engine allows. Every recycled segment wakes this wait (``_on_recycle``)."""
+        the engine allows; before the next input (soft) or, ``hard``, in the middle of one. Every recycled
+        segment wakes this wait (``_on_recycle``)."""
         if producer.is_available():
             return
         with self.producer_cond:
-            producer.begin_wait(time.monotonic())
+            producer.begin_wait(time.monotonic(), hard=hard)
             try:
                 while not producer.is_available():
                     self._raise_if_failed()
@@ -458,7 +460,7 @@ class PipelinedTask(TaskWiring):
                         raise self._channel_error(exc) from exc
                     if isinstance(step, Wait):
                         if waited_since is None:
-                            waited_since = now
+                            waited_since = consumer.time.idle_since = now
                             before_wait()
                             continue  # writing took time: look again before waiting
                         self.consumer_cond.wait(max(0.0005, step.until - now))
@@ -468,6 +470,7 @@ class PipelinedTask(TaskWiring):
                     return step
             finally:
                 if waited_since is not None:
+                    consumer.time.idle_since = None
                     consumer.time.idle += time.monotonic() - waited_since
 
     def _connection_detail(self, producer: int, now: float) -> str:

@@ -137,7 +137,7 @@ class SimulatedConsumer:
                 polled = step
                 if self._idle_since is not None:
                     engine.time.idle += now - self._idle_since
-                    self._idle_since = None
+                    self._idle_since = engine.time.idle_since = None
             channel, buffer = polled.channel_index, polled.buffer
             if self.aligns_by_spilling and self.checkpoints.is_blocked(channel):
                 self._spill(polled)
@@ -171,7 +171,7 @@ class SimulatedConsumer:
     def _idle(self, now: float, until: float) -> None:
         """Nothing to read: idle time runs, and the engine's silence rule is checked again at ``until``."""
         if self._idle_since is None:
-            self._idle_since = now
+            self._idle_since = self.engine.time.idle_since = now
         if until < self._wake_at:
             self.sim.clock.cancel(self._wake)
             self._wake, self._wake_at = self.sim.clock.schedule(until, self._on_wake), until
@@ -221,7 +221,7 @@ class SimulatedConsumer:
         """The engine's metric rows at the ``end`` of the run (idle time still going on ends there)."""
         if self._idle_since is not None:
             self.engine.time.idle += end - self._idle_since
-            self._idle_since = None
+            self._idle_since = self.engine.time.idle_since = None
         self.engine.time.stop(end)
         return self.engine.metric_rows(end)
 

@@ -216,6 +216,8 @@ class ConsumerEngine:
         for name, value in zip(GateGauges.NAMES, self.gate_gauges.values()):
             yield name, None, value
         yield "numRecordsInPerSecond", None, self._records_in.rate(sum(r.num_records_in for r in self.readers), now)
+        for name, value in self.time.window_gauges(now):
+            yield name, None, value
         yield from channel_gauges(self.gate, self.producers, sender_credit)
 
     def metric_rows(self, now: float) -> list[MetricRow]:
@@ -225,8 +227,17 @@ class ConsumerEngine:
             metrics.count("numRecordsIn", reader.num_records_in, producer)
             metrics.count("numBytesIn", reader.num_bytes_in, producer)
             metrics.count("numBuffersIn", reader.num_buffers_in, producer)
+        gate = self.gate
+        metrics.count("numBytesInLocal", gate.num_bytes_in_local)
+        metrics.count("numBytesInRemote", gate.num_bytes_in_remote)
+        metrics.count("numBuffersInLocal", gate.num_buffers_in_local)
+        metrics.count("numBuffersInRemote", gate.num_buffers_in_remote)
         if self.settings.blocking:
-            return [*metrics.rows(), *(self.checkpoints.metric_rows() if self.checkpoints is not None else ())]
+            return [
+                *metrics.rows(),
+                *self.time.rows(CONSUMER, self.subtask, now),
+                *(self.checkpoints.metric_rows() if self.checkpoints is not None else ()),
+            ]
         metrics.count("numLatencyMarkersIn", len(self.latencies_ms))
         rows = list(metrics.rows())
         if self.latencies_ms:
