@@ -176,6 +176,10 @@ class RecordWriter:
         self._choose_channel: Callable[[np.ndarray], int] | None = (
             getattr(selector, "choose_channel", None) if self._load_based else None
         )
+        #: The buffer size each subpartition's consumer asked for (``NewBufferSize``, debloating), as the
+        #: partition's ``add`` returns it; the segment size while debloating is off.
+        self._desired = [segment_size] * n
+        self._min_capacity = segment_size
         self._released_bytes = [0] * n
         self._released_log: collections.deque[tuple[int, int]] = collections.deque()  # appended by recyclers
         if schema is not None:
@@ -536,6 +540,7 @@ class RecordWriter:
                 f"more than {fixed} bytes for this schema (the header and Arrow metadata of one buffer of it)",
             )
         self._model = model
+        self._min_capacity = min(self.segment_size, 2 * fixed)  # a debloated buffer still holds some rows
         self._schema = schema
         self._compact_before_take = any(takes_wrong_rows(field.type) for field in schema)
         self._schema_payload = encode_event(SchemaEvent(schema)).data
@@ -610,6 +615,9 @@ class RecordWriter:
                 lo = end
                 self._resume_row = lo
             # row lo does not fit in this builder
+            if builder.capacity < self.segment_size and not builder._written and not builder._pending:
+                builder.capacity = self.segment_size  # a debloated buffer grows for a record it cannot hold
+                continue
             if item(lo + 1) - item(lo) > max_row_bits:
                 if self.resumable and not self.partition.is_available():
                     raise _NoBuffer  # a new record, though it starts in the open buffer: only while available
@@ -633,6 +641,9 @@ class RecordWriter:
         """
         builder = self._unicast[sp]
         item = cum.item
+        if self._desired[sp] < self.segment_size:  # debloated: buffers are cut smaller, by the general path
+            self._write_rows(sp, batch, lo, hi, cum, overhead)
+            return
         if builder is not None:
             if builder._overflow:
                 self._write_rows(sp, batch, lo, hi, cum, overhead)
@@ -719,7 +730,9 @@ class RecordWriter:
         if size <= self.segment_size:  # the model was pessimistic: it fits a segment of its own
             if builder is not None:
                 self._finish(target)
-            self._open(target, gate=gate).append_chunk(b"".join((pack_chunk_header(1, message.size), message)))
+            builder = self._open(target, gate=gate)
+            self._fit(builder, size)
+            builder.append_chunk(b"".join((pack_chunk_header(1, message.size), message)))
             return
         # Fragments: the first fills what the open builder has left (if worth a header), the rest
         # take one segment each; piece lengths stay multiples of 8 so messages remain aligned.
@@ -747,6 +760,7 @@ class RecordWriter:
         target, view, total = span.target, span.view, len(span.view)
         while span.index < span.count:
             builder = self._open(target, add=False)
+            builder.capacity = self.segment_size  # a fragment takes a whole segment
             length = min(span.piece, total - span.offset)
             offset = span.offset
             chunk = b"".join((pack_chunk_header(1, length, span.index, span.count), view[offset : offset + length]))
@@ -794,6 +808,7 @@ class RecordWriter:
                     if builder is not None:
                         self._finish(target)
                     builder = self._open(target)
+                    self._fit(builder, size)
                 builder.append_chunk(b"".join((pack_chunk_header(rows.num_rows, message.size), message)))
                 todo.popleft()
         finally:
@@ -826,7 +841,7 @@ class RecordWriter:
             self._builder_opened(channel)
         if self._load_based and target >= 0:
             recycler = self._counting_recycler(target, recycler)
-        builder = BufferBuilder(self.segment_size, self._size_model, recycler)
+        builder = BufferBuilder(self._capacity(target), self._size_model, recycler)
         if isinstance(recycler, _CountingRecycler):
             recycler.builder = builder
         if target >= 0:
@@ -836,6 +851,19 @@ class RecordWriter:
         if add:
             self._add_consumers(target, builder, 0)
         return builder
+
+    def _capacity(self, target: int) -> int:
+        """The bytes a new buffer of ``target`` holds: the size its consumer asked for (debloating; the
+        smallest over every subpartition for the shared broadcast buffer), at least a few rows' worth,
+        at most a segment."""
+        desired = self._desired[target] if target >= 0 else min(self._desired)
+        return min(self.segment_size, max(desired, self._min_capacity))
+
+    def _fit(self, builder: BufferBuilder, size: int) -> None:
+        """An empty debloated ``builder`` grows to the segment for a record of ``size`` bytes it cannot hold
+        (Flink trims a new buffer to the larger of the record and the desired size)."""
+        if size > builder.free_bytes and not builder._written and not builder._pending:
+            builder.capacity = self.segment_size
 
     def _counting_recycler(self, target: int, recycler: Callable[[], None]) -> _CountingRecycler:
         """``recycler``, which also logs the builder's bytes as consumed from ``target``."""
@@ -847,7 +875,9 @@ class RecordWriter:
             if not self._schema_sent[sp]:
                 self._schema_sent[sp] = True
                 self.partition.add_event(sp, Buffer(DataType.EVENT_BUFFER, self._schema_payload))
-            self.partition.add_consumer(sp, builder.create_buffer_consumer(), partial_record_length)
+            desired = self.partition.add_consumer(sp, builder.create_buffer_consumer(), partial_record_length)
+            if type(desired) is int and desired > 0:
+                self._desired[sp] = desired
 
     def _finish(self, target: int) -> None:
         """Finish the open builder of ``target`` and count it.

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import pyarrow as pa
 
+from ..buffers.compression import STORED_COMPRESSED_FLAG, BufferCompressor
 from ..buffers.format import CheckpointBarrier
 from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow
@@ -114,12 +115,26 @@ def produce_partition(
     data = bytearray()  # the payloads of ``out``, one after the other
     seqs = [0] * n
 
+    compressor = (
+        BufferCompressor(config.compression_codec)
+        if config.blocking_shuffle_compression and config.compression_codec != "none"
+        else None
+    )
+    stored_bytes = [0] * n
+
     def store(subpartition: int, buffer: StoredBuffer) -> None:
         seq = seqs[subpartition]
         seqs[subpartition] = seq + 1
         before = len(data)
-        data.extend(cast("bytes | memoryview", buffer.payload))  # the segment's bytes, copied once
-        out.append((consumers[subpartition], producer, seq, int(buffer.data_type), len(data) - before))
+        data_type = int(buffer.data_type)
+        payload = cast("bytes | memoryview", buffer.payload)
+        compressed = compressor.compress(payload) if compressor is not None and buffer.data_type.is_buffer else None
+        if compressed is not None:  # a data buffer, smaller compressed (Flink's BufferCompressor)
+            payload = compressed
+            data_type |= STORED_COMPRESSED_FLAG
+        data.extend(payload)  # the segment's bytes, copied once
+        stored_bytes[subpartition] += len(data) - before
+        out.append((consumers[subpartition], producer, seq, data_type, len(data) - before))
 
     partition = BlockingResultPartition(n, pool, partition_id=producer, sink=store)
     settings = Settings.of(config, blocking=True)
@@ -151,7 +166,10 @@ def produce_partition(
     engine.sample_output()
     sample(time.monotonic())
     engine.time.stop(time.monotonic())
-    metric_rows = [*engine.metric_rows(time.monotonic()), *barriers_out, *timeline.timeline_rows()]
+    stored = [
+        MetricRow(PRODUCER, producer, c, "numBytesStored", "total", float(b)) for c, b in zip(consumers, stored_bytes)
+    ]
+    metric_rows = [*engine.metric_rows(time.monotonic()), *barriers_out, *stored, *timeline.timeline_rows()]
     rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in metric_rows]
     metrics = json.dumps(rows).encode()
     data.extend(metrics)

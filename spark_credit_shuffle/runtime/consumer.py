@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..buffers import DataType
+from ..buffers.compression import STORED_COMPRESSED_FLAG, BufferDecompressor
 from ..buffers.reader import RecordReader
 from ..errors import ProtocolError
 from ..metrics import CONSUMER, MetricRow
@@ -118,6 +119,9 @@ def consume_partition(
                 return
 
     add = replay.add
+    decompressor = BufferDecompressor(
+        plan.config.compression_codec if plan.config.compression_codec != "none" else "lz4", plan.config.segment_size
+    )
     data_types = {int(t): t for t in DataType}
     try:
         for batch in timed_batches(batches, engine.time):  # the wait for the next stored batch is idle time
@@ -127,6 +131,9 @@ def consume_partition(
                 if data_type == _METRICS_TYPE:
                     producer_metrics.extend(MetricRow(*row) for row in json.loads(payload.to_pybytes()))
                     continue
+                if data_type & STORED_COMPRESSED_FLAG:  # compressed by its producer: decompressed here
+                    payload = decompressor.decompress(payload)
+                    data_type &= ~STORED_COMPRESSED_FLAG
                 channel = channel_of.get(producer)
                 kind = data_types.get(data_type)
                 if channel is None or kind is None:

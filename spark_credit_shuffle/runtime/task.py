@@ -327,7 +327,7 @@ class PipelinedTask(TaskWiring):
     # -- timer thread: the engine's schedule, checkpoint barriers, memory samples --
 
     def _timer(self) -> None:
-        settings, producer, trigger = self.settings, self.producer, self.checkpoint_trigger
+        settings, producer, trigger, consumer = self.settings, self.producer, self.checkpoint_trigger, self.consumer
         inf = float("inf")
         now = time.monotonic()
         next_checkpoint = now + trigger.seconds_until_next() if trigger.enabled else inf
@@ -346,6 +346,9 @@ class PipelinedTask(TaskWiring):
                     and producer.takes_part_in_checkpoints_after_finish()
                 )
                 due = min(next_sample, next_timeline)
+                debloat = consumer.debloat if consumer is not None and not self._consumer_done else None
+                if debloat is not None:
+                    due = min(due, debloat.next_at)
                 if producing:
                     assert producer is not None
                     due = min(due, producer.next_timer(), next_checkpoint, trigger.timeout_at)
@@ -361,6 +364,9 @@ class PipelinedTask(TaskWiring):
                     next_sample = max(next_sample + sample_every, now)
                 if now >= next_timeline:
                     next_timeline = max(next_timeline + self._sample_timeline(now), now)
+                if debloat is not None and now >= debloat.next_at and self.gate is not None:
+                    with self._sending(), self.lock:  # the size goes to every producer (NewBufferSize)
+                        debloat.on_timer(now)
                 if finishing and producer is not None and now >= next_checkpoint:
                     with self._sending(), self.lock:
                         if trigger.is_due():

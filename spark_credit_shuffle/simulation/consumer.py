@@ -93,8 +93,19 @@ class SimulatedConsumer:
         gate.listener = self._on_data
 
     def start(self, now: float) -> None:
-        """The channels were requested: the engine's silence rule and time accounts start now."""
+        """The channels were requested: the engine's silence rule and time accounts start now (and its buffer
+        debloating's period, if on)."""
         self.engine.start(now, round(now * 1e9))
+        if self.engine.debloat is not None:
+            self.sim.clock.schedule(self.engine.debloat.next_at, self._debloat)
+
+    def _debloat(self, now: float) -> None:
+        """The buffer debloating timer (Flink's ``StreamTask.scheduleBufferDebloater``), every period."""
+        debloat = self.engine.debloat
+        if debloat is None or self.finished or self.engine.gate.is_closed:
+            return
+        debloat.on_timer(now)
+        self.sim.clock.schedule(debloat.next_at, self._debloat)
 
     @property
     def checkpoint_done(self) -> int:

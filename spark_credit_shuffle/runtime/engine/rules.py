@@ -73,6 +73,8 @@ class Settings:
     partition_request_timeout_ms: int
     buffers_request_timeout_ms: int
     blocking: bool = False
+    #: Buffer debloating (pipelined consumers): (period s, target ms, samples, threshold %), None when off.
+    debloat: tuple[float, int, int, int] | None = None
 
     @classmethod
     def of(
@@ -112,6 +114,16 @@ class Settings:
             partition_request_timeout_ms=config.partition_request_timeout_ms,
             buffers_request_timeout_ms=config.buffers_request_timeout_ms,
             blocking=blocking,
+            debloat=(
+                (
+                    config.buffer_debloat_period_ms / 1000.0,
+                    config.buffer_debloat_target_ms,
+                    config.buffer_debloat_samples,
+                    config.buffer_debloat_threshold_percentages,
+                )
+                if config.buffer_debloat_enabled and not blocking
+                else None
+            ),
         )
 
 
