@@ -144,6 +144,11 @@ class RecordWriter:
             raise ConfigError("flush_always_rows", flush_always_rows, "an integer >= 1")
         self.flush_always_rows = flush_always_rows
         self.resumable = bool(resumable)
+        #: Asked between two runs of rows of a batch (a subpartition's rows, or a chunk of a load-based
+        #: selector's): True stops the write there (``emit`` returns False) so that the caller can do what is
+        #: due between two records, such as injecting a checkpoint barrier (Flink's mailbox takes a checkpoint
+        #: trigger between two records), and then calls :meth:`resume`.
+        self.interrupt: Callable[[], bool] | None = None
         #: The partition's hooks for the buffer a writer holds open (a pipelined partition's per-channel limit).
         self._builder_opened = getattr(partition, "builder_opened", None)
         self._builder_finished = getattr(partition, "builder_finished", None)
@@ -359,6 +364,9 @@ class RecordWriter:
                 self._records_out += hi - first
             pending.index += 1
             pending.resume_row = None
+            interrupt = self.interrupt
+            if interrupt is not None and pending.index < len(runs) and interrupt():
+                return False  # between two runs of rows: the caller does what is due, then resume()
         self._pending = None
         if flush_always:
             self.flush_all()

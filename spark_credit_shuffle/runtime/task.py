@@ -231,6 +231,10 @@ class PipelinedTask(TaskWiring):
         schema = self.plan.schema
         sending = self.transport.sending
         thread_cpu = time.thread_time()
+        trigger = self.checkpoint_trigger
+        barrier_due = trigger.is_due if trigger.enabled else (lambda: False)
+        if trigger.enabled:  # the writer stops between two runs of rows when a checkpoint is due
+            producer.writer.interrupt = trigger.is_due
         try:
             injection = self.plan.injection
             if injection is not None:
@@ -253,12 +257,18 @@ class PipelinedTask(TaskWiring):
                 self._await_buffer(producer)
                 with sending(), self.writer_lock:
                     done = producer.write(batch)
+                    while not done and barrier_due():  # stopped between two runs: the barrier goes in now
+                        self._inject_due_checkpoint(producer)
+                        done = producer.resume()
                 while not done:
                     with self.lock:
                         producer.sample_output()
                     self._await_buffer(producer, hard=True)  # in the middle of an input: hard back-pressure
                     with sending(), self.writer_lock:
                         done = producer.resume()
+                        while not done and barrier_due():
+                            self._inject_due_checkpoint(producer)
+                            done = producer.resume()
                 with self.lock:
                     producer.sample_output()
             with sending(), self.writer_lock:
@@ -274,6 +284,14 @@ class PipelinedTask(TaskWiring):
                 self.cond.notify_all()
         except BaseException as exc:
             self._fail(exc)
+
+    def _inject_due_checkpoint(self, producer: ProducerEngine) -> None:
+        """The producer thread, holding the writer between two runs of rows of a batch, injects the checkpoint
+        barrier that is due (so a long write does not hold it back until the timer thread gets the writer)."""
+        trigger = self.checkpoint_trigger
+        with self.lock:
+            if trigger.is_due():
+                producer.writer.broadcast_event(trigger.next_barrier())
 
     def _await_buffer(self, producer: ProducerEngine, *, hard: bool = False) -> None:
         """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``), as long as
