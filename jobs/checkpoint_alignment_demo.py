@@ -52,14 +52,22 @@ def slow_consumer_report(
     slow_rate: float,
     duration: float,
     socket_buffer_bytes: int = SIM_SOCKET_BUFFER,
+    debloat_ms: int | None = None,
 ) -> Any:
-    """The documented configuration, simulated: 4 producers on 4 hosts, all-to-all to 4 consumers on 2 hosts,
+    """The documented configuration, simulated (``debloat_ms``: buffer debloating to that target, else off):
+    4 producers on 4 hosts, all-to-all to 4 consumers on 2 hosts,
     consumer 0 at ``slow_rate`` bytes/s and the others 16x faster, over :data:`SIM_BANDWIDTH` and
     :data:`SIM_LATENCY`; its SimulationReport."""
     from spark_credit_shuffle import NetworkConfig
     from spark_credit_shuffle.simulation import simulate
 
-    config = NetworkConfig(credit_based=credit, checkpoint_interval_ms=interval_ms, unaligned_checkpoints=unaligned)
+    config = NetworkConfig(
+        credit_based=credit,
+        checkpoint_interval_ms=interval_ms,
+        unaligned_checkpoints=unaligned,
+        buffer_debloat_enabled=debloat_ms is not None,
+        buffer_debloat_target_ms=debloat_ms or 1000,
+    )
     return simulate(
         config,
         num_producers=4,
@@ -101,6 +109,26 @@ def simulate_case(
 def simulated(interval_ms: int, slow_rate: float, duration: float) -> dict[tuple[bool, bool], dict[str, Any]]:
     """:func:`simulate_case` for credits / no credits x aligned / unaligned."""
     return {case: simulate_case(*case, interval_ms, slow_rate, duration) for case in SIM_CASES}
+
+
+#: Buffer debloating targets the demo compares with debloating off (None), credits and aligned barriers.
+DEBLOAT_TARGETS = (None, 1000, 100)
+
+
+def debloat_cases(interval_ms: int, slow_rate: float, duration: float) -> dict[int | None, dict[str, float]]:
+    """Aligned checkpoints with credits, debloating off and to each target: the slow consumer's start delay
+    (mean and median of the checkpoints of the run's second half, once the size settled) and the fast
+    consumers' mean throughput."""
+    out: dict[int | None, dict[str, float]] = {}
+    for target in DEBLOAT_TARGETS:
+        report = slow_consumer_report(True, False, interval_ms, slow_rate, duration, debloat_ms=target)
+        late = [c.start_delay_ns / 1e6 for c in report.consumers[0].checkpoints if c.end_ns > duration / 2 * 1e9]
+        out[target] = {
+            "start_delay_mean_ms": _mean(late),
+            "start_delay_median_ms": statistics.median(late) if late else 0.0,
+            "fast_throughput": _mean([report.consumer_throughput(c) for c in range(1, len(report.consumers))]),
+        }
+    return out
 
 
 def socket_sweep(interval_ms: int, slow_rate: float, duration: float) -> dict[int, dict[bool, dict[str, Any]]]:
@@ -166,6 +194,18 @@ def main(argv: list[str] | None = None) -> int:
         with_credits, without = values[True]["slow_ms"], values[False]["slow_ms"]
         ratio = f"{without / with_credits:>7.1f}" if with_credits else f"{'-':>7}"
         print(f"{f'{size >> 10} KiB':<15} {with_credits:>9.2f} {without:>11.2f} {ratio}")
+
+    debloat = debloat_cases(args.interval_ms, args.sim_slow_rate, args.sim_duration)
+    print()
+    print("simulation, credits, aligned: buffer debloating against the slow consumer's start delay (second half)")
+    print(f"{'debloating':<15} {'start delay mean':>17} {'median':>8} {'fast consumers':>15}")
+    base = debloat[None]["fast_throughput"] or 1.0
+    for target, values in debloat.items():
+        label = "off" if target is None else f"target {target} ms"
+        print(
+            f"{label:<15} {values['start_delay_mean_ms']:>15.1f}ms {values['start_delay_median_ms']:>6.1f}ms "
+            f"{values['fast_throughput'] / base:>14.3f}x"
+        )
 
     spark_results: dict[str, list[dict[int, list[float]]]] = {"aligned": [], "unaligned": []}
     if not args.skip_spark:
@@ -248,6 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         "sim_socket_sweep_slow_aligned_ms": {
             size: [round(values[True]["slow_ms"], 3), round(values[False]["slow_ms"], 3)]
             for size, values in sweep.items()
+        },
+        "sim_debloat_slow_start_delay_ms": {
+            str(target): round(values["start_delay_median_ms"], 1) for target, values in debloat.items()
+        },
+        "sim_debloat_fast_throughput_ratio": {
+            str(target): round(values["fast_throughput"] / base, 3) for target, values in debloat.items()
         },
     }
     if not args.skip_spark:

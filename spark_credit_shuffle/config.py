@@ -201,6 +201,11 @@ def _parse_ssl(value: Any, setting: str) -> str:
     raise ConfigError(setting, value, _SSL_ALLOWED)
 
 
+#: The codecs of the blocking shuffle's per-buffer compression.
+COMPRESSION_CODECS = ("lz4", "zstd", "none")
+_parse_codec = _choice(COMPRESSION_CODECS, "'lz4' (Flink's default), 'zstd' or 'none' (no compression)")
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -351,6 +356,38 @@ class NetworkConfig:
         512, "taskmanager.network.sort-shuffle.min-buffers", _parse_int,
         "buffers a sort-merge blocking partition reserves (see sort_shuffle_min_parallelism)",
     )  # fmt: skip
+    buffer_debloat_enabled: bool = _setting(
+        False, "taskmanager.network.memory.buffer-debloat.enabled", _parse_bool,
+        "pipelined mode: each consumer measures its throughput and announces the buffer size that holds "
+        "buffer_debloat_target_ms of in-flight data (NewBufferSize); its producers cut new buffers at that size",
+    )  # fmt: skip
+    buffer_debloat_target_ms: int = _setting(
+        1000, "taskmanager.network.memory.buffer-debloat.target", parse_duration_ms,
+        "the time the in-flight data of a consumer should take to consume",
+    )  # fmt: skip
+    buffer_debloat_period_ms: int = _setting(
+        200, "taskmanager.network.memory.buffer-debloat.period", parse_duration_ms,
+        "how often a consumer recalculates its buffer size",
+    )  # fmt: skip
+    buffer_debloat_samples: int = _setting(
+        20, "taskmanager.network.memory.buffer-debloat.samples", _parse_int,
+        "the samples the buffer size's moving average spans (alpha = 2 / (samples + 1))",
+    )  # fmt: skip
+    buffer_debloat_threshold_percentages: int = _setting(
+        25, "taskmanager.network.memory.buffer-debloat.threshold-percentages", _parse_int,
+        "a new buffer size is announced only when it differs from the last by at least this many percent",
+    )  # fmt: skip
+    blocking_shuffle_compression: bool = _setting(
+        True, "taskmanager.network.blocking-shuffle.compression.enabled", _parse_bool,
+        "blocking mode: each data buffer is compressed on its own (with compression_codec) before Spark's shuffle "
+        "stores it, and decompressed by its consumer (Flink's default, on; measured here to store less and run "
+        "faster although Spark's shuffle compresses what it stores too, see the README)",
+    )  # fmt: skip
+    compression_codec: str = _setting(
+        "lz4", "taskmanager.network.compression.codec", _parse_codec,
+        "the codec of blocking_shuffle_compression: 'lz4' (Flink's default) or 'zstd' (Arrow's codecs, as in its "
+        "IPC compression), or 'none'",
+    )  # fmt: skip
     local_channels: str = _setting(
         "executor", "none (Flink: every channel within one TaskManager is a LocalInputChannel)",
         _parse_local_channels,
@@ -422,6 +459,14 @@ class NetworkConfig:
         for name in ("checkpoint_interval_ms", "aligned_checkpoint_timeout_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, getattr(self, name), "0 (off) or a duration > 0 ms")
+        if self.buffer_debloat_period_ms <= 0:
+            raise ConfigError("buffer_debloat_period_ms", self.buffer_debloat_period_ms, "a duration > 0 ms")
+        if self.buffer_debloat_samples < 1:
+            raise ConfigError("buffer_debloat_samples", self.buffer_debloat_samples, "an integer >= 1")
+        if not 0 <= self.buffer_debloat_threshold_percentages <= 100:
+            raise ConfigError(
+                "buffer_debloat_threshold_percentages", self.buffer_debloat_threshold_percentages, "0 to 100"
+            )
         for name in ("buffers_request_timeout_ms", "partition_request_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, getattr(self, name), "a duration > 0 ms")

@@ -173,6 +173,26 @@ class PartitionStateError(CreditShuffleError, RuntimeError):
     writing after ``finish()``, or a second reader of a pipelined subpartition)."""
 
 
+class NoBufferAvailableError(CreditShuffleError):
+    """A network buffer was requested from a LocalBufferPool that can give none now: its size plus the
+    overdraft is in use, or every network buffer of the executor is taken. Flink's non-blocking
+    ``requestBufferBuilder`` returns null here and ``requestBufferBuilderBlocking`` waits; the sans-IO core
+    never hands out memory beyond these bounds, so a caller that cannot wait gets this error (a resumable
+    ``RecordWriter`` stops instead and writes on with ``resume()`` once buffers were recycled)."""
+
+    def __init__(self, subpartition: int, pool_size: int, overdraft: int, used: int, network_total: int) -> None:
+        self.subpartition = subpartition
+        self.pool_size = pool_size
+        self.overdraft = overdraft
+        self.used = used
+        self.network_total = network_total
+        super().__init__(
+            f"no network buffer for subpartition {subpartition}: the buffer pool holds {used} segments "
+            f"(size {pool_size} + overdraft {overdraft}; the executor has {network_total} network buffers); "
+            "wait until buffers are recycled (a resumable RecordWriter stops here and resume() writes on)"
+        )
+
+
 # -- typed errors raised inside Spark tasks ----------------------------------------------------------------
 
 #: ``spark_credit_shuffle.<module>.<Class>: <message>``, as a Python traceback prints an exception, up to a

@@ -30,10 +30,14 @@ samples both of its sides on time, whether data moves or the task waits.
 
 - Producers: ``outPoolUsage``, ``isBackPressured`` (0/1), ``numRecordsOutPerSecond`` since the
   previous sample and, per subpartition (channel = consumer), ``backlog`` (buffers queued and not
-  yet consumed; in blocking mode every buffer stored so far). Pipelined mode adds
-  ``backPressuredTimeMsPerSecond`` since the previous sample and, per subpartition,
+  yet consumed; in blocking mode every buffer stored so far). Pipelined mode adds, per subpartition,
   ``outputQueueLength`` and ``credit`` (the credit the consumer granted and the sender has not used
   yet; remote channels only, a task reads its own subpartition without credit).
+- Both sides, both modes: Flink's time gauges ``busyTimeMsPerSecond``, ``idleTimeMsPerSecond``,
+  ``backPressuredTimeMsPerSecond`` = ``softBackPressuredTimeMsPerSecond`` +
+  ``hardBackPressuredTimeMsPerSecond``, each per second over the last minute (Flink's ``TimerGauge``
+  window; see ``TimeAccount`` in :mod:`spark_credit_shuffle.runtime.engine.rules`); busy + idle +
+  back-pressured = 1000 in every sample.
 - Consumers: ``inPoolUsage``, ``inputExclusiveBuffersUsage``, ``inputFloatingBuffersUsage``,
   ``numRecordsInPerSecond`` since the previous sample and, per channel (channel = producer),
   ``credit`` (buffers the sender may send now, as the receiver knows it: its free buffers for the

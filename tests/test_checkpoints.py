@@ -97,6 +97,14 @@ def test_blocking_mode_aligns_one_barrier_at_the_end_of_each_producer(mode):
             if r["metric"] == "checkpointId" and r["side"] == CONSUMER and r["subtask"] == consumer
         ]
         assert checkpoint_ids == [1.0]
+    # as the README lists it: one barrier out per producer
+    barriers_out = {
+        r["subtask"]: r["value"]
+        for _, rows in outputs.values()
+        for r in rows
+        if r["metric"] == "numCheckpointBarriersOut" and r["side"] == PRODUCER
+    }
+    assert barriers_out == {0: 1.0, 1: 1.0, 2: 1.0}
 
 
 @pytest.mark.parametrize("mode", ["blocking", "pipelined"])
@@ -141,3 +149,72 @@ def test_producers_armed_with_the_same_start_agree_on_their_first_checkpoint():
     assert first.seconds_until_next() > 60 and second.seconds_until_next() > 60
     # and both name it alike: late timers inject the checkpoint they woke for
     assert first.next_barrier().id == second.next_barrier().id == started_ms // 60_000 + 2
+
+
+def test_a_late_timer_injects_the_checkpoint_it_is_late_for_then_catches_up_one_by_one():
+    # given a trigger armed long ago (its timer woke far behind the instants of several checkpoints)
+    trigger = CheckpointTrigger(0, 10, CheckpointOptions())
+    trigger.arm(time.time_ns() // 1_000_000 - 10_000)
+    # then it injects consecutive checkpoints, one per wake-up, without skipping an id
+    assert trigger.is_due() and trigger.seconds_until_next() == 0
+    ids = [trigger.next_barrier().id for _ in range(5)]
+    assert ids == list(range(ids[0], ids[0] + 5))
+    assert trigger.is_due()  # still behind: the timer fires again at once
+
+
+def _checkpoint_counts(ex, subtask: int) -> tuple[float, float]:
+    counts = {
+        r.metric: r.value
+        for r in ex.metrics()
+        .where((F.col("side") == CONSUMER) & (F.col("subtask") == subtask))
+        .where(F.col("metric").isin("numberOfCompletedCheckpoints", "numberOfFailedCheckpoints"))
+        .collect()
+    }
+    return counts.get("numberOfCompletedCheckpoints", 0.0), counts.get("numberOfFailedCheckpoints", 0.0)
+
+
+@pytest.mark.parametrize("local_channels", ["executor", "task"])
+def test_unaligned_barriers_overtake_what_a_slow_consumer_has_not_consumed_on_spark(spark, local_channels):
+    # given consumer 0 sleeping 30 us per row (about 10 ms per 4 KiB buffer, so it lags for about a second),
+    # unaligned barriers every 25 ms, and local channels between the tasks of the one executor (the default)
+    # or every channel remote
+    df = spark.range(0, 100_000, 1, 3).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
+    delay = 3e-5
+    ex = scs.exchange(
+        df,
+        scs.rebalance(),
+        parallelism=3,
+        mode="pipelined",
+        injection=Injection(consumer_delay_s=((0, delay),)),
+        checkpoint_interval_ms=25,
+        unaligned_checkpoints=True,
+        segment_size=4096,
+        local_channels=local_channels,
+    )
+    assert_df_equality(ex.df, df, ignore_row_order=True)
+    # then the slow consumer completes at least 90% of its checkpoints (finished producers inject on until
+    # their consumers read them to the end)
+    completed, failed = _checkpoint_counts(ex, 0)
+    assert completed >= 10 and completed / (completed + failed) >= 0.9, (completed, failed)
+    # and its barriers overtake what it has queued: they reach it within about a buffer of its work, not
+    # behind the up to max_buffers_per_channel (10) buffers per channel it has not consumed
+    start_delays = sorted(r.start_delay_ms for r in ex.checkpoints().where("subtask = 0").collect())
+    rows_in = {
+        r.metric: r.value
+        for r in ex.metrics()
+        .where("side = 'consumer' and subtask = 0 and metric in ('numRecordsIn', 'numBytesIn')")
+        .groupBy("metric")
+        .agg(F.sum("value").alias("value"))
+        .collect()
+    }
+    ms_per_buffer = rows_in["numRecordsIn"] / rows_in["numBytesIn"] * 4096 * delay * 1000  # a full buffer's rows
+    assert start_delays[len(start_delays) // 2] < 2 * ms_per_buffer, (start_delays, ms_per_buffer)
+
+
+def test_a_healthy_aligned_run_fails_no_checkpoint_on_spark(spark):
+    df = spark.range(0, 600_000, 1, 3).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=3, mode="pipelined", checkpoint_interval_ms=25)
+    assert ex.df.count() == 600_000
+    counts = [_checkpoint_counts(ex, c) for c in range(3)]
+    assert all(failed == 0 for _, failed in counts), counts
+    assert sum(completed for completed, _ in counts) > 0

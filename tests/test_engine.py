@@ -236,13 +236,20 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
     frame = to_pandas(report, timeline=True)
     assert set(frame["stat"]) == {"sample"} and frame["time_ms"].notna().all()
     names = {side: set(frame[frame["side"] == side]["metric"]) for side in ("producer", "consumer")}
+    time_gauges = {
+        "busyTimeMsPerSecond",
+        "idleTimeMsPerSecond",
+        "backPressuredTimeMsPerSecond",
+        "softBackPressuredTimeMsPerSecond",
+        "hardBackPressuredTimeMsPerSecond",
+    }
     assert names["producer"] == {
         "outPoolUsage",
         "isBackPressured",
-        "backPressuredTimeMsPerSecond",
         "numRecordsOutPerSecond",
         "backlog",
         "outputQueueLength",
+        *time_gauges,
     }
     assert names["consumer"] == {
         "numRecordsInPerSecond",
@@ -253,7 +260,15 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
         "unannouncedCredit",
         "backlog",
         "inputQueueLength",
+        *time_gauges,
     }
+    # Flink's identity in every sample of the simulation's timeline: busy + idle + back-pressured = 1000
+    sums = frame[frame["metric"].isin(["busyTimeMsPerSecond", "idleTimeMsPerSecond", "backPressuredTimeMsPerSecond"])]
+    totals = sums.groupby(["side", "subtask", "time_ms"])["value"].sum()
+    assert ((totals - 1000.0).abs() < 1e-6).all()
+    # the slow consumer's producers were back-pressured: hard (in the middle of a batch) or soft (before one)
+    producer_bp = frame[(frame["side"] == "producer") & (frame["metric"] == "backPressuredTimeMsPerSecond")]
+    assert producer_bp["value"].max() > 0
     backlog = frame[(frame["side"] == "producer") & (frame["metric"] == "backlog")]
     assert backlog[backlog["channel"] == 0]["value"].max() > backlog[backlog["channel"] == 1]["value"].max()
     rows = report.metric_rows()

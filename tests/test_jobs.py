@@ -101,6 +101,9 @@ def test_checkpoint_alignment_demo_measures_both_models_and_both_barrier_kinds(s
     assert headline["sim_slow_unaligned_credits_ms"] < headline["sim_slow_unaligned_no_credits_ms"]
     # aligned: without credits the data ahead of the barriers fills the connection
     assert headline["sim_slow_aligned_credits_ms"] < headline["sim_slow_aligned_no_credits_ms"]
+    # buffer debloating shrinks what queues ahead of the slow consumer's barriers, and so their start delay
+    delays = headline["sim_debloat_slow_start_delay_ms"]
+    assert delays["100"] < delays["1000"] < delays["None"]
     sweep = list(headline["sim_socket_sweep_slow_aligned_ms"].values())
     assert all(credit < no_credit for credit, no_credit in sweep)
     for key in ("spark_aligned_slow_ms", "spark_unaligned_slow_ms"):

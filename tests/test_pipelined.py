@@ -165,9 +165,19 @@ def test_metrics_are_flinks_and_add_up():
             mine = [r for r in rows if r.side == side and r.subtask == subtask and r.time_ms is None]
             totals = {r.metric: r.value for r in mine if r.stat == "total" and r.channel is None}
             per_second = {r.metric: r.value for r in mine if r.metric.endswith("PerSecond")}
-            assert set(per_second) == {"backPressuredTimeMsPerSecond", "idleTimeMsPerSecond", "busyTimeMsPerSecond"}
+            assert set(per_second) == {
+                "backPressuredTimeMsPerSecond",
+                "idleTimeMsPerSecond",
+                "busyTimeMsPerSecond",
+                "softBackPressuredTimeMsPerSecond",
+                "hardBackPressuredTimeMsPerSecond",
+            }
             assert all(0.0 <= v <= 1000.0 for v in per_second.values())
-            assert sum(per_second.values()) == pytest.approx(1000.0, abs=1.0)
+            # Flink's identity, over the side's life: busy + idle + back-pressured = 1000 ms per second
+            identity = ("busyTimeMsPerSecond", "idleTimeMsPerSecond", "backPressuredTimeMsPerSecond")
+            assert sum(per_second[m] for m in identity) == pytest.approx(1000.0, abs=1.0)
+            soft_hard = per_second["softBackPressuredTimeMsPerSecond"] + per_second["hardBackPressuredTimeMsPerSecond"]
+            assert soft_hard == pytest.approx(per_second["backPressuredTimeMsPerSecond"], abs=1.0)
             assert {"accumulateBackPressuredTimeMs", "accumulateIdleTimeMs", "accumulateBusyTimeMs"} <= set(totals)
     buffers_out = sum(r.value for r in metric(rows, PRODUCER, "numBuffersOut"))
     buffers_in = sum(r.value for r in metric(rows, CONSUMER, "numBuffersIn"))
@@ -236,10 +246,17 @@ def test_tasks_sample_a_timeline_of_pools_credits_and_backpressure():
     by_task = collections.defaultdict(set)
     for r in timeline:
         by_task[(r.side, r.subtask)].add(r.metric)
-    producer = {"outPoolUsage", "isBackPressured", "backPressuredTimeMsPerSecond", "numRecordsOutPerSecond"}
+    time_gauges = {
+        "busyTimeMsPerSecond",
+        "idleTimeMsPerSecond",
+        "backPressuredTimeMsPerSecond",
+        "softBackPressuredTimeMsPerSecond",
+        "hardBackPressuredTimeMsPerSecond",
+    }
+    producer = {"outPoolUsage", "isBackPressured", "numRecordsOutPerSecond", *time_gauges}
     producer |= {"backlog", "outputQueueLength", "credit"}
     consumer = {"inPoolUsage", "inputExclusiveBuffersUsage", "inputFloatingBuffersUsage", "numRecordsInPerSecond"}
-    consumer |= {"credit", "unannouncedCredit", "backlog", "inputQueueLength"}
+    consumer |= {"credit", "unannouncedCredit", "backlog", "inputQueueLength", *time_gauges}
     assert by_task == {**{(PRODUCER, i): producer for i in range(3)}, **{(CONSUMER, i): consumer for i in range(3)}}
     for side, subtask in by_task:
         mine = [r for r in timeline if (r.side, r.subtask) == (side, subtask)]

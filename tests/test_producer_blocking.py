@@ -88,7 +88,7 @@ def test_producer_with_nothing_consumed_holds_at_most_pool_size_plus_overdraft()
         assert pool.num_used <= 12
     # then the writer stopped at a buffer it could not get, holding no more than the pool size
     assert stopped_at is not None and writer.has_pending_write
-    assert pool.num_used <= 12 + 5 and pool.num_borrowed == 0
+    assert pool.num_used <= 12 + 5
     assert not writer.resume()  # nothing came back: it still waits
 
 
@@ -103,7 +103,7 @@ def test_one_large_batch_never_borrows_beyond_the_executors_network_buffers():
     peak = pool.num_used
     rounds = 0
     while not done:
-        assert pool.num_borrowed == 0 and network.num_available >= 0
+        assert network.num_available >= 0
         assert pool.num_used <= pool.current_pool_size + pool.max_overdraft_buffers
         consumers.drain()
         done = writer.resume()
@@ -112,7 +112,7 @@ def test_one_large_batch_never_borrows_beyond_the_executors_network_buffers():
     writer.finish()
     consumers.drain()
     # then it waited several times, never held more than the network has, and every row arrived once, in order
-    assert rounds > 1 and peak <= network.total and pool.num_borrowed == 0
+    assert rounds > 1 and peak <= network.total
     assert [consumers.ids(sp) for sp in range(4)] == [list(range(sp, 400, 4)) for sp in range(4)]
 
 

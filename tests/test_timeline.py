@@ -85,7 +85,14 @@ def test_blocking_tasks_sample_pools_backlog_and_credits():
     by_task = collections.defaultdict(set)
     for r in timeline:
         by_task[(r.side, r.subtask)].add(r.metric)
-    producer_metrics = {"outPoolUsage", "isBackPressured", "numRecordsOutPerSecond", "backlog"}
+    time_gauges = {
+        "busyTimeMsPerSecond",
+        "idleTimeMsPerSecond",
+        "backPressuredTimeMsPerSecond",
+        "softBackPressuredTimeMsPerSecond",
+        "hardBackPressuredTimeMsPerSecond",
+    }
+    producer_metrics = {"outPoolUsage", "isBackPressured", "numRecordsOutPerSecond", "backlog", *time_gauges}
     consumer_metrics = {
         "inPoolUsage",
         "inputExclusiveBuffersUsage",
@@ -95,6 +102,7 @@ def test_blocking_tasks_sample_pools_backlog_and_credits():
         "unannouncedCredit",
         "backlog",
         "inputQueueLength",
+        *time_gauges,
     }
     assert by_task == {
         ("producer", 0): producer_metrics,

@@ -72,6 +72,7 @@ __all__ = [
     "decode_event",
     "encode_event",
     "encode_marker_chunk",
+    "is_keep_alive",
     "pack_chunk_header",
 ]
 
@@ -179,6 +180,10 @@ class KeepAlive(Event):
     KIND: ClassVar[int] = 5
 
 
+#: The whole payload of a keep-alive: the event header alone.
+_KEEP_ALIVE_PAYLOAD = _EVENT_HEADER.pack(MAGIC, FORMAT_VERSION, KeepAlive.KIND)
+
+
 def encode_marker_chunk(marker: LatencyMarker) -> bytes:
     """The chunk of a latency marker record (flag 1, no rows), to be written behind a buffer's rows."""
     body = _EVENT_HEADER.pack(MAGIC, FORMAT_VERSION, LatencyMarker.KIND) + _LATENCY.pack(
@@ -210,6 +215,16 @@ def encode_event(event: Event) -> Buffer:
             "CancelCheckpointMarker, LatencyMarker or KeepAlive"
         )
     return Buffer(DataType.EVENT_BUFFER, head + body)
+
+
+def is_keep_alive(data_type: DataType, payload: Payload) -> bool:
+    """The buffer is a :class:`KeepAlive` (a priority event that carries no checkpoint): the consumer side
+    queues it as an ordinary event, so it never moves its channel ahead of the others at the gate."""
+    return (
+        data_type is DataType.PRIORITIZED_EVENT_BUFFER
+        and len(payload) == _EVENT_HEADER.size
+        and bytes(payload) == _KEEP_ALIVE_PAYLOAD
+    )
 
 
 class MalformedPayload(ValueError):

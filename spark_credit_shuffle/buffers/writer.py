@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..config import MIN_SEGMENT_SIZE
-from ..errors import ConfigError
+from ..errors import ConfigError, NoBufferAvailableError
 from .buffer import Buffer, BufferConsumer, DataType, Payload
 from .builder import BufferBuilder
 from .format import (
@@ -144,10 +144,22 @@ class RecordWriter:
             raise ConfigError("flush_always_rows", flush_always_rows, "an integer >= 1")
         self.flush_always_rows = flush_always_rows
         self.resumable = bool(resumable)
+        #: Asked between two runs of rows of a batch (a subpartition's rows, or a chunk of a load-based
+        #: selector's): True stops the write there (``emit`` returns False) so that the caller can do what is
+        #: due between two records, such as injecting a checkpoint barrier (Flink's mailbox takes a checkpoint
+        #: trigger between two records), and then calls :meth:`resume`.
+        self.interrupt: Callable[[], bool] | None = None
         #: The partition's hooks for the buffer a writer holds open (a pipelined partition's per-channel limit).
         self._builder_opened = getattr(partition, "builder_opened", None)
         self._builder_finished = getattr(partition, "builder_finished", None)
         self._pending: _PendingWrite | None = None
+        #: A row larger than a segment whose fragments could not all be written yet (see :meth:`_continue_span`).
+        self._span: _Span | None = None
+        #: Rows to write exactly, in order, ahead of anything else of their target (a builder's overflow).
+        self._todo: collections.deque[tuple[int, pa.RecordBatch]] = collections.deque()
+        self._draining = False
+        #: Barriers that arrived while a record was not written whole; they go out right after it.
+        self._deferred: list[Event] = []
         self._resume_row = 0
         self.num_subpartitions = n
         self._unicast: list[BufferBuilder | None] = [None] * n
@@ -169,10 +181,15 @@ class RecordWriter:
         self._choose_channel: Callable[[np.ndarray], int] | None = (
             getattr(selector, "choose_channel", None) if self._load_based else None
         )
+        #: The buffer size each subpartition's consumer asked for (``NewBufferSize``, debloating), as the
+        #: partition's ``add`` returns it; the segment size while debloating is off.
+        self._desired = [segment_size] * n
+        self._min_capacity = segment_size
         self._released_bytes = [0] * n
         self._released_log: collections.deque[tuple[int, int]] = collections.deque()  # appended by recyclers
         if schema is not None:
             self._set_schema(schema)
+        _warm_up_take()
 
     # -- counters (Flink's numRecordsOut, numBytesOut, numBuffersOut, per subpartition) ------------
 
@@ -237,7 +254,6 @@ class RecordWriter:
         runs: list[tuple[int, int, int]] = []
         grouped, cum, overhead = batch, None, 0
         if n and self._load_based:
-            self._ensure_unicast_mode()
             model = self._size_model
             cum = model.cumulative_bits(batch)
             overhead = model.overhead(batch)
@@ -256,7 +272,6 @@ class RecordWriter:
         elif n:
             channels = self.selector.select_channels(batch)
             grouped, counts = self._group(batch, channels)
-            self._ensure_unicast_mode()
             model = self._size_model
             cum = model.cumulative_bits(grouped)
             overhead = model.overhead(grouped)
@@ -284,23 +299,22 @@ class RecordWriter:
             cum = model.cumulative_bits(batch)
             overhead = model.overhead(batch)
             if self.selector.is_broadcast:
-                self._ensure_broadcast_mode()
                 runs.append((_BROADCAST, 0, n))
             else:
-                self._ensure_unicast_mode()
                 runs.extend((sp, 0, n) for sp in range(self.num_subpartitions))
         return self._start(_PendingWrite(batch, cum, overhead, runs))
 
     def resume(self) -> bool:
         """Write on where :meth:`emit` stopped; True once the whole batch is written."""
-        if self._pending is None:
+        if not self.has_pending_write:
             return True
         return self._drive()
 
     @property
     def has_pending_write(self) -> bool:
-        """A resumable writer stopped in a batch and waits for :meth:`resume`."""
-        return self._pending is not None
+        """The writer stopped at a buffer its partition could not give (in a batch, in a record's fragments
+        or rows queued ahead of the next ones) and waits for :meth:`resume`."""
+        return self._pending is not None or self._span is not None or bool(self._todo) or bool(self._deferred)
 
     def _start(self, pending: _PendingWrite) -> bool:
         if self._pending is not None:
@@ -309,9 +323,18 @@ class RecordWriter:
         return self._drive()
 
     def _drive(self) -> bool:
-        """Write the pending runs of rows in order; stop (False) at a buffer the partition cannot give."""
+        """Write the pending runs of rows in order; stop (False) at a buffer the partition cannot give.
+
+        What a previous call left (a record's fragments, rows queued for exact writing, barriers behind
+        them) goes first. A writer that is not resumable raises :class:`NoBufferAvailableError` where a
+        resumable one stops; it keeps where it stopped all the same."""
+        try:
+            self._complete_record()
+        except _NoBuffer as stop:
+            return self._stopped(stop)
         pending = self._pending
-        assert pending is not None
+        if pending is None:
+            return True
         runs, batch, cum, overhead = pending.runs, pending.batch, pending.cum, pending.overhead
         flush_always = self.flush_always
         while pending.index < len(runs):
@@ -324,23 +347,47 @@ class RecordWriter:
                 runs[pending.index] = (target, first, hi)
             assert cum is not None  # a batch with rows to write has the size model's numbers
             try:
+                if target >= 0 and self._broadcast is not None:
+                    self._finish(_BROADCAST)  # a switch of writing mode finishes the other mode's buffers
+                elif target == _BROADCAST:
+                    self._ensure_broadcast_mode()
                 if target >= 0 and not self._load_based and not flush_always:
                     self._write_run(target, batch, lo, hi, cum, overhead)
                 else:
                     self._write_rows(target, batch, lo, hi, cum, overhead)
-            except _NoBuffer:
+            except _NoBuffer as stop:
                 pending.resume_row = self._resume_row
-                return False
+                return self._stopped(stop)
             if target >= 0:
                 self._records_out[target] += hi - first
             else:
                 self._records_out += hi - first
             pending.index += 1
             pending.resume_row = None
+            interrupt = self.interrupt
+            if interrupt is not None and pending.index < len(runs) and interrupt():
+                return False  # between two runs of rows: the caller does what is due, then resume()
         self._pending = None
         if flush_always:
             self.flush_all()
         return True
+
+    def _stopped(self, stop: _NoBuffer) -> bool:
+        if not self.resumable and stop.error is not None:
+            raise stop.error
+        return False
+
+    def _complete_record(self) -> None:
+        """Write what a stop left before any new row: the rest of a spanning row, the rows queued for exact
+        writing, then the barriers that waited for them."""
+        if self._span is not None:
+            self._continue_span()
+        if self._todo:
+            self._drain_todo()
+        if self._deferred:
+            events, self._deferred = self._deferred, []
+            for event in events:
+                self._broadcast_now(event)
 
     def broadcast_event(self, event: Event) -> None:
         """Finish every open buffer, then append ``event`` to every subpartition behind its data.
@@ -348,9 +395,20 @@ class RecordWriter:
         A :class:`CheckpointBarrier` may also go in while a resumable writer waits in a batch (Flink injects
         barriers between records): the rows of the batch written so far are before it on their channels,
         the rest after (the batch is grouped by channel, so this cut is per channel, not a prefix of the
-        batch)."""
+        batch). A barrier that comes while a record is not written whole (the fragments of a row larger
+        than a segment, rows queued for exact writing) goes out right after that record."""
         self._check_event(event)
-        self._finish_all()
+        if self._span is not None or self._todo or self._deferred:
+            self._deferred.append(event)
+            return
+        self._broadcast_now(event)
+
+    def _broadcast_now(self, event: Event) -> None:
+        try:
+            self._finish_all()
+        except _NoBuffer:  # finishing a buffer left rows to write and no buffer for them: the event waits
+            self._deferred.append(event)
+            return
         for sp in range(self.num_subpartitions):
             self.partition.add_event(sp, encode_event(event))
         if self.flush_always:
@@ -364,10 +422,14 @@ class RecordWriter:
         self._check_event(event)
         if not 0 <= subpartition < self.num_subpartitions:
             raise ConfigError("subpartition", subpartition, f"an index in [0, {self.num_subpartitions})")
-        if self._broadcast is not None:
-            self._finish(_BROADCAST)
-        if self._unicast[subpartition] is not None:
-            self._finish(subpartition)
+        try:
+            if self._broadcast is not None:
+                self._finish(_BROADCAST)
+            if self._unicast[subpartition] is not None:
+                self._finish(subpartition)
+        except _NoBuffer as stop:
+            assert stop.error is not None  # finishing takes the overdraft, never waits for availability
+            raise stop.error from None
         self.partition.add_event(subpartition, encode_event(event))
         if self.flush_always:
             self.flush(subpartition)
@@ -387,23 +449,23 @@ class RecordWriter:
             raise TypeError(f"emit_latency_marker takes a LatencyMarker, got {type(marker).__name__}")
         if not 0 <= subpartition < self.num_subpartitions:
             raise ConfigError("subpartition", subpartition, f"an index in [0, {self.num_subpartitions})")
-        if self._pending is not None or self._model is None:
+        if self.has_pending_write or self._model is None:
             return False  # in the middle of a batch, or before the schema: the marker waits for the next turn
         chunk = encode_marker_chunk(marker)
-        self._ensure_unicast_mode()
-        builder = self._unicast[subpartition]
-        if builder is not None:
-            builder.seal()
-            self._drain_overflow(subpartition)
+        try:
+            self._ensure_unicast_mode()
             builder = self._unicast[subpartition]
-        if builder is not None and len(chunk) > builder.free_bytes:
-            self._finish(subpartition)
-            builder = None
-        if builder is None:
-            try:
+            if builder is not None:
+                builder.seal()
+                self._drain_overflow(subpartition)
+                builder = self._unicast[subpartition]
+            if builder is not None and len(chunk) > builder.free_bytes:
+                self._finish(subpartition)
+                builder = None
+            if builder is None:
                 builder = self._open(subpartition, gate=True)
-            except _NoBuffer:
-                return False
+        except _NoBuffer:
+            return False
         builder.append_chunk(chunk)
         if builder.free_bits(self._model.chunk_overhead) < self._min_row_bits:
             self._finish(subpartition)
@@ -419,15 +481,21 @@ class RecordWriter:
 
     def flush(self, subpartition: int) -> None:
         """Make the rows written to ``subpartition`` so far consumable, without finishing its buffer."""
-        self._drain_overflow(subpartition)
-        self._drain_overflow(_BROADCAST)
+        try:
+            self._drain_overflow(subpartition)
+            self._drain_overflow(_BROADCAST)
+        except _NoBuffer:
+            pass  # the rest stays queued, ahead of the next rows: the next write or resume() takes it
         self.partition.flush(subpartition)
 
     def flush_all(self) -> None:
         """:meth:`flush` every subpartition (the output flusher's call on the buffer timeout)."""
-        for sp in range(self.num_subpartitions):
-            self._drain_overflow(sp)
-        self._drain_overflow(_BROADCAST)
+        try:
+            for sp in range(self.num_subpartitions):
+                self._drain_overflow(sp)
+            self._drain_overflow(_BROADCAST)
+        except _NoBuffer:
+            pass  # the rest stays queued, ahead of the next rows: the next write or resume() takes it
         self.partition.flush_all()
 
     def finish(self) -> None:
@@ -436,7 +504,12 @@ class RecordWriter:
             return
         if self._pending is not None:
             raise RuntimeError("the RecordWriter has a batch it could not finish writing: call resume() first")
-        self._finish_all()
+        try:
+            self._complete_record()
+            self._finish_all()
+        except _NoBuffer as stop:  # only the overdraft's end stops here: finishing never waits for availability
+            assert stop.error is not None
+            raise stop.error from None
         self._finished = True
         self.partition.finish()
 
@@ -445,7 +518,7 @@ class RecordWriter:
     def _check_event(self, event: Event) -> None:
         if self._finished:
             raise RuntimeError("the RecordWriter is finished; no more events can be written")
-        if self._pending is not None and not isinstance(event, CheckpointBarrier):
+        if self.has_pending_write and not isinstance(event, CheckpointBarrier):
             # a barrier goes between two records: a resumable writer stopped only where a new buffer of rows
             # would start, so the rows written so far are before it on their channels and the rest after
             raise RuntimeError("the RecordWriter has a batch it could not finish writing: call resume() first")
@@ -475,6 +548,7 @@ class RecordWriter:
                 f"more than {fixed} bytes for this schema (the header and Arrow metadata of one buffer of it)",
             )
         self._model = model
+        self._min_capacity = min(self.segment_size, 2 * fixed)  # a debloated buffer still holds some rows
         self._schema = schema
         self._compact_before_take = any(takes_wrong_rows(field.type) for field in schema)
         self._schema_payload = encode_event(SchemaEvent(schema)).data
@@ -537,6 +611,7 @@ class RecordWriter:
             if end >= stop:
                 bits = item(stop) - base
                 builder.append(batch.slice(lo, stop - lo), bits, overhead)
+                self._resume_row = stop
                 if free - bits < min_bits:  # nothing more fits: it is full
                     self._finish(target)
                 elif step < hi:
@@ -548,10 +623,18 @@ class RecordWriter:
                 lo = end
                 self._resume_row = lo
             # row lo does not fit in this builder
+            if builder.capacity < self.segment_size and not builder._written and not builder._pending:
+                builder.capacity = self.segment_size  # a debloated buffer grows for a record it cannot hold
+                continue
             if item(lo + 1) - item(lo) > max_row_bits:
                 if self.resumable and not self.partition.is_available():
                     raise _NoBuffer  # a new record, though it starts in the open buffer: only while available
-                self._write_spanning(target, batch.slice(lo, 1))
+                try:
+                    self._write_spanning(target, batch.slice(lo, 1))
+                except _NoBuffer:
+                    if self._span is not None:  # its first fragment is written: the rest follows on resume
+                        self._resume_row = lo + 1
+                    raise
                 lo += 1
             else:
                 self._finish(target)
@@ -566,6 +649,9 @@ class RecordWriter:
         """
         builder = self._unicast[sp]
         item = cum.item
+        if self._desired[sp] < self.segment_size:  # debloated: buffers are cut smaller, by the general path
+            self._write_rows(sp, batch, lo, hi, cum, overhead)
+            return
         if builder is not None:
             if builder._overflow:
                 self._write_rows(sp, batch, lo, hi, cum, overhead)
@@ -578,6 +664,7 @@ class RecordWriter:
                 return
             builder.append(batch.slice(lo, end - lo), item(end) - base, overhead)
             lo = end
+            self._resume_row = lo
             if builder._overflow or item(lo + 1) - item(lo) > (self.segment_size - overhead) * 8:
                 self._write_rows(sp, batch, lo, hi, cum, overhead)  # a spanning row starts in this builder
                 return
@@ -608,12 +695,17 @@ class RecordWriter:
         message = model.serialize(rows, bound) if model.has_nested_lists else rows.serialize()
         size = message.size
         if _HEADER + size > self.segment_size:
-            self._write_exact(sp, rows)
+            self._todo.append((sp, rows))
+            self._resume_row += rows.num_rows  # queued: written from the queue, not again from the batch
+            self._drain_todo()
             self._finish(sp)
             return
         chunk = b"".join((_PACK(MAGIC, FORMAT_VERSION, 0, rows.num_rows, 0, 1, size, 0), message))
         partition = self.partition
-        recycler = partition.request_segment(sp)
+        try:
+            recycler = partition.request_segment(sp)
+        except NoBufferAvailableError as error:
+            raise _NoBuffer(error) from None
         if not self._schema_sent[sp]:
             self._schema_sent[sp] = True
             partition.add_event(sp, Buffer(DataType.EVENT_BUFFER, self._schema_payload))
@@ -631,7 +723,14 @@ class RecordWriter:
         if builder is not None:
             builder.seal()
             self._drain_overflow(target)
-            builder = self._current(target)
+        self._start_span(target, message, gate=True)
+
+    def _start_span(self, target: int, message: pa.Buffer, *, gate: bool) -> None:
+        """Write one row's ``message`` behind the open builder of ``target`` (sealed, without overflow): in it
+        if it fits, in a segment of its own if that fits, else as fragments (:meth:`_continue_span`).
+        ``gate``: the row is a new record (see :meth:`_open`). A stop before the first fragment leaves nothing
+        of the row written; after it, :attr:`_span` holds the rest."""
+        builder = self._current(target)
         size = _HEADER + message.size
         if builder is not None and size <= builder.free_bytes:
             builder.append_chunk(b"".join((pack_chunk_header(1, message.size), message)))
@@ -639,56 +738,89 @@ class RecordWriter:
         if size <= self.segment_size:  # the model was pessimistic: it fits a segment of its own
             if builder is not None:
                 self._finish(target)
-            self._open(target, gate=True).append_chunk(b"".join((pack_chunk_header(1, message.size), message)))
+            builder = self._open(target, gate=gate)
+            self._fit(builder, size)
+            builder.append_chunk(b"".join((pack_chunk_header(1, message.size), message)))
             return
         # Fragments: the first fills what the open builder has left (if worth a header), the rest
         # take one segment each; piece lengths stay multiples of 8 so messages remain aligned.
         if builder is not None and builder.free_bytes - _HEADER < 8:
             self._finish(target)
             builder = None
-        first = builder.free_bytes - _HEADER if builder is not None else self.segment_size - _HEADER
-        first &= ~7
+        if builder is None:
+            builder = self._open(target, gate=gate)
+        first = (builder.free_bytes - _HEADER) & ~7
         piece = (self.segment_size - _HEADER) & ~7
         total = message.size
         count = 1 + -(-(total - first) // piece)
         view = memoryview(message)
-        if builder is None:
-            builder = self._open(target, gate=True)
         builder.append_chunk(b"".join((pack_chunk_header(1, first, 0, count), view[:first])))
+        self._span = _Span(target, view, first, count, piece)
         self._finish(target)
-        offset = first
-        for index in range(1, count):
-            length = min(piece, total - offset)
-            chunk = b"".join((pack_chunk_header(1, length, index, count), view[offset : offset + length]))
+        self._continue_span()
+
+    def _continue_span(self) -> None:
+        """Write the remaining fragments of :attr:`_span`, one segment each. They are the continuation of a
+        record, so they take the pool's overdraft (Flink lets a record being written finish); where even
+        that has no segment the writer stops (:class:`_NoBuffer`) and writes on from the same fragment."""
+        span = self._span
+        assert span is not None
+        target, view, total = span.target, span.view, len(span.view)
+        while span.index < span.count:
             builder = self._open(target, add=False)
+            builder.capacity = self.segment_size  # a fragment takes a whole segment
+            length = min(span.piece, total - span.offset)
+            offset = span.offset
+            chunk = b"".join((pack_chunk_header(1, length, span.index, span.count), view[offset : offset + length]))
             builder.append_chunk(chunk)
             self._add_consumers(target, builder, len(chunk))
-            offset += length
-            if index < count - 1 or builder.free_bits(self._size_model.chunk_overhead) < self._min_row_bits:
+            span.offset = offset + length
+            span.index += 1
+            if span.index < span.count or builder.free_bits(self._size_model.chunk_overhead) < self._min_row_bits:
                 self._finish(target)
+        self._span = None
 
-    def _write_exact(self, target: int, rows: pa.RecordBatch) -> None:
-        """Write rows whose estimate was wrong, measuring real sizes (halving until they fit)."""
-        rows = compact(rows)
-        message = rows.serialize()
-        if _HEADER + message.size > self.segment_size:
-            if rows.num_rows == 1:
-                self._write_spanning(target, rows)
-                return
-            half = rows.num_rows // 2
-            self._write_exact(target, rows.slice(0, half))
-            self._write_exact(target, rows.slice(half))
-            return
-        builder = self._current(target)
-        if builder is not None:
-            builder.seal()
-            self._drain_overflow(target)
-            builder = self._current(target)
-        if builder is None or _HEADER + message.size > builder.free_bytes:
-            if builder is not None:
-                self._finish(target)
-            builder = self._open(target)
-        builder.append_chunk(b"".join((pack_chunk_header(rows.num_rows, message.size), message)))
+    def _drain_todo(self) -> None:
+        """Write the rows queued for exact writing (rows a serialisation could not fit: the size model was
+        wrong), in order, measuring real sizes and halving until they fit. They are the continuation of
+        the record being written and take the overdraft; a stop (:class:`_NoBuffer`) leaves the rest
+        queued, ahead of every later row."""
+        todo = self._todo
+        self._draining = True
+        try:
+            while todo:
+                target, rows = todo[0]
+                builder = self._current(target)
+                if builder is not None:
+                    builder.seal()
+                    if builder._overflow:
+                        self._finish(target)  # its overflow goes to the head of the queue
+                        continue
+                rows = compact(rows)
+                message = rows.serialize()
+                size = _HEADER + message.size
+                if size > self.segment_size:
+                    todo.popleft()
+                    if rows.num_rows > 1:
+                        half = rows.num_rows // 2
+                        todo.extendleft(((target, rows.slice(half)), (target, rows.slice(0, half))))
+                        continue
+                    try:
+                        self._start_span(target, message, gate=False)
+                    except _NoBuffer:
+                        if self._span is None:  # nothing of it written
+                            todo.appendleft((target, rows))
+                        raise
+                    continue
+                if builder is None or size > builder.free_bytes:
+                    if builder is not None:
+                        self._finish(target)
+                    builder = self._open(target)
+                    self._fit(builder, size)
+                builder.append_chunk(b"".join((pack_chunk_header(rows.num_rows, message.size), message)))
+                todo.popleft()
+        finally:
+            self._draining = False
 
     def _drain_overflow(self, target: int) -> None:
         builder = self._current(target)
@@ -709,12 +841,15 @@ class RecordWriter:
         if gate and self.resumable and not self.partition.is_available():
             raise _NoBuffer
         channel = target if target >= 0 else 0
-        recycler = self.partition.request_segment(channel)
+        try:
+            recycler = self.partition.request_segment(channel)
+        except NoBufferAvailableError as error:  # size + overdraft in use, or no network buffer left
+            raise _NoBuffer(error) from None
         if self._builder_opened is not None:
             self._builder_opened(channel)
         if self._load_based and target >= 0:
             recycler = self._counting_recycler(target, recycler)
-        builder = BufferBuilder(self.segment_size, self._size_model, recycler)
+        builder = BufferBuilder(self._capacity(target), self._size_model, recycler)
         if isinstance(recycler, _CountingRecycler):
             recycler.builder = builder
         if target >= 0:
@@ -724,6 +859,19 @@ class RecordWriter:
         if add:
             self._add_consumers(target, builder, 0)
         return builder
+
+    def _capacity(self, target: int) -> int:
+        """The bytes a new buffer of ``target`` holds: the size its consumer asked for (debloating; the
+        smallest over every subpartition for the shared broadcast buffer), at least a few rows' worth,
+        at most a segment."""
+        desired = self._desired[target] if target >= 0 else min(self._desired)
+        return min(self.segment_size, max(desired, self._min_capacity))
+
+    def _fit(self, builder: BufferBuilder, size: int) -> None:
+        """An empty debloated ``builder`` grows to the segment for a record of ``size`` bytes it cannot hold
+        (Flink trims a new buffer to the larger of the record and the desired size)."""
+        if size > builder.free_bytes and not builder._written and not builder._pending:
+            builder.capacity = self.segment_size
 
     def _counting_recycler(self, target: int, recycler: Callable[[], None]) -> _CountingRecycler:
         """``recycler``, which also logs the builder's bytes as consumed from ``target``."""
@@ -735,13 +883,16 @@ class RecordWriter:
             if not self._schema_sent[sp]:
                 self._schema_sent[sp] = True
                 self.partition.add_event(sp, Buffer(DataType.EVENT_BUFFER, self._schema_payload))
-            self.partition.add_consumer(sp, builder.create_buffer_consumer(), partial_record_length)
+            desired = self.partition.add_consumer(sp, builder.create_buffer_consumer(), partial_record_length)
+            if type(desired) is int and desired > 0:
+                self._desired[sp] = desired
 
     def _finish(self, target: int) -> None:
         """Finish the open builder of ``target`` and count it.
 
-        Rows it could not fit (overflow) are written exactly into new builders, which are finished
-        as well, so nothing of ``target`` stays open.
+        Rows it could not fit (overflow) are queued ahead of every other row and written exactly into new
+        builders, which are finished as well, so nothing of ``target`` stays open (within a drain of the
+        queue, the drain writes them).
         """
         while True:
             if target >= 0:
@@ -765,8 +916,10 @@ class RecordWriter:
                     self._bytes_out[sp] += written
             if not builder._overflow:
                 return
-            for rows in builder.take_overflow():
-                self._write_exact(target, rows)
+            self._todo.extendleft(reversed([(target, rows) for rows in builder.take_overflow()]))
+            if self._draining:
+                return  # the drain that runs writes them next, ahead of its other rows
+            self._drain_todo()
 
     def _ensure_unicast_mode(self) -> None:
         if self._broadcast is not None:
@@ -783,8 +936,28 @@ class RecordWriter:
 
 
 class _NoBuffer(Exception):
-    """A resumable writer's partition cannot give the next new buffer now (raised before anything of the
-    rows it was for is written; the writer keeps where it stopped)."""
+    """The partition cannot give the next new buffer now: a resumable writer's pool is unavailable for a new
+    record, or ``error`` (:class:`NoBufferAvailableError`) says it has none at all. Raised before anything of
+    the rows it was for is written; the writer keeps where it stopped."""
+
+    def __init__(self, error: NoBufferAvailableError | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+
+class _Span:
+    """A row larger than a segment being written as fragments: its message, the next fragment's offset and
+    index, the fragment count and the bytes each whole fragment carries."""
+
+    __slots__ = ("count", "index", "offset", "piece", "target", "view")
+
+    def __init__(self, target: int, view: memoryview, offset: int, count: int, piece: int) -> None:
+        self.target = target
+        self.view = view
+        self.offset = offset
+        self.index = 1
+        self.count = count
+        self.piece = piece
 
 
 class _CountingRecycler:
@@ -821,6 +994,19 @@ class _PendingWrite:
         self.runs = runs
         self.index = 0
         self.resume_row: int | None = None
+
+
+_take_warm = False
+
+
+def _warm_up_take() -> None:
+    """Call ``RecordBatch.take`` once per process, when the first writer is made: pyarrow's first take
+    imports pandas, which took 1-3 s inside a Spark task's first ``emit`` on a loaded 2-core machine; there
+    it held the producer's writer (and so its checkpoint timer) the whole time."""
+    global _take_warm
+    if not _take_warm:
+        _take_warm = True
+        pa.record_batch([pa.array([0])], names=["x"]).take(pa.array([0]))
 
 
 def _empty_row_batch(schema: pa.Schema) -> pa.RecordBatch:

@@ -78,7 +78,7 @@ class BlockingResultPartition(ResultPartition):
 
     def request_segment(self, subpartition: int) -> SegmentRecycler:
         self._check_in_produce_state()
-        self.buffer_pool.request_buffer_forced(subpartition)
+        self.buffer_pool.request_buffer_or_raise(subpartition)
         return self.buffer_pool.segment_recycler(subpartition)
 
     def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None:

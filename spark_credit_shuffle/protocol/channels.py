@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..buffers.buffer import Buffer, DataType
+from ..buffers.format import is_keep_alive
 from ..errors import BufferReorderingError, CreditShuffleError
 from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER
 from .pools import LocalBufferPool, NetworkBufferPool
@@ -326,13 +327,14 @@ class RemoteInputChannel:
                 self.notify_buffer_available(manager.request_floating_buffers(required))
 
     def _on_event(self, buffer: Buffer, sequence_number: int) -> None:
-        """Queue an event: priority events before everything else, in the order they came."""
+        """Queue an event: priority events (unaligned barriers) before everything else, in the order they came,
+        and the gate hears of the channel as a priority channel; a keep-alive queues as any event."""
         data_type = buffer.data_type
         if IS_BLOCKING_UPSTREAM[data_type]:
             self._on_blocking_upstream()
         queue = self.received_buffers
         was_empty = not queue
-        if HAS_PRIORITY[data_type]:
+        if HAS_PRIORITY[data_type] and not is_keep_alive(data_type, buffer.data):
             queue.insert(self._num_priority, (buffer, sequence_number))
             self._num_priority += 1
             if self._num_priority == 1:

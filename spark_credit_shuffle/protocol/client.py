@@ -19,9 +19,10 @@ from collections import deque
 from collections.abc import Callable
 
 from ..buffers.buffer import Buffer, DataType, Payload
+from ..buffers.format import is_keep_alive
 from ..config import DEFAULT_SEGMENT_SIZE
 from ..errors import BufferReorderingError, ProtocolError, error_in_text
-from ._flags import IS_BUFFER
+from ._flags import HAS_PRIORITY, IS_BUFFER
 from .channels import InputChannelError, RemoteInputChannel
 from .codec import FrameDecoder, default_max_frame_length, encode
 from .handshake import ClientHandshake
@@ -60,10 +61,14 @@ class ConnectionSubpartitionView:
     here; the producer keeps the segment of each data buffer in its pool meanwhile. Recycling a data buffer
     counts it; the count goes to the producer as :class:`RecycleBuffers` (built when sent, so recycles made
     while the link is busy go out as one message), and the producer returns that many segments to its pool.
-    Sequence numbers are checked (the wire is untrusted); empty data buffers are recycled at once.
+    Sequence numbers are checked (the wire is untrusted); empty data buffers are recycled at once. A priority
+    event (an unaligned checkpoint barrier) goes ahead of the received buffers not yet read, as in a remote
+    channel's queue (Flink's ``LocalInputChannel`` reads the producer's subpartition, where it is already at
+    the head): it overtakes every buffer not yet consumed, here as in the producer's queue.
     """
 
     __slots__ = (
+        "_num_priority",
         "_queue",
         "connection",
         "error",
@@ -81,6 +86,7 @@ class ConnectionSubpartitionView:
         self.connection = connection
         self.listener = listener
         self._queue: deque[tuple[Buffer, int, int]] = deque()
+        self._num_priority = 0
         self.expected_sequence_number = 0
         self.unannounced_recycled = 0
         self.error: BaseException | None = None
@@ -105,6 +111,12 @@ class ConnectionSubpartitionView:
             buffer = Buffer(data_type, payload, self._recycle_one)
         else:
             buffer = Buffer(data_type, payload)
+            if HAS_PRIORITY[data_type] and not is_keep_alive(data_type, payload):
+                self._queue.insert(self._num_priority, (buffer, sequence_number, backlog))
+                self._num_priority += 1
+                if self._num_priority == 1:
+                    self.listener.notify_priority_event(sequence_number)
+                return
         queue = self._queue
         queue.append((buffer, sequence_number, backlog))
         if len(queue) == 1:
@@ -136,6 +148,8 @@ class ConnectionSubpartitionView:
         if not queue:
             return None
         buffer, sequence_number, backlog = queue.popleft()
+        if self._num_priority:
+            self._num_priority -= 1
         next_type = queue[0][0].data_type if queue else _NONE
         return _new_tuple(BufferAndBacklog, (buffer, backlog, next_type, sequence_number))
 
@@ -161,6 +175,7 @@ class ConnectionSubpartitionView:
             return
         self.is_released = True
         self._queue.clear()
+        self._num_priority = 0
         self.connection.close_receiver(self.receiver_id)
 
     def __repr__(self) -> str:

@@ -158,6 +158,8 @@ class PipelinedResultPartition(ResultPartition):
         self._all_data_processed = [False] * num_subpartitions
         self.num_events_out = 0
         self._unicast_builders: list[ByteBufferBuilder | None] = [None] * num_subpartitions
+        #: The rest of a record emit_record could not write, and whether part of it went out already.
+        self._remainders: list[tuple[bytes, bool] | None] = [None] * num_subpartitions
 
     @classmethod
     def create(
@@ -185,12 +187,13 @@ class PipelinedResultPartition(ResultPartition):
     # -- ResultPartitionWriter --
 
     def request_segment(self, subpartition: int) -> SegmentRecycler:
-        """One segment for a new builder of ``subpartition``; never fails (see ``LocalBufferPool``)."""
+        """One segment for a new builder of ``subpartition`` (Flink's ``requestBufferBuilder``): within the pool
+        size, else from the overdraft; :class:`NoBufferAvailableError` when neither has one (nothing taken)."""
         if self.is_finished or self.is_released:
             self._check_in_produce_state()
         pool = self.buffer_pool
         if not pool.request_buffer(subpartition):
-            pool.request_buffer_forced(subpartition)
+            pool.request_buffer_or_raise(subpartition)
         return pool.segment_recyclers[subpartition]
 
     def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> int:
@@ -211,45 +214,97 @@ class PipelinedResultPartition(ResultPartition):
         for sub in self.subpartitions if broadcast else (self.subpartitions[subpartition],):
             sub.notify_tail_finished()
 
-    def emit_record(self, record: bytes | bytearray | memoryview, subpartition: int) -> None:
-        """Append one serialised record to ``subpartition``'s open buffer (Flink's ``emitRecord``).
+    def emit_record(self, record: bytes | bytearray | memoryview, subpartition: int) -> bool:
+        """Append one serialised record to ``subpartition``'s open buffer (Flink's ``emitRecord``); True once it
+        is written whole.
 
         A new buffer is trimmed to the larger of the record and the size the consumer announced
         (``NewBufferSize``); a record longer than the room left spans further buffers, each added with the
         length of the record's part it carries; a buffer left exactly full is finished. The Arrow
         :class:`~spark_credit_shuffle.buffers.RecordWriter` is the writer of exchanges; this raw-bytes path
         serves protocol tests and simulations.
+
+        Sans IO, the call cannot wait for a buffer as Flink's ``requestBufferBuilderBlocking`` does: a record
+        that needs a new buffer while the pool is unavailable is not started, and a record whose
+        continuation finds no buffer within size + overdraft stops there. Either way the call returns False
+        and the partition keeps what is left (a copy); :meth:`resume_record` writes it on once buffers were
+        recycled. No other record of that subpartition is taken before.
         """
         self._check_in_produce_state()
-        view = memoryview(record).cast("B")
+        if self._remainders[subpartition] is not None:
+            raise PartitionStateError(
+                f"subpartition {subpartition} holds the rest of a record it could not write: call resume_record()"
+            )
+        return self._write_record(subpartition, memoryview(record).cast("B"), False)
+
+    def resume_record(self, subpartition: int) -> bool:
+        """Write on the record :meth:`emit_record` stopped in; True once nothing of it is left."""
+        remainder = self._remainders[subpartition]
+        if remainder is None:
+            return True
+        self._check_in_produce_state()
+        self._remainders[subpartition] = None
+        return self._write_record(subpartition, memoryview(remainder[0]), remainder[1])
+
+    def has_pending_record(self, subpartition: int) -> bool:
+        """``subpartition`` holds the rest of a record :meth:`emit_record` could not write yet."""
+        return self._remainders[subpartition] is not None
+
+    def _write_record(self, subpartition: int, view: memoryview, continuation: bool) -> bool:
         builders = self._unicast_builders
         builder = builders[subpartition]
         pool = self.buffer_pool
-        if builder is None:
-            builder = ByteBufferBuilder(pool.network_pool.segment_size, self.request_segment(subpartition))
-            pool.builder_opened(subpartition)
-            desired = self.add_consumer(subpartition, builder.create_buffer_consumer())
-            builder.trim(max(len(view), desired))
-        view = view[builder.append(view) :]
-        while view:
-            builder.finish()
-            self.builder_finished(subpartition)
-            builder = ByteBufferBuilder(pool.network_pool.segment_size, self.request_segment(subpartition))
-            pool.builder_opened(subpartition)
-            taken = builder.append(view)
-            view = view[taken:]
-            desired = self.add_consumer(subpartition, builder.create_buffer_consumer(), taken)
-            builder.trim(max(taken, desired))
-        if builder.is_full():
-            builder.finish()
-            self.builder_finished(subpartition)
-            builder = None
-        builders[subpartition] = builder
+        segment_size = pool.network_pool.segment_size
+        while True:
+            if builder is None:
+                if not continuation and not pool.is_available():
+                    break  # a new record waits until the pool is available
+                if not pool.request_buffer(subpartition):
+                    break  # size + overdraft in use, or no network buffer left
+                builder = ByteBufferBuilder(segment_size, pool.segment_recyclers[subpartition])
+                pool.builder_opened(subpartition)
+                builders[subpartition] = builder
+                if continuation:
+                    taken = builder.append(view)
+                    view = view[taken:]
+                    desired = self.add_consumer(subpartition, builder.create_buffer_consumer(), taken)
+                    builder.trim(max(taken, desired))
+                else:
+                    desired = self.add_consumer(subpartition, builder.create_buffer_consumer())
+                    builder.trim(max(len(view), desired))
+                    view = view[builder.append(view) :]
+            else:
+                view = view[builder.append(view) :]
+            continuation = True
+            if view or builder.is_full():
+                builder.finish()
+                self.builder_finished(subpartition)
+                builders[subpartition] = builder = None
+            if not view:
+                return True
+        self._remainders[subpartition] = (bytes(view), continuation)
+        return False
 
     def add_event(self, subpartition: int, buffer: Buffer) -> None:
         self._check_in_produce_state()
         self.num_events_out += 1
         self.subpartitions[subpartition].add(buffer)
+
+    def add_priority_event_after_finish(self, subpartition: int, buffer: Buffer) -> bool:
+        """Put a priority event (an unaligned checkpoint barrier) into a finished partition's ``subpartition``
+        while its reader reads it: ahead of what the reader has not polled yet, END_OF_PARTITION included, or
+        behind what it sent, where the consumer's channel puts it ahead of what it has not consumed (a
+        consumer that already consumed END_OF_PARTITION drops it); False (nothing added) once the reader
+        released the subpartition or the partition was released. As a finished Flink task whose output is
+        not fully consumed still takes part in checkpoints (FLIP-147), a finished producer keeps injecting
+        barriers, so that a slow consumer's checkpoints complete before it reaches the end."""
+        if self.is_released or not self.is_finished:
+            return False
+        sub = self.subpartitions[subpartition]
+        if not sub.has_reader or sub.add(buffer) < 0:
+            return False
+        self.num_events_out += 1
+        return True
 
     def set_channel_state_writer(self, writer: OutputChannelStateWriter | None) -> None:
         """Where every subpartition's output channel state goes (see :class:`PipelinedSubpartition`)."""
@@ -270,6 +325,8 @@ class PipelinedResultPartition(ResultPartition):
     def finish(self) -> None:
         """END_OF_PARTITION into every subpartition (after finishing the buffers :meth:`emit_record` left open)."""
         self._check_in_produce_state()
+        if any(r is not None for r in self._remainders):
+            raise PartitionStateError("a record is not written whole yet: call resume_record() before finish()")
         builders = self._unicast_builders
         for i, builder in enumerate(builders):
             if builder is not None:

@@ -21,7 +21,7 @@ from functools import partial
 from typing import Protocol
 
 from ..config import DEFAULT_SEGMENT_SIZE, NetworkConfig
-from ..errors import InsufficientNetworkBuffersError, NetworkBuffersNotFreeError
+from ..errors import InsufficientNetworkBuffersError, NetworkBuffersNotFreeError, NoBufferAvailableError
 from .sizing import UNBOUNDED
 
 __all__ = [
@@ -272,8 +272,9 @@ class LocalBufferPool:
     whenever it is below its size (taking it from the global pool proactively). It is *available*, which
     lets a producer take its next input, iff it holds a free segment, no subpartition holds
     ``max_buffers_per_channel`` buffers and it is not overdrafted. Requests beyond the size may take up to
-    ``max_overdraft_buffers`` extra segments. A recycled segment is offered first to the FIFO of buffer
-    listeners (input channels waiting for floating buffers), then kept.
+    ``max_overdraft_buffers`` extra segments, never more: a pool holds at most its size plus the overdraft,
+    and all pools together at most the network buffer pool's total. A recycled segment is offered first to
+    the FIFO of buffer listeners (input channels waiting for floating buffers), then kept.
     """
 
     def __init__(
@@ -292,7 +293,6 @@ class LocalBufferPool:
         self.current_pool_size = min_buffers
         self.num_requested = 0  # segments taken from the global pool, overdraft included
         self.num_available_segments = 0
-        self.num_borrowed = 0  # forced requests beyond every limit with the global pool empty
         self.max_buffers_per_channel = max_buffers_per_channel
         self.max_overdraft_buffers = max_overdraft_buffers
         self.subpartition_buffers_count = [0] * num_subpartitions
@@ -360,24 +360,18 @@ class LocalBufferPool:
             self.check_availability()
         return True
 
-    def request_buffer_forced(self, target_channel: int = UNKNOWN_CHANNEL) -> None:
-        """Take one segment no matter what (a record that is being written must get its buffer).
-
-        Beyond size and overdraft, take a free global segment, or borrow one outside network memory
-        (counted in ``num_borrowed``). The pool stays unavailable until such segments are back.
-        """
-        if self.request_buffer(target_channel):
-            return
-        if self.network_pool.request_pooled_segment():
-            self.num_requested += 1
-        else:
-            self.num_borrowed += 1
-        if target_channel >= 0:
-            count = self.subpartition_buffers_count[target_channel] + 1
-            self.subpartition_buffers_count[target_channel] = count
-            if count - self.subpartition_builder_open[target_channel] == self.max_buffers_per_channel:
-                self.unavailable_subpartitions_count += 1
-        self.check_availability()
+    def request_buffer_or_raise(self, target_channel: int = UNKNOWN_CHANNEL) -> None:
+        """:meth:`request_buffer`, raising :class:`NoBufferAvailableError` where it gives nothing (Flink's
+        non-blocking request returns null there): never a segment beyond size + overdraft or beyond the
+        network buffer pool's total."""
+        if not self.request_buffer(target_channel):
+            raise NoBufferAvailableError(
+                target_channel,
+                self.current_pool_size,
+                self.max_overdraft_buffers,
+                self.num_used,
+                self.network_pool.total,
+            )
 
     def builder_opened(self, target_channel: int) -> None:
         """The writer of ``target_channel`` holds an unfinished buffer of it (one of the segments counted
@@ -428,10 +422,6 @@ class LocalBufferPool:
             if count - self.subpartition_builder_open[target_channel] == self.max_buffers_per_channel:
                 self.unavailable_subpartitions_count -= 1
             counts[target_channel] = count - 1
-        if self.num_borrowed:
-            self.num_borrowed -= 1
-            self.check_availability()
-            return
         if self.is_destroyed or self.num_requested > self.current_pool_size:
             self._return_to_global()
             self.check_availability()
@@ -485,16 +475,9 @@ class LocalBufferPool:
         """Refresh availability, taking a segment from the global pool if below size; notify on a change.
 
         A segment the pool gains this way goes to a waiting buffer listener first (Flink serves listeners
-        only on recycle; a channel could then wait while its pool holds a free segment). A free segment
-        first settles a borrowed one: the borrowed segment is in use and counts as this pooled one from
-        then on, so a pool never sits on a free segment while it is unavailable for a borrowed one."""
-        while self.num_borrowed and self.num_available_segments:
-            self.num_borrowed -= 1
-            self.num_available_segments -= 1
+        only on recycle; a channel could then wait while its pool holds a free segment)."""
         if self.num_available_segments == 0 and self.num_requested < self.current_pool_size and not self.is_destroyed:
             if self._request_from_global():
-                if self.num_borrowed:
-                    return self.check_availability()
                 if self._listeners:
                     self.num_available_segments -= 1
                     self._offer_segment()
@@ -505,7 +488,6 @@ class LocalBufferPool:
             self.num_available_segments > 0
             and self.unavailable_subpartitions_count == 0
             and self.num_requested <= self.current_pool_size
-            and self.num_borrowed == 0
         )
         if available and not self._available:
             self._available = True
@@ -563,7 +545,7 @@ class LocalBufferPool:
     @property
     def num_used(self) -> int:
         """Segments held outside the pool (in builders, queues, in flight or being consumed)."""
-        return self.num_requested - self.num_available_segments + self.num_borrowed
+        return self.num_requested - self.num_available_segments
 
     @property
     def usage(self) -> float:

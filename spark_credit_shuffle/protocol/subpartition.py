@@ -21,7 +21,13 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..buffers.buffer import Buffer, BufferConsumer, DataType
-from ..buffers.format import CheckpointBarrier, MalformedPayload, decode_event_payload, encode_event
+from ..buffers.format import (
+    CheckpointBarrier,
+    MalformedPayload,
+    decode_event_payload,
+    encode_event,
+    is_keep_alive,
+)
 from ..errors import PartitionStateError
 from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER, IS_EVENT
 
@@ -171,10 +177,13 @@ class PipelinedSubpartition:
         """Queue ``consumer``; return the desired buffer size, or -1 if finished or released (the
         consumer is then closed). ``partial_record_length`` is part of Flink's contract (it serves
         unaligned checkpoints, which this stack does not take) and is not kept."""
-        if self.is_finished or self.is_released:
+        data_type = consumer.data_type
+        if self.is_released or (self.is_finished and not (HAS_PRIORITY[data_type] and self._view is not None)):
+            # after finish only a priority event still goes in, while a reader reads: ahead of what it has not
+            # polled yet (END_OF_PARTITION included), or behind it, to overtake it in the consumer's queue
+            # (the barrier of a checkpoint a finished producer still takes part in)
             consumer.close()
             return ADD_BUFFER_ERROR_CODE
-        data_type = consumer.data_type
         buffers = self._buffers
         if HAS_PRIORITY[data_type]:
             self._insert_priority(consumer)
@@ -200,14 +209,26 @@ class PipelinedSubpartition:
         return self._buffer_size
 
     def _insert_priority(self, consumer: BufferConsumer) -> None:
-        """A priority event goes before every non-priority element; the reader hears of the first one."""
+        """A priority event goes before every non-priority element (a barrier also before the keep-alives
+        there); the reader hears of every unaligned barrier as a priority event, of a keep-alive as data."""
         buffers = self._buffers
-        buffers.insert(self._num_priority, consumer)
+        position = self._num_priority
+        keep_alive = is_keep_alive(consumer.data_type, getattr(consumer, "data", b""))
+        if not keep_alive:  # a barrier goes ahead of the keep-alives queued ahead of the data too
+            while position and is_keep_alive(
+                buffers[position - 1].data_type, getattr(buffers[position - 1], "data", b"")
+            ):
+                position -= 1
+        buffers.insert(position, consumer)
         self._num_priority += 1
         if len(buffers) == 1:
             self._tail_known_finished = True
-        if self._num_priority == 1 and not self.is_blocked and self._view is not None:
-            self._view.notify_priority_event(self._sequence_number)
+        if not self.is_blocked and self._view is not None:
+            if not keep_alive:
+                # every barrier, also behind a keep-alive at the head: the reader moves the channel ahead
+                self._view.notify_priority_event(self._sequence_number)
+            elif self._num_priority == 1:
+                self._view.notify_data_available()  # ahead in this queue, not ahead of other channels
 
     def _persist_overtaken(self, checkpoint_id: int, end: int) -> list[int]:
         """Hand the sizes of the data buffers queued between the priority elements and position ``end`` to
@@ -443,6 +464,11 @@ class PipelinedSubpartition:
         self._view = None
         if self.parent is not None:
             self.parent.on_consumed_subpartition(self.index)
+
+    @property
+    def has_reader(self) -> bool:
+        """A reader reads this subpartition (its view was created and not released)."""
+        return self._view is not None and not self.is_released
 
     @property
     def is_sent_to_reader(self) -> bool:

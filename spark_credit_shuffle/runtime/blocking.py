@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import pyarrow as pa
 
+from ..buffers.compression import STORED_COMPRESSED_FLAG, BufferCompressor
 from ..buffers.format import CheckpointBarrier
 from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow
@@ -35,7 +36,7 @@ from ..protocol.partition import partition_buffer_pool
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.sizing import PartitionType
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
-from .consumer import consume_partition
+from .consumer import consume_partition, timed_batches
 from .engine import ProducerEngine, Settings
 from .monitor import task_monitor, watch
 from .session import bound_arrow_batches
@@ -115,12 +116,26 @@ def produce_partition(
     data = bytearray()  # the payloads of ``out``, one after the other
     seqs = [0] * n
 
+    compressor = (
+        BufferCompressor(config.compression_codec)
+        if config.blocking_shuffle_compression and config.compression_codec != "none"
+        else None
+    )
+    stored_bytes = [0] * n
+
     def store(subpartition: int, buffer: StoredBuffer) -> None:
         seq = seqs[subpartition]
         seqs[subpartition] = seq + 1
         before = len(data)
-        data.extend(cast("bytes | memoryview", buffer.payload))  # the segment's bytes, copied once
-        out.append((consumers[subpartition], producer, seq, int(buffer.data_type), len(data) - before))
+        data_type = int(buffer.data_type)
+        payload = cast("bytes | memoryview", buffer.payload)
+        compressed = compressor.compress(payload) if compressor is not None and buffer.data_type.is_buffer else None
+        if compressed is not None:  # a data buffer, smaller compressed (Flink's BufferCompressor)
+            payload = compressed
+            data_type |= STORED_COMPRESSED_FLAG
+        data.extend(payload)  # the segment's bytes, copied once
+        stored_bytes[subpartition] += len(data) - before
+        out.append((consumers[subpartition], producer, seq, data_type, len(data) - before))
 
     partition = BlockingResultPartition(n, pool, partition_id=producer, sink=store)
     settings = Settings.of(config, blocking=True)
@@ -137,7 +152,7 @@ def produce_partition(
 
     try:
         sample(time.monotonic())
-        for batch in batches:
+        for batch in timed_batches(batches, engine.time):  # the wait for the next input batch is idle time
             if batch.num_rows:
                 engine.write(batch)
                 engine.sample_output()
@@ -148,12 +163,19 @@ def produce_partition(
                 yield _storage_batch(out, data)
                 out = []
                 data = bytearray()  # the batch handed to Spark keeps the old one
+        barriers_out: list[MetricRow] = []
         if config.checkpoint_interval_ms > 0:  # blocking mode: one barrier at the end of each producer
             engine.writer.broadcast_event(CheckpointBarrier(1, time.time_ns() // 1_000_000, config.checkpoint_options))
+            barriers_out.append(MetricRow(PRODUCER, producer, None, "numCheckpointBarriersOut", "total", 1.0))
         engine.finish()
         engine.sample_output()
         sample(time.monotonic())
-        metric_rows = [*engine.metric_rows(time.monotonic()), *timeline.timeline_rows()]
+        engine.time.stop(time.monotonic())
+        stored = [
+            MetricRow(PRODUCER, producer, c, "numBytesStored", "total", float(b))
+            for c, b in zip(consumers, stored_bytes)
+        ]
+        metric_rows = [*engine.metric_rows(time.monotonic()), *barriers_out, *stored, *timeline.timeline_rows()]
         rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in metric_rows]
         metrics = json.dumps(rows).encode()
         data.extend(metrics)

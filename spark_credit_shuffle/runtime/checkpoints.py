@@ -26,6 +26,9 @@ CHECKPOINT_EVENTS = (CheckpointBarrier, CancelCheckpointMarker, EndOfPartition)
 
 #: ``stat`` of the per-checkpoint metric rows (their ``channel`` is the checkpoint's ordinal on its subtask).
 CHECKPOINT_STAT = "checkpoint"
+#: The first checkpoint's instant is at least this long after the last task announced its start (see
+#: :meth:`CheckpointTrigger.arm`).
+ARM_GRACE_MS = 100
 #: At most this many barrier rows per task in the timeline (a long run keeps its first ones).
 _MAX_BARRIER_ROWS = 20_000
 
@@ -42,9 +45,11 @@ class CheckpointTrigger:
     exchange has started, with the latest start any task announced, so that all producers agree on the
     first checkpoint: the one of the second instant after that start. Without that, barriers of producers
     that started early would block their channels at every consumer until the last producer started and
-    injected its first barrier. A timer that wakes late (a busy machine) still injects the checkpoint it
-    woke for, unless it is late by a whole interval: rounding to the nearest instant would skip one, and
-    the consumers would abort it.
+    injected its first barrier. A timer that wakes late (a busy machine, or a writer that held the task's
+    writer lock through a long batch) injects the checkpoint it is late for, never a later one: a
+    producer that skipped an id would make every consumer abort that checkpoint (its barrier missing on
+    one channel, the next one's arriving). Later instants that passed meanwhile are injected right after,
+    one by one, as the timer catches up.
     """
 
     def __init__(self, subtask: int, interval_ms: int, options: CheckpointOptions) -> None:
@@ -68,9 +73,12 @@ class CheckpointTrigger:
 
     def arm(self, started_ms: int) -> None:
         """Every task runs, the last started at ``started_ms`` (epoch ms): fire from the second instant
-        after that on."""
+        after that on, and not before :data:`ARM_GRACE_MS` after it (the tasks learn that every task runs
+        at slightly different times, after the address exchange: a first instant already past when a task
+        arms would make it catch up with a burst of barriers the others do not send at the same time)."""
         if self.enabled:
-            self.last_id = max(self.last_id, started_ms // self.interval_ms + 1)
+            first = max(started_ms // self.interval_ms + 2, (started_ms + ARM_GRACE_MS) // self.interval_ms + 1)
+            self.last_id = max(self.last_id, first - 1)
         self.armed = True
 
     def is_due(self) -> bool:
@@ -81,16 +89,18 @@ class CheckpointTrigger:
         return time.time_ns() / 1e6 >= (self.last_id + 0.5) * self.interval_ms
 
     def seconds_until_next(self) -> float:
-        """Wall-clock seconds until the instant of the next checkpoint not yet injected."""
+        """Wall-clock seconds until the instant of the next checkpoint not yet injected (0 if it passed: a
+        late timer catches up one checkpoint at a time)."""
         now_ms = time.time_ns() / 1e6
-        next_id = max(self.last_id + 1, int(now_ms // self.interval_ms) + 1)
-        return (next_id * self.interval_ms - now_ms) / 1000.0
+        if not self.armed:
+            return max(0.0, (int(now_ms // self.interval_ms) + 1) * self.interval_ms - now_ms) / 1000.0
+        return max(0.0, ((self.last_id + 1) * self.interval_ms - now_ms) / 1000.0)
 
     def next_barrier(self) -> CheckpointBarrier:
-        """The barrier of the checkpoint due now (the next one; a later one only if its instant passed too),
-        stamped now; a timeline row records it."""
+        """The barrier of the next checkpoint (the one after the last injected, however late), stamped now;
+        a timeline row records it."""
         now_ms = time.time_ns() // 1_000_000
-        self.last_id = max(self.last_id + 1, now_ms // self.interval_ms)
+        self.last_id += 1
         self.num_barriers += 1
         if self.options.is_timeoutable:
             self.timeout_at = time.monotonic() + self.options.aligned_checkpoint_timeout_ms / 1000.0

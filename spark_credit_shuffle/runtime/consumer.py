@@ -12,13 +12,14 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from ..buffers import DataType
+from ..buffers.compression import STORED_COMPRESSED_FLAG, BufferDecompressor
 from ..buffers.reader import RecordReader
 from ..errors import ProtocolError
 from ..metrics import CONSUMER, MetricRow
@@ -26,7 +27,7 @@ from ..protocol.pools import NetworkBufferPool
 from ..transport.memory import StoredBuffersExchange
 from .checkpoints import ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport
-from .engine import ConsumerEngine, GateGauges, Settings, combine
+from .engine import ConsumerEngine, GateGauges, Settings, TimeAccount, combine
 from .monitor import task_monitor, watch
 
 if TYPE_CHECKING:
@@ -67,7 +68,6 @@ def consume_partition(
     producer_metrics: list[MetricRow] = []
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
-    started = time.perf_counter()
     checkpoints = ConsumerCheckpoints(consumer, producers) if config.checkpoint_interval_ms > 0 else None
     engine = ConsumerEngine(
         consumer,
@@ -123,15 +123,21 @@ def consume_partition(
                 return
 
     add = replay.add
+    decompressor = BufferDecompressor(
+        plan.config.compression_codec if plan.config.compression_codec != "none" else "lz4", plan.config.segment_size
+    )
     data_types = {int(t): t for t in DataType}
     try:
-        for batch in batches:
+        for batch in timed_batches(batches, engine.time):  # the wait for the next stored batch is idle time
             if not batch.num_rows:
                 continue
             for producer, data_type, payload in stored_buffers(batch):
                 if data_type == _METRICS_TYPE:
                     producer_metrics.extend(MetricRow(*row) for row in json.loads(payload.to_pybytes()))
                     continue
+                if data_type & STORED_COMPRESSED_FLAG:  # compressed by its producer: decompressed here
+                    payload = decompressor.decompress(payload)
+                    data_type &= ~STORED_COMPRESSED_FLAG
                 channel = channel_of.get(producer)
                 kind = data_types.get(data_type)
                 if channel is None or kind is None:
@@ -153,9 +159,22 @@ def consume_partition(
         if monitor is not None:
             monitor.close()
 
-    engine.metrics.set("accumulateBusyTimeMs", (time.perf_counter() - started) * 1000.0)
+    engine.time.stop(time.monotonic())
     rows = engine.metric_rows(time.monotonic())
     yield from report.last(plan.schema, [*producer_metrics, *rows, *timeline.timeline_rows()])
+
+
+def timed_batches(batches: Iterable[pa.RecordBatch], clock: TimeAccount) -> Iterator[pa.RecordBatch]:
+    """``batches``, with the time spent waiting for each one counted as ``clock``'s idle time."""
+    iterator = iter(batches)
+    while True:
+        waited = clock.idle_since = time.monotonic()
+        batch = next(iterator, None)
+        clock.idle_since = None
+        clock.add_idle(time.monotonic() - waited)
+        if batch is None:
+            return
+        yield batch
 
 
 def stored_buffers(batch: pa.RecordBatch) -> Iterator[tuple[int, int, pa.Buffer]]:

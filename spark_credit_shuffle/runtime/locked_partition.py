@@ -38,9 +38,10 @@ class LockedPartition:
 
         return recycle
 
-    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> None:
+    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> int:
+        """Queue ``consumer``; the subpartition's desired buffer size (debloating)."""
         with self._lock:
-            self.partition.add_consumer(subpartition, consumer, partial_record_length)
+            return self.partition.add_consumer(subpartition, consumer, partial_record_length)
 
     def add_event(self, subpartition: int, buffer: Buffer) -> None:
         with self._lock:

@@ -73,11 +73,14 @@ that make data or credit sendable write it to the socket themselves (see
 :meth:`TcpTransport.sending`): every hand-over between threads costs a wait for the interpreter lock, and
 the credit loop is the latency that bounds a channel's throughput.
 
-**Metrics** are the blocking mode's (same schema), plus Flink's time metrics per side:
-``accumulateBackPressuredTimeMs``, ``accumulateIdleTimeMs``, ``accumulateBusyTimeMs`` (stat ``total``) and
-``backPressuredTimeMsPerSecond``, ``idleTimeMsPerSecond``, ``busyTimeMsPerSecond`` (stat ``mean``: averaged
-over the side's life, Flink averages over the last minute). A producer is back-pressured while it waits for
-a buffer and idle while it waits for its next input batch; a consumer is idle while its gate has nothing.
+**Metrics** are the blocking mode's (same schema, Flink's time metrics per side included:
+``accumulateBackPressuredTimeMs``, ``accumulateIdleTimeMs``, ``accumulateBusyTimeMs`` (stat ``total``),
+``backPressuredTimeMsPerSecond``, ``idleTimeMsPerSecond``, ``busyTimeMsPerSecond``,
+``softBackPressuredTimeMsPerSecond``, ``hardBackPressuredTimeMsPerSecond`` (stat ``mean``: averaged over the
+side's life; the timeline has them over the last minute, as Flink's gauges), ``maxSoftBackPressureTimeMs``,
+``maxHardBackPressureTimeMs`` (stat ``max``)). A producer is back-pressured while it waits for a buffer:
+soft before it takes its next input batch, hard in the middle of one it could not write whole; it is idle
+while it waits for its next input batch; a consumer is idle while its gate has nothing.
 Producers also report ``outputQueueLength`` per channel (max, mean); consumers report ``latencyMs`` of the
 latency markers they received (p50, p99, max, mean) and ``numLatencyMarkersIn``; each task reports its
 resident memory ``taskRssBytes`` and Arrow memory ``taskArrowAllocatedBytes`` (max, mean), sampled by the

@@ -243,6 +243,10 @@ class PipelinedTask(TaskWiring):
         clock = producer.time
         sending = self.transport.sending
         thread_cpu = time.thread_time()
+        trigger = self.checkpoint_trigger
+        barrier_due = trigger.is_due if trigger.enabled else (lambda: False)
+        if trigger.enabled:  # the writer stops between two runs of rows when a checkpoint is due
+            producer.writer.interrupt = trigger.is_due
         try:
             injection = self.plan.injection
             if injection is not None:
@@ -251,8 +255,9 @@ class PipelinedTask(TaskWiring):
                 self._record_producer_sample(time.monotonic())
             iterator = iter(batches)
             while not self._stop.is_set():
-                waited = time.monotonic()
+                waited = clock.idle_since = time.monotonic()
                 batch = next(iterator, None)
+                clock.idle_since = None
                 clock.idle += time.monotonic() - waited
                 if batch is None:
                     break
@@ -262,12 +267,18 @@ class PipelinedTask(TaskWiring):
                 self._await_buffer(producer)
                 with sending(), self.writer_lock:
                     done = producer.write(batch)
+                    while not done and barrier_due():  # stopped between two runs: the barrier goes in now
+                        self._inject_due_checkpoint(producer)
+                        done = producer.resume()
                 while not done:
                     with self.lock:
                         producer.sample_output()
-                    self._await_buffer(producer)
+                    self._await_buffer(producer, hard=True)  # in the middle of an input: hard back-pressure
                     with sending(), self.writer_lock:
                         done = producer.resume()
+                        while not done and barrier_due():
+                            self._inject_due_checkpoint(producer)
+                            done = producer.resume()
                 with self.lock:
                     producer.sample_output()
             with sending(), self.writer_lock:
@@ -284,13 +295,22 @@ class PipelinedTask(TaskWiring):
         except BaseException as exc:
             self._fail(exc)
 
-    def _await_buffer(self, producer: ProducerEngine) -> None:
+    def _inject_due_checkpoint(self, producer: ProducerEngine) -> None:
+        """The producer thread, holding the writer between two runs of rows of a batch, injects the checkpoint
+        barrier that is due (so a long write does not hold it back until the timer thread gets the writer)."""
+        trigger = self.checkpoint_trigger
+        with self.lock:
+            if trigger.is_due():
+                producer.writer.broadcast_event(trigger.next_barrier())
+
+    def _await_buffer(self, producer: ProducerEngine, *, hard: bool = False) -> None:
         """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``), as long as
-        the engine allows. Every recycled segment wakes this wait (``_on_recycle``)."""
+        the engine allows; before the next input (soft) or, ``hard``, in the middle of one. Every recycled
+        segment wakes this wait (``_on_recycle``)."""
         if producer.is_available():
             return
         with self.producer_cond:
-            producer.begin_wait(time.monotonic())
+            producer.begin_wait(time.monotonic(), hard=hard)
             try:
                 while not producer.is_available():
                     self._raise_if_failed()
@@ -335,7 +355,7 @@ class PipelinedTask(TaskWiring):
     # -- timer thread: the engine's schedule, checkpoint barriers, memory samples --
 
     def _timer(self) -> None:
-        settings, producer, trigger = self.settings, self.producer, self.checkpoint_trigger
+        settings, producer, trigger, consumer = self.settings, self.producer, self.checkpoint_trigger, self.consumer
         inf = float("inf")
         now = time.monotonic()
         next_checkpoint = now + trigger.seconds_until_next() if trigger.enabled else inf
@@ -345,10 +365,23 @@ class PipelinedTask(TaskWiring):
         try:
             while True:
                 producing = producer is not None and not producer.is_finished
+                # a finished producer whose output a consumer still reads injects unaligned barriers on
+                finishing = (
+                    not producing
+                    and producer is not None
+                    and trigger.enabled
+                    and trigger.options.is_unaligned
+                    and producer.takes_part_in_checkpoints_after_finish()
+                )
                 due = min(next_sample, next_timeline)
+                debloat = consumer.debloat if consumer is not None and not self._consumer_done else None
+                if debloat is not None:
+                    due = min(due, debloat.next_at)
                 if producing:
                     assert producer is not None
                     due = min(due, producer.next_timer(), next_checkpoint, trigger.timeout_at)
+                elif finishing:
+                    due = min(due, next_checkpoint)
                 if due == inf:
                     due = now + 1.0
                 if self._stop.wait(max(0.0, due - time.monotonic())):
@@ -359,6 +392,14 @@ class PipelinedTask(TaskWiring):
                     next_sample = max(next_sample + sample_every, now)
                 if now >= next_timeline:
                     next_timeline = max(next_timeline + self._sample_timeline(now), now)
+                if debloat is not None and now >= debloat.next_at and self.gate is not None:
+                    with self._sending(), self.lock:  # the size goes to every producer (NewBufferSize)
+                        debloat.on_timer(now)
+                if finishing and producer is not None and now >= next_checkpoint:
+                    with self._sending(), self.lock:
+                        if trigger.is_due():
+                            producer.inject_after_finish(trigger.next_barrier())
+                        next_checkpoint = now + trigger.seconds_until_next()
                 if not producing or producer is None:
                     continue
                 with self._sending(), self.writer_lock:
@@ -453,7 +494,7 @@ class PipelinedTask(TaskWiring):
                         raise self._channel_error(exc) from exc
                     if isinstance(step, Wait):
                         if waited_since is None:
-                            waited_since = now
+                            waited_since = consumer.time.idle_since = now
                             before_wait()
                             continue  # writing took time: look again before waiting
                         self.consumer_cond.wait(max(0.0005, step.until - now))
@@ -463,6 +504,7 @@ class PipelinedTask(TaskWiring):
                     return step
             finally:
                 if waited_since is not None:
+                    consumer.time.idle_since = None
                     consumer.time.idle += time.monotonic() - waited_since
 
     def _connection_detail(self, producer: int, now: float) -> str:

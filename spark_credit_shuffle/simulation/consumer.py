@@ -93,8 +93,19 @@ class SimulatedConsumer:
         gate.listener = self._on_data
 
     def start(self, now: float) -> None:
-        """The channels were requested: the engine's silence rule and time accounts start now."""
+        """The channels were requested: the engine's silence rule and time accounts start now (and its buffer
+        debloating's period, if on)."""
         self.engine.start(now, round(now * 1e9))
+        if self.engine.debloat is not None:
+            self.sim.clock.schedule(self.engine.debloat.next_at, self._debloat)
+
+    def _debloat(self, now: float) -> None:
+        """The buffer debloating timer (Flink's ``StreamTask.scheduleBufferDebloater``), every period."""
+        debloat = self.engine.debloat
+        if debloat is None or self.finished or self.engine.gate.is_closed:
+            return
+        debloat.on_timer(now)
+        self.sim.clock.schedule(debloat.next_at, self._debloat)
 
     @property
     def checkpoint_done(self) -> int:
@@ -137,7 +148,7 @@ class SimulatedConsumer:
                 polled = step
                 if self._idle_since is not None:
                     engine.time.idle += now - self._idle_since
-                    self._idle_since = None
+                    self._idle_since = engine.time.idle_since = None
             channel, buffer = polled.channel_index, polled.buffer
             if self.aligns_by_spilling and self.checkpoints.is_blocked(channel):
                 self._spill(polled)
@@ -171,7 +182,7 @@ class SimulatedConsumer:
     def _idle(self, now: float, until: float) -> None:
         """Nothing to read: idle time runs, and the engine's silence rule is checked again at ``until``."""
         if self._idle_since is None:
-            self._idle_since = now
+            self._idle_since = self.engine.time.idle_since = now
         if until < self._wake_at:
             self.sim.clock.cancel(self._wake)
             self._wake, self._wake_at = self.sim.clock.schedule(until, self._on_wake), until
@@ -221,7 +232,7 @@ class SimulatedConsumer:
         """The engine's metric rows at the ``end`` of the run (idle time still going on ends there)."""
         if self._idle_since is not None:
             self.engine.time.idle += end - self._idle_since
-            self._idle_since = None
+            self._idle_since = self.engine.time.idle_since = None
         self.engine.time.stop(end)
         return self.engine.metric_rows(end)
 

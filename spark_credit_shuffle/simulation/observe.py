@@ -61,26 +61,20 @@ def sample_rows(sim: Any, now: float) -> None:
 
 
 def check_invariants(sim: Any) -> None:
-    """No producer holds more than its pool size plus the overdraft plus the fragments of one record, no
-    executor's pools hold more than its network buffers (borrowed segments are outside them), no data
+    """No producer holds more than its pool size plus the overdraft (the core hands out no segment beyond
+    them, a record's fragments included), no executor's pools hold more than its network buffers, no data
     buffer is in flight or sendable without a receiver buffer reserved for it, and on a local channel
     through a connection every buffer sent and not yet recycled holds a segment of the producer's pool."""
     sim.invariant_checks += 1
     for producer in sim.producers:
         pool = producer.partition.buffer_pool
-        held = pool.num_requested + pool.num_borrowed
-        # the writer's one exception: the fragments of the record being written are forced (a free global
-        # segment or one borrowed outside network memory), as many as the record's segments and the one it
-        # starts in
-        fragments = producer.record_size // sim.config.segment_size + 2
-        if held > pool.current_pool_size + pool.max_overdraft_buffers + fragments:
+        held = pool.num_requested
+        if held > pool.current_pool_size + pool.max_overdraft_buffers:
             raise AssertionError(
                 f"producer {producer.index} holds {held} segments, beyond its pool size "
-                f"{pool.current_pool_size} + overdraft {pool.max_overdraft_buffers} + {fragments} "
-                "fragments of one record"
+                f"{pool.current_pool_size} + overdraft {pool.max_overdraft_buffers}"
             )
     for host, network in sim.network_pools.items():
-        # borrowed segments are outside network memory
         held = sum(p.num_requested for p in network.buffer_pools) + network.num_unpooled
         if held > network.total or network.num_available < 0:
             raise AssertionError(f"host {host}: pools hold {held} segments of {network.total} network buffers")

@@ -167,8 +167,9 @@ class SimulatedProducer:
             self._wait_check = None
             self.sim.clock.schedule(now, self.emit)
 
-    def _wait(self, now: float) -> None:
-        self.engine.begin_wait(now)
+    def _wait(self, now: float, *, hard: bool = False) -> None:
+        """Back-pressured from ``now``: before the next batch (soft) or, ``hard``, in the middle of one."""
+        self.engine.begin_wait(now, hard=hard)
         self._check_wait(now)
 
     def _check_wait(self, now: float) -> None:
@@ -195,7 +196,7 @@ class SimulatedProducer:
             return
         if engine.writer.has_pending_write:  # a batch stopped at a buffer it could not get: write on from there
             if not engine.resume():
-                self._wait(now)
+                self._wait(now, hard=True)
                 return
             self._end_batch(now, self.pending_count)
             return
@@ -210,7 +211,7 @@ class SimulatedProducer:
             self.remaining_records -= count
             self.pending_count = count
             if not engine.write(batch):
-                self._wait(now)
+                self._wait(now, hard=True)  # in the middle of a batch: hard back-pressure
                 return
         self._end_batch(now, count)
 

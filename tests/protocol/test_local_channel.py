@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from protocol_helpers import write_buffer
 
+from spark_credit_shuffle.buffers import CheckpointBarrier, DataType, KeepAlive, decode_event, encode_event
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ProtocolError
 from spark_credit_shuffle.protocol import (
@@ -172,8 +173,11 @@ def test_held_segments_are_exactly_the_sent_and_not_yet_recycled_buffers(steps):
     outstanding: list = []
     written = received = 0
     for write, recycle in steps:
-        ex.write(write, size=100)
-        written += write
+        for _ in range(write):  # as a producer writes: a new buffer only while its pool is available
+            if not ex.partition.is_available():
+                break
+            ex.write(1, size=100)
+            written += 1
         got = ex.poll_all()
         received += len(got)
         outstanding += got
@@ -183,3 +187,75 @@ def test_held_segments_are_exactly_the_sent_and_not_yet_recycled_buffers(steps):
         ex.pump()
         assert received == written
         assert ex.held_by_producer == len(outstanding)
+
+
+UNALIGNED = NetworkConfig(unaligned_checkpoints=True).checkpoint_options
+
+
+def test_an_unaligned_barrier_overtakes_what_the_consumer_received_and_has_not_consumed():
+    # given three buffers that crossed the connection and wait, unread, in the consumer's queue
+    ex = TwoProcesses()
+    ex.write(3)
+    # when the producer adds an unaligned barrier (its own queue is empty: everything was sent)
+    ex.partition.add_event(0, encode_event(CheckpointBarrier(5, 0, UNALIGNED)))
+    ex.pump()
+    items = ex.poll_all()
+    # then the consumer takes the barrier first, as on a remote channel: it overtook every buffer not yet
+    # consumed, which keep their lower sequence numbers (the channel state of checkpoint 5)
+    assert [item.buffer.data_type for item in items] == [DataType.PRIORITIZED_EVENT_BUFFER] + [DataType.DATA_BUFFER] * 3
+    barrier_seq = items[0].sequence_number
+    assert all(item.sequence_number < barrier_seq for item in items[1:])
+
+
+def test_a_keep_alive_queues_behind_the_received_data_and_an_unaligned_barrier_moves_its_channel_ahead():
+    # given a gate with two in-process local channels, each with a buffer queued, channel 0 first
+    config = NetworkConfig()
+    network = NetworkBufferPool.from_config(config)
+    partitions = [PipelinedResultPartition.create(network, 1, config, partition_id=p) for p in range(2)]
+    gate = SingleInputGate(network, 2, config, num_remote_channels=0)
+    for p, partition in enumerate(partitions):
+        gate.local_channel(p, partition)
+    gate.request_partitions()
+    for partition in partitions:
+        write_buffer(partition, 0, b"x" * 100)
+    # when channel 1's producer sends a keep-alive: the gate's order stays round robin
+    partitions[1].add_event(0, encode_event(KeepAlive()))
+    first = gate.poll_next()
+    assert first is not None and first.channel_index == 0 and first.buffer.data_type is DataType.DATA_BUFFER
+    # and when it sends an unaligned barrier, channel 1 goes first with it (ahead of its keep-alive too),
+    # before channel 0's buffer
+    write_buffer(partitions[0], 0, b"y" * 100)
+    partitions[1].add_event(0, encode_event(CheckpointBarrier(1, 0, UNALIGNED)))
+    for partition in partitions:
+        partition.flush_all()
+    taken = [
+        (
+            item.channel_index,
+            decode_event(item.buffer.data_type, item.buffer.data)
+            if item.buffer.data_type.is_event
+            else len(item.buffer.data),
+        )
+        for item in iter(gate.poll_next, None)
+    ]
+    assert taken[0] == (1, CheckpointBarrier(1, 0, UNALIGNED))
+    assert sorted(taken[1:], key=str) == sorted([(1, KeepAlive()), (0, 100), (1, 100)], key=str)
+
+
+def test_a_finished_producer_still_puts_unaligned_barriers_ahead_of_what_its_consumer_has_not_read():
+    # given a finished producer whose consumer has read nothing yet
+    ex = TwoProcesses()
+    write_buffer(ex.partition, 0, b"z" * 500)
+    ex.partition.finish()
+    # when a checkpoint's barrier comes after the end (a slow consumer still reads the finished producer)
+    assert ex.partition.add_priority_event_after_finish(0, encode_event(CheckpointBarrier(2, 0, UNALIGNED)))
+    ex.pump()
+    items = ex.poll_all()
+    # then the consumer takes it ahead of the data and the end of partition
+    assert [item.buffer.data_type for item in items] == [
+        DataType.PRIORITIZED_EVENT_BUFFER,
+        DataType.DATA_BUFFER,
+        DataType.END_OF_PARTITION,
+    ]
+    ex.pump()
+    # and once the consumer read the end and released the channel, nothing more goes in
+    assert not ex.partition.add_priority_event_after_finish(0, encode_event(CheckpointBarrier(3, 0, UNALIGNED)))

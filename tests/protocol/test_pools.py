@@ -8,7 +8,11 @@ import logging
 import pytest
 
 from spark_credit_shuffle.config import NetworkConfig
-from spark_credit_shuffle.errors import InsufficientNetworkBuffersError, NetworkBuffersNotFreeError
+from spark_credit_shuffle.errors import (
+    InsufficientNetworkBuffersError,
+    NetworkBuffersNotFreeError,
+    NoBufferAvailableError,
+)
 from spark_credit_shuffle.protocol import (
     CreditBasedPartitionRequestClientHandler,
     NetworkBufferPool,
@@ -98,19 +102,21 @@ def test_overdraft():
     assert network.num_available == 18
 
 
-def test_forced_request_never_fails():
-    """What ``ResultPartitionWriter.request_segment`` relies on: a record being written always gets a buffer."""
+def test_a_request_beyond_size_overdraft_or_network_memory_gets_nothing():
+    """Flink's non-blocking request: nothing beyond the pool size plus the overdraft, nor beyond the network
+    buffer pool's total; the raising form names the pool's numbers."""
     network = NetworkBufferPool(3, 128)
-    pool = network.create_buffer_pool(2, 2, num_subpartitions=1, max_overdraft_buffers=0)
-    for _ in range(5):
-        pool.request_buffer_forced(0)
-    assert pool.num_used == 5
-    assert pool.num_borrowed == 2  # beyond network memory: counted, bounded by one batch in the runtime
+    pool = network.create_buffer_pool(2, 2, num_subpartitions=1, max_overdraft_buffers=5)
+    taken = 0
+    while pool.request_buffer(0):
+        taken += 1
+    assert taken == 3 and pool.num_used == 3 and network.num_available == 0  # size 2 + 1 overdraft: memory's end
+    with pytest.raises(NoBufferAvailableError, match=r"size 2 \+ overdraft 5.*3 network buffers"):
+        pool.request_buffer_or_raise(0)
     assert not pool.is_available()
-    for _ in range(5):
+    for _ in range(3):
         pool.recycle(0)
-    assert pool.num_used == 0 and pool.num_borrowed == 0
-    assert pool.is_available()
+    assert pool.num_used == 0 and pool.is_available()
 
 
 def test_insufficient_number_of_buffers():

@@ -3,7 +3,7 @@ latency markers, checkpoint events, its gauges and metric rows."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,6 +15,7 @@ from ...buffers.reader import RecordReader
 from ...errors import ExchangeTimeoutError
 from ...metrics import CONSUMER, SAMPLE, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from ...protocol import RemoteInputChannel, SingleInputGate
+from ...protocol.debloat import DEFAULT_MIN_BUFFER_SIZE, BufferDebloater, ThroughputCalculator
 from ..checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
 from .rules import LINGER_OVER, Fail, Gauges, LingerOver, Settings, TimeAccount, Wait
 
@@ -79,6 +80,53 @@ class OutputBatcher:
         return batch
 
 
+class GateDebloat:
+    """Buffer debloating of a consumer's gate (Flink's ``SingleInputGate.triggerDebloating``, FLIP-183).
+
+    The gate's throughput is measured over the time it delivers data (the measurement pauses while the gate
+    has nothing); every ``period`` the :class:`BufferDebloater` turns it and the buffers in use into the size
+    at which they hold ``target_ms`` of data, and a size that moved enough is announced to every producer
+    (``NewBufferSize``), whose next buffers are cut at it. ``debloatedBufferSize`` and
+    ``estimatedTimeToConsumeBuffersMs`` are its gauges."""
+
+    __slots__ = ("calculator", "debloater", "gate", "next_at", "period")
+
+    def __init__(self, gate: SingleInputGate, settings: tuple[float, int, int, int], now: float) -> None:
+        period, target_ms, samples, threshold = settings
+        self.gate = gate
+        self.period = period
+        self.next_at = now + period
+        self.calculator = ThroughputCalculator()
+        self.debloater = BufferDebloater(
+            gate.network_pool.segment_size,
+            target_ms=target_ms,
+            min_buffer_size=DEFAULT_MIN_BUFFER_SIZE,
+            threshold_percentages=threshold,
+            number_of_samples=samples,
+        )
+
+    def on_data(self, size: int, now: float) -> None:
+        self.calculator.incoming_data_size(size, int(now * 1000))
+
+    def on_idle(self, now: float) -> None:
+        self.calculator.pause_measurement(int(now * 1000))
+
+    def on_timer(self, now: float) -> int | None:
+        """Recalculate if due at ``now``; the size announced, if one was."""
+        if now < self.next_at:
+            return None
+        self.next_at = max(self.next_at + self.period, now)
+        throughput = self.calculator.calculate_throughput(int(now * 1000))
+        size = self.debloater.recalculate_buffer_size(throughput, self.gate.buffers_in_use_count())
+        if size is not None and not self.gate.is_closed:
+            self.gate.announce_buffer_size(size)
+        return size
+
+    def gauges(self) -> Iterator[tuple[str, float]]:
+        yield "debloatedBufferSize", float(self.debloater.last_buffer_size)
+        yield "estimatedTimeToConsumeBuffersMs", float(self.debloater.last_estimated_time_ms)
+
+
 class ConsumerEngine:
     """Consumer subtask ``subtask``: its gate, ``readers[c]`` decoding channel ``c`` (the producer
     ``producers[c]``), the silence rule, the output linger, latency markers and checkpoint events."""
@@ -110,6 +158,8 @@ class ConsumerEngine:
         self.gate_gauges: GateGauges | None = None
         self._records_in = RateMeter()
         #: The address of producer ``p`` and what its connection saw by ``now``, for the silence message.
+        #: Buffer debloating (``buffer_debloat_enabled``, pipelined), else None.
+        self.debloat = GateDebloat(gate, settings.debloat, now) if settings.debloat is not None else None
         self.where: Callable[[int], str] = lambda producer: "?"
         self.detail: Callable[[int, float], str] = lambda producer, now: ""
 
@@ -130,11 +180,15 @@ class ConsumerEngine:
         polled = gate.poll_next()
         if polled is not None:
             self.last_delivery[polled.channel_index] = now
+            if self.debloat is not None:
+                self.debloat.on_data(polled.buffer.size, now)
             if polled.buffer.is_buffer and self.gate_gauges is not None:
                 self.gate_gauges()
             return polled
         if gate.is_finished:
             return None
+        if self.debloat is not None:  # nothing to read: the throughput's measurement pauses
+            self.debloat.on_idle(now)
         if linger_until is not None and now >= linger_until:
             return LINGER_OVER
         timeout = self.settings.silence_timeout
@@ -216,6 +270,12 @@ class ConsumerEngine:
         for name, value in zip(GateGauges.NAMES, self.gate_gauges.values()):
             yield name, None, value
         yield "numRecordsInPerSecond", None, self._records_in.rate(sum(r.num_records_in for r in self.readers), now)
+        for name, value in self.time.window_gauges(now):
+            yield name, None, value
+        if self.debloat is not None:
+            for name, value in self.debloat.gauges():
+                self.metrics.sample(name, value)
+                yield name, None, value
         yield from channel_gauges(self.gate, self.producers, sender_credit)
 
     def progress(self, stamp_ms: float | None) -> list[MetricRow]:
@@ -259,8 +319,17 @@ class ConsumerEngine:
             metrics.count("numRecordsIn", reader.num_records_in, producer)
             metrics.count("numBytesIn", reader.num_bytes_in, producer)
             metrics.count("numBuffersIn", reader.num_buffers_in, producer)
+        gate = self.gate
+        metrics.count("numBytesInLocal", gate.num_bytes_in_local)
+        metrics.count("numBytesInRemote", gate.num_bytes_in_remote)
+        metrics.count("numBuffersInLocal", gate.num_buffers_in_local)
+        metrics.count("numBuffersInRemote", gate.num_buffers_in_remote)
         if self.settings.blocking:
-            return [*metrics.rows(), *(self.checkpoints.metric_rows() if self.checkpoints is not None else ())]
+            return [
+                *metrics.rows(),
+                *self.time.rows(CONSUMER, self.subtask, now),
+                *(self.checkpoints.metric_rows() if self.checkpoints is not None else ()),
+            ]
         metrics.count("numLatencyMarkersIn", len(self.latencies_ms))
         rows = list(metrics.rows())
         if self.latencies_ms:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ...buffers.format import KeepAlive, LatencyMarker, encode_event
+from ...buffers.format import CheckpointBarrier, KeepAlive, LatencyMarker, encode_event
 from ...buffers.writer import RecordWriter
 from ...errors import ExchangeTimeoutError, SchemaMismatchError
 from ...metrics import PRODUCER, SAMPLE, MetricRow, RateMeter, TaskMetrics, TimelineSampler
@@ -106,12 +106,12 @@ class ProducerEngine:
         self.timeline = TimelineSampler(PRODUCER, subtask, settings.timeline_interval_ms)
         self.is_finished = False  # the writer finished: nothing more is written
         self.waiting_since: float | None = None  # set while back-pressured
+        self.waiting_hard = False  # the wait is in the middle of an input (hard back-pressure)
         n = len(consumers)
         self._queue_max = [0] * n
         self._queue_sum = [0] * n
         self._queue_samples = 0
         self._records_out = RateMeter()
-        self._back_pressure = RateMeter()
         self._rng = random.Random(subtask)
         self.flusher = Flusher(settings, now)
         self.next_heartbeat = now + settings.heartbeat_interval
@@ -140,10 +140,35 @@ class ProducerEngine:
     def is_available(self) -> bool:
         return bool(self.partition.is_available())
 
+    def inject_after_finish(self, barrier: CheckpointBarrier) -> int:
+        """Put the unaligned ``barrier`` into every subpartition of the finished partition that its consumer
+        has not read to the end; returns how many took it (see
+        ``PipelinedResultPartition.add_priority_event_after_finish``)."""
+        partition = self.partition
+        return sum(
+            bool(partition.add_priority_event_after_finish(sp, encode_event(barrier)))
+            for sp in range(partition.num_subpartitions)
+        )
+
+    def takes_part_in_checkpoints_after_finish(self) -> bool:
+        """Finished, with a pipelined partition whose consumers have not all read it to the end: unaligned
+        barriers still overtake what they have left."""
+        partition = self.partition
+        return (
+            self.is_finished
+            and not self.settings.blocking
+            and not partition.is_released
+            and any(sub.has_reader for sub in partition.subpartitions)
+        )
+
     # -- backpressure --
 
-    def begin_wait(self, now: float) -> None:
+    def begin_wait(self, now: float, *, hard: bool = False) -> None:
+        """Back-pressure begins: before taking the next input (soft, Flink's mailbox waiting for the writer to be
+        available) or, ``hard``, in the middle of an input the writer could not write whole (Flink's
+        ``requestBufferBuilderBlocking``)."""
         self.waiting_since = now
+        self.waiting_hard = hard
 
     def check_wait(self, now: float, last_progress: float, describe: Callable[[float], str]) -> Wait | Fail:
         """The backpressure wait begun at :meth:`begin_wait`: how long more, or the timeout
@@ -159,7 +184,7 @@ class ProducerEngine:
 
     def end_wait(self, now: float) -> None:
         if self.waiting_since is not None:
-            self.time.back_pressured += now - self.waiting_since
+            self.time.add_back_pressure(now - self.waiting_since, hard=self.waiting_hard)
             self.waiting_since = None
 
     # -- timer: flusher, keep-alives, latency markers --
@@ -219,15 +244,17 @@ class ProducerEngine:
         if self.settings.blocking:  # nothing is consumed before the producer stage ends
             yield "outPoolUsage", None, partition.out_pool_usage
             yield "isBackPressured", None, 0.0 if partition.is_available() else 1.0
+            for name, value in self.time.window_gauges(now):
+                yield name, None, value
             yield "numRecordsOutPerSecond", None, self._records_out.rate(sum(writer.num_records_out), now)
             for sp, consumer in enumerate(self.consumers):  # a blocking subpartition's backlog: every buffer stored
                 yield "backlog", consumer, float(partition.num_data_buffers[sp])
             return
         waiting = self.waiting_since
-        back_pressured_ms = (self.time.back_pressured + (now - waiting if waiting is not None else 0.0)) * 1000.0
         yield "outPoolUsage", None, partition.out_pool_usage
         yield "isBackPressured", None, 1.0 if waiting is not None or not partition.is_available() else 0.0
-        yield "backPressuredTimeMsPerSecond", None, min(1000.0, self._back_pressure.rate(back_pressured_ms, now))
+        for name, value in self.time.window_gauges(now, waiting, self.waiting_hard):
+            yield name, None, value
         yield "numRecordsOutPerSecond", None, self._records_out.rate(sum(writer.num_records_out), now)
         yield from subpartition_gauges(partition, self.consumers, credits)
 
@@ -253,7 +280,7 @@ class ProducerEngine:
             metrics.count("numBuffersOut", writer.num_buffers_out[sp], consumer)
         rows = list(metrics.rows())
         if self.settings.blocking:
-            return rows
+            return [*rows, *self.time.rows(PRODUCER, self.subtask, now)]
         samples = max(1, self._queue_samples)
         for sp, consumer in enumerate(self.consumers):
             rows.append(
