@@ -41,8 +41,8 @@ HIGH = "HIGH"
 #: A consumer receiving at least this many times the mean of the consumers' records is skewed.
 SKEW_RATIO = 2.0
 #: A consumer busy at least this many times the median of the other consumers' times (and at least
-#: _STRAGGLER_MIN_MS) is a straggler: where nothing measures backpressure (blocking mode), the slow consumer
-#: shows as its own time.
+#: _STRAGGLER_MIN_MS) is a straggler: where no producer is back-pressured (blocking mode's producers never wait),
+#: the slow consumer shows as its own time.
 STRAGGLER_RATIO = 2.0
 _STRAGGLER_MIN_MS = 100.0
 
@@ -171,7 +171,7 @@ def diagnose(summaries: Iterable[SubtaskSummary]) -> Diagnosis:
         return Diagnosis("skew", heaviest.subtask, (), skew, text)
     unmeasured = all(s.back_pressure is None for s in producers)
     busy = {s.subtask: s.busy_ms for s in consumers if s.busy_ms is not None}
-    if unmeasured and len(busy) > 1:
+    if len(busy) > 1:  # no producer waits (blocking mode's never do): a slow consumer shows as its own time
         slowest = max(busy, key=lambda c: (busy[c], -c))
         median = statistics.median(ms for c, ms in busy.items() if c != slowest)  # the others'
 

@@ -1,4 +1,4 @@
-"""The package's layers (README "Layout"): no import circle between modules, and no module imports one of
+"""The package's layers (docs/architecture.md, "Layout"): no import circle between modules, and no module imports one of
 a higher layer, counting every import (module level, inside functions and under ``TYPE_CHECKING``).
 
 Read from the source with :mod:`ast`, so the test sees the imports a run might never execute.
@@ -70,7 +70,9 @@ def _layer(name: str) -> int:
             if matches and len(prefix) > best_length:
                 best, best_length = index, len(prefix)
     if best is None:
-        raise AssertionError(f"module {name} is in no layer of LAYERS: add it to the table (and to the README)")
+        raise AssertionError(
+            f"module {name} is in no layer of LAYERS: add it to the table (and to docs/architecture.md)"
+        )
     return best
 
 
