@@ -53,9 +53,17 @@ def _summary(rows, side: str, subtask: int) -> dict[str, float]:
 
 
 def test_pipelined_sides_keep_flinks_identity_and_count_local_and_remote_input():
-    # given a slow consumer 0 (its producers are back-pressured), every channel remote but a task's own
-    plan = make_plan(scs.rebalance(), 3, 3, injection=Injection(consumer_delay_s=((0, 5e-5),)), local_channels="task")
-    _, rows = run_in_threads(plan, inputs(3, 4000))
+    # given a slow consumer 0 (its producers are back-pressured: each sends it several times what 4 KiB buffers in
+    # flight hold), every channel remote but a task's own
+    plan = make_plan(
+        scs.rebalance(),
+        3,
+        3,
+        injection=Injection(consumer_delay_s=((0, 5e-5),)),
+        local_channels="task",
+        segment_size="4kb",
+    )
+    _, rows = run_in_threads(plan, inputs(3, 20_000))
     for side in (PRODUCER, CONSUMER):
         for subtask in range(3):
             summary = _summary(rows, side, subtask)
