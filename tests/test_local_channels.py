@@ -123,7 +123,7 @@ _LOCAL_CLUSTER_JOB = textwrap.dedent(
 
 
 @pytest.mark.spark
-def test_on_local_cluster_that_encrypts_only_channels_between_executors_are_remote_all_run_tls_and_backpressure_is_found(
+def test_on_local_cluster_channels_between_executors_are_remote_run_tls_and_backpressure_is_found(
     tmp_path,
 ):
     script = tmp_path / "job.py"
