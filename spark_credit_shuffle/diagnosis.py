@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from .metrics import CONSUMER, PRODUCER, MetricRow
+from .metrics import CONSUMER, EXECUTOR, PRODUCER, MetricRow
 
 __all__ = [
     "HIGH",
@@ -60,10 +60,12 @@ def back_pressure_status(back_pressured_ms_per_second: float | None) -> str | No
 class SubtaskSummary:
     """One producer or consumer subtask of a run. Counters are the subtask's over all its channels (records,
     buffers and bytes out for a producer, in for a consumer); times per second are Flink's
-    ``busyTimeMsPerSecond`` and kin over the subtask's life, None where the mode does not measure them."""
+    ``busyTimeMsPerSecond`` and kin over the subtask's life, None where the mode does not measure them.
+    ``executor``: where it ran (the executor's ``host:port`` in pipelined mode, the host in blocking mode)."""
 
     side: str
     subtask: int
+    executor: str | None
     records: int
     buffers: int
     bytes: int
@@ -87,7 +89,12 @@ SUMMARY_DDL = "exchange string, mode string, " + ", ".join(
 def summarize(rows: Iterable[MetricRow]) -> list[SubtaskSummary]:
     """One summary per side and subtask that reported metrics, producers first, by subtask."""
     per: dict[tuple[str, int], dict[tuple[str, str], float]] = {}
+    where: dict[tuple[str, int], str] = {}
     for r in rows:
+        if r.metric == EXECUTOR and r.time_ms is None:
+            where[(r.side, r.subtask)] = r.stat
+            per.setdefault((r.side, r.subtask), {})
+            continue
         if r.time_ms is not None or r.stat not in ("total", "max", "mean"):
             continue  # timeline samples and checkpoint records
         values = per.setdefault((r.side, r.subtask), {})
@@ -104,6 +111,7 @@ def summarize(rows: Iterable[MetricRow]) -> list[SubtaskSummary]:
             SubtaskSummary(
                 side=side,
                 subtask=subtask,
+                executor=where.get((side, subtask)),
                 records=records,
                 buffers=int(values.get((f"numBuffers{direction}", "total"), 0.0)),
                 bytes=int(values.get((f"numBytes{direction}", "total"), 0.0)),
@@ -127,13 +135,15 @@ class Diagnosis:
     consumers' records and no producer is back-pressured), ``"straggler"`` (no producer back-pressured, the
     records even, but ``origin`` busy at least twice the other consumers' median time: what a slow consumer looks like
     in blocking mode, whose producers never wait), ``"ok"`` or ``"idle"`` (no record moved).
-    ``back_pressured``: the producer subtasks at ``LOW`` or ``HIGH``. ``text``: the same for people."""
+    ``back_pressured``: the producer subtasks at ``LOW`` or ``HIGH``. ``executor``: where ``origin`` ran.
+    ``text``: the same for people."""
 
     verdict: str
     origin: int | None
     back_pressured: tuple[int, ...]
     skew: float | None
     text: str
+    executor: str | None = None
 
     def __str__(self) -> str:
         return self.text
@@ -156,38 +166,44 @@ def diagnose(summaries: Iterable[SubtaskSummary]) -> Diagnosis:
         origin = max(consumers, key=lambda s: (s.busy_ms_per_second or 0.0, s.records, -s.subtask))
         levels = ", ".join(f"{s.subtask} ({s.back_pressure}, {_ms(s.back_pressured_ms_per_second)})" for s in pressured)
         text = (
-            f"backpressure starts at consumer subtask {origin.subtask}: it is busy "
+            f"backpressure starts at consumer subtask {origin.subtask}{_on(origin)}: it is busy "
             f"{_ms(origin.busy_ms_per_second)} and not back-pressured itself, while producer subtask(s) {levels} "
             f"wait for buffers to send to it"
         )
         if skewed and origin.subtask == heaviest.subtask:
             text += f"; the cause is data skew: it receives {skew:.1f}x the mean of the consumers' records"
-        return Diagnosis("backpressure", origin.subtask, tuple(s.subtask for s in pressured), skew, text)
+        pressured_ids = tuple(s.subtask for s in pressured)
+        return Diagnosis("backpressure", origin.subtask, pressured_ids, skew, text, origin.executor)
     if skewed:
         text = (
-            f"data skew: consumer subtask {heaviest.subtask} receives {heaviest.records} records, {skew:.1f}x the "
-            f"mean of the consumers' {mean:.0f}; no producer is back-pressured"
+            f"data skew: consumer subtask {heaviest.subtask}{_on(heaviest)} receives {heaviest.records} records, "
+            f"{skew:.1f}x the mean of the consumers' {mean:.0f}; no producer is back-pressured"
         )
-        return Diagnosis("skew", heaviest.subtask, (), skew, text)
+        return Diagnosis("skew", heaviest.subtask, (), skew, text, heaviest.executor)
     unmeasured = all(s.back_pressure is None for s in producers)
     busy = {s.subtask: s.busy_ms for s in consumers if s.busy_ms is not None}
+    by_subtask = {s.subtask: s for s in consumers}
     if len(busy) > 1:  # no producer waits (blocking mode's never do): a slow consumer shows as its own time
         slowest = max(busy, key=lambda c: (busy[c], -c))
         median = statistics.median(ms for c, ms in busy.items() if c != slowest)  # the others'
-
         if busy[slowest] >= _STRAGGLER_MIN_MS and busy[slowest] >= STRAGGLER_RATIO * max(median, 1e-9):
             text = (
-                f"straggler: consumer subtask {slowest} was busy {busy[slowest] / 1000.0:.2f} s, "
+                f"straggler: consumer subtask {slowest}{_on(by_subtask[slowest])} was busy "
+                f"{busy[slowest] / 1000.0:.2f} s, "
                 f"{busy[slowest] / max(median, 1e-9):.1f}x the other consumers' median {median / 1000.0:.2f} s, with "
                 f"records within {skew:.1f}x of the mean: it is slow itself and holds the exchange back"
             )
-            return Diagnosis("straggler", slowest, (), skew, text)
+            return Diagnosis("straggler", slowest, (), skew, text, by_subtask[slowest].executor)
     text = (
         f"ok: no producer back-pressured over 10% of its time; the consumers' records within {skew:.1f}x of their mean"
         if not unmeasured
         else f"ok: the consumers' records within {skew:.1f}x of their mean (this mode does not measure backpressure)"
     )
     return Diagnosis("ok", None, (), skew, text)
+
+
+def _on(summary: SubtaskSummary) -> str:
+    return f" (on {summary.executor})" if summary.executor else ""
 
 
 def _ms(value: float | None) -> str:

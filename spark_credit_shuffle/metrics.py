@@ -53,6 +53,11 @@ checkpoint with ``stat = "checkpoint"`` and the checkpoint's ordinal on the subt
 timeline gets ``checkpointBarrier`` rows (value: the checkpoint id) when a producer injects a barrier and
 when one reaches a consumer.
 
+Every subtask also reports where it ran: one row ``metric = "executor"`` whose ``stat`` is the executor's
+address as Spark reports it (``host:port`` of the executor in pipelined mode, the host's name in blocking
+mode, whose tasks Spark tells nothing more) and whose value is 1 (Flink's metric scope names the host of a
+subtask the same way, as a label rather than a value).
+
 A task keeps at most :data:`MAX_TIMELINE_POINTS` sample times; past that it drops every other one and
 doubles its interval, so long runs stay cheap.
 Inside an exchange a metric row is ``struct<side, subtask, channel, metric, stat, value, time_ms>``,
@@ -80,6 +85,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONSUMER",
+    "EXECUTOR",
     "MAX_TIMELINE_POINTS",
     "METRICS_DDL",
     "METRIC_ROW_FIELDS",
@@ -92,6 +98,7 @@ __all__ = [
     "RateMeter",
     "TaskMetrics",
     "TimelineSampler",
+    "executor_row",
     "metric_row_spark_type",
     "rows_to_arrow",
     "rows_to_pandas",
@@ -101,6 +108,8 @@ PRODUCER = "producer"
 CONSUMER = "consumer"
 #: The ``stat`` of a timeline row.
 SAMPLE = "sample"
+#: The metric whose ``stat`` names the executor a subtask ran on (see the module documentation).
+EXECUTOR = "executor"
 #: Sample times a task keeps before it thins them out (every other one) and doubles its interval.
 MAX_TIMELINE_POINTS = 1000
 
@@ -154,6 +163,11 @@ def metric_row_spark_type() -> StructType:
     spark_type = from_arrow_type(METRIC_ROW_TYPE)
     assert isinstance(spark_type, StructType)  # an Arrow struct converts to a StructType
     return spark_type
+
+
+def executor_row(side: str, subtask: int, where: str) -> MetricRow:
+    """The row that says subtask ``subtask`` of ``side`` ran on the executor at ``where``."""
+    return MetricRow(side, subtask, None, EXECUTOR, where, 1.0)
 
 
 def rows_to_pandas(rows: Iterable[MetricRow]) -> pd.DataFrame:

@@ -104,13 +104,18 @@ _LOCAL_CLUSTER_JOB = textwrap.dedent(
         .getOrCreate()
     )
     df = spark.range(0, 20000, 1, 4).select(F.col("id"), (F.col("id") % 97).cast("int").alias("k"))
-    ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode="pipelined", metrics_sample_interval_ms=5)
+    slow = scs.Injection(consumer_delay_s=((0, 0.0003),))  # consumer 0: about 1.5 s for its quarter of the rows
+    ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode="pipelined", metrics_sample_interval_ms=5,
+                      injection=slow, segment_size="4kb")
     rows = ex.df.groupBy(F.spark_partition_id().alias("p")).agg(F.count("*").alias("n"),
                                                                  F.sum("id").alias("s")).collect()
     credit = {(r["subtask"], r["channel"]) for r in ex.timeline().where("metric = 'credit' and side = 'consumer'")
               .select("subtask", "channel").distinct().collect()}
+    diagnosis = ex.diagnose()
     out = {"rows": sum(r["n"] for r in rows), "sum": sum(r["s"] for r in rows), "credit_channels": sorted(credit),
-           "tls": ex.plan.tls}
+           "tls": ex.plan.tls, "executors": {f"{s.side} {s.subtask}": s.executor for s in ex.summary_rows()},
+           "verdict": diagnosis.verdict, "origin": diagnosis.origin, "origin_executor": diagnosis.executor,
+           "text": str(diagnosis)}
     spark.stop()
     print(json.dumps(out))
     """
@@ -118,7 +123,9 @@ _LOCAL_CLUSTER_JOB = textwrap.dedent(
 
 
 @pytest.mark.spark
-def test_on_local_cluster_that_encrypts_only_channels_between_executors_are_remote_and_all_run_tls(tmp_path):
+def test_on_local_cluster_channels_between_executors_are_remote_run_tls_and_backpressure_is_found(
+    tmp_path,
+):
     script = tmp_path / "job.py"
     script.write_text(_LOCAL_CLUSTER_JOB)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -134,3 +141,9 @@ def test_on_local_cluster_that_encrypts_only_channels_between_executors_are_remo
     remote = out["credit_channels"]
     per_consumer = {c: [p for s, p in remote if s == c] for c in range(4)}
     assert all(len(ps) == 2 for ps in per_consumer.values()), remote
+    # where backpressure starts and on which executor: consumer 0 (slowed), named by its executor's host:port
+    executors = out["executors"]
+    assert len(executors) == 8 and len(set(executors.values())) == 2, executors  # two executors, four tasks
+    assert all(e.rsplit(":", 1)[-1].isdigit() for e in executors.values()), executors
+    assert (out["verdict"], out["origin"]) == ("backpressure", 0), out["text"]
+    assert out["origin_executor"] == executors["consumer 0"] and f"(on {out['origin_executor']})" in out["text"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
@@ -30,7 +31,7 @@ import pyarrow as pa
 from ..buffers.compression import STORED_COMPRESSED_FLAG, BufferCompressor
 from ..buffers.format import CheckpointBarrier
 from ..errors import PartitionerError
-from ..metrics import PRODUCER, MetricRow
+from ..metrics import PRODUCER, MetricRow, executor_row
 from ..protocol.blocking_partition import BlockingResultPartition, StoredBuffer
 from ..protocol.partition import partition_buffer_pool
 from ..protocol.pools import NetworkBufferPool
@@ -175,7 +176,8 @@ def produce_partition(
             MetricRow(PRODUCER, producer, c, "numBytesStored", "total", float(b))
             for c, b in zip(consumers, stored_bytes)
         ]
-        metric_rows = [*engine.metric_rows(time.monotonic()), *barriers_out, *stored, *timeline.timeline_rows()]
+        where = executor_row(PRODUCER, producer, socket.gethostname())
+        metric_rows = [*engine.metric_rows(time.monotonic()), *barriers_out, *stored, where, *timeline.timeline_rows()]
         rows = [[getattr(r, f) for f in _METRIC_FIELDS] for r in metric_rows]
         metrics = json.dumps(rows).encode()
         data.extend(metrics)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -22,7 +23,7 @@ from ..buffers import DataType
 from ..buffers.compression import STORED_COMPRESSED_FLAG, BufferDecompressor
 from ..buffers.reader import RecordReader
 from ..errors import ProtocolError
-from ..metrics import CONSUMER, MetricRow
+from ..metrics import CONSUMER, MetricRow, executor_row
 from ..protocol.pools import NetworkBufferPool
 from ..transport.memory import StoredBuffersExchange
 from .checkpoints import ConsumerCheckpoints
@@ -160,7 +161,7 @@ def consume_partition(
             monitor.close()
 
     engine.time.stop(time.monotonic())
-    rows = engine.metric_rows(time.monotonic())
+    rows = [*engine.metric_rows(time.monotonic()), executor_row(CONSUMER, consumer, socket.gethostname())]
     yield from report.last(plan.schema, [*producer_metrics, *rows, *timeline.timeline_rows()])
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 from ..buffers.reader import RecordReader
 from ..config import ADDRESS_EXCHANGES
 from ..errors import ConfigError, CreditShuffleError
-from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics
+from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics, executor_row
 from ..protocol import PipelinedResultPartition, SingleInputGate
 from ..transport.tls import TlsIdentity
 from .checkpoints import ConsumerCheckpoints
@@ -544,6 +544,11 @@ class PipelinedTask(TaskWiring):
             metrics.count("ioThreadCpuTimeMs", io_cpu * 1000.0)
         metrics.count("taskWallTimeMs", (time.monotonic() - self._wall_start) * 1000.0)
         rows.extend(metrics.rows())
+        where = str(self.executors[self.index]) if self.executors else self.host
+        if self.is_producer:
+            rows.append(executor_row(PRODUCER, self.index, where))
+        if self.is_consumer:
+            rows.append(executor_row(CONSUMER, self.index, where))
         with self.lock:
             if producer is not None:
                 rows.extend(producer.timeline.timeline_rows())
