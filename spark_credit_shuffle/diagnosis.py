@@ -40,6 +40,9 @@ LOW = "LOW"
 HIGH = "HIGH"
 #: A consumer receiving at least this many times the mean of the consumers' records is skewed.
 SKEW_RATIO = 2.0
+#: A skewed consumer at least this busy, relative to the busiest consumer, is where backpressure starts (busy
+#: time per second saturates near 1000 ms, so the busiest by a few ms says less than several times the records).
+_NEARLY_AS_BUSY = 0.8
 #: A consumer busy at least this many times the median of the other consumers' times (and at least
 #: _STRAGGLER_MIN_MS) is a straggler: where no producer is back-pressured (blocking mode's producers never wait),
 #: the slow consumer shows as its own time.
@@ -164,6 +167,8 @@ def diagnose(summaries: Iterable[SubtaskSummary]) -> Diagnosis:
     pressured = [s for s in producers if s.back_pressure in (LOW, HIGH)]
     if pressured:
         origin = max(consumers, key=lambda s: (s.busy_ms_per_second or 0.0, s.records, -s.subtask))
+        if skewed and (heaviest.busy_ms_per_second or 0.0) >= _NEARLY_AS_BUSY * (origin.busy_ms_per_second or 0.0):
+            origin = heaviest  # about as busy as the busiest, with the records to show why: the skewed consumer
         levels = ", ".join(f"{s.subtask} ({s.back_pressure}, {_ms(s.back_pressured_ms_per_second)})" for s in pressured)
         text = (
             f"backpressure starts at consumer subtask {origin.subtask}{_on(origin)}: it is busy "

@@ -64,6 +64,11 @@ def test_backpressure_starts_at_the_busy_consumer_the_back_pressured_producers_s
     assert "backpressure starts at consumer subtask 1" in str(d) and "skew" not in str(d)
 
 
+def test_a_skewed_consumer_nearly_as_busy_as_the_busiest_is_where_backpressure_starts():
+    d = diagnose(summarize(run_rows([900, 100, 100], back_pressured=[600.0, 300.0, 0.0], busy=[900.0, 944.0, 10.0])))
+    assert (d.verdict, d.origin) == ("backpressure", 0) and "the cause is data skew" in str(d)
+
+
 def test_skew_is_named_as_the_cause_of_backpressure_or_alone():
     d = diagnose(summarize(run_rows([900, 100, 100], back_pressured=[900.0, 0.0, 0.0], busy=[999.0, 10.0, 10.0])))
     assert (d.verdict, d.origin) == ("backpressure", 0) and d.skew == pytest.approx(900 / (1100 / 3))

@@ -103,19 +103,33 @@ _LOCAL_CLUSTER_JOB = textwrap.dedent(
         .config("spark.network.crypto.enabled", "true")
         .getOrCreate()
     )
-    df = spark.range(0, 20000, 1, 4).select(F.col("id"), (F.col("id") % 97).cast("int").alias("k"))
-    slow = scs.Injection(consumer_delay_s=((0, 0.0003),))  # consumer 0: about 1.5 s for its quarter of the rows
+    import time
+    df = spark.range(0, 100000, 1, 4).select(F.col("id"), (F.col("id") % 97).cast("int").alias("k"))
+    # consumer 0: 0.1 ms per row, about 2.5 s for its quarter of the rows, each producer's share of which is
+    # several times what 4 KiB buffers in flight hold
+    slow = scs.Injection(consumer_delay_s=((0, 0.0001),))
+    samples = []
     ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode="pipelined", metrics_sample_interval_ms=5,
-                      injection=slow, segment_size="4kb")
+                      injection=slow, segment_size="4kb", monitor=lambda rows: samples.append(time.monotonic()))
     rows = ex.df.groupBy(F.spark_partition_id().alias("p")).agg(F.count("*").alias("n"),
                                                                  F.sum("id").alias("s")).collect()
+    finished = time.monotonic()
+    live = sum(1 for at in samples if at < finished)  # the samples that came while the action ran
     credit = {(r["subtask"], r["channel"]) for r in ex.timeline().where("metric = 'credit' and side = 'consumer'")
               .select("subtask", "channel").distinct().collect()}
     diagnosis = ex.diagnose()
     out = {"rows": sum(r["n"] for r in rows), "sum": sum(r["s"] for r in rows), "credit_channels": sorted(credit),
            "tls": ex.plan.tls, "executors": {f"{s.side} {s.subtask}": s.executor for s in ex.summary_rows()},
            "verdict": diagnosis.verdict, "origin": diagnosis.origin, "origin_executor": diagnosis.executor,
-           "text": str(diagnosis)}
+           "text": str(diagnosis), "live": live,
+           "levels": sorted(s.back_pressure for s in ex.summary_rows() if s.side == "producer")}
+    # a hot key (skew) and an even spread (ok), on the same two executors
+    hot = df.withColumn("hot", F.when(F.col("id") % 10 < 8, F.lit(7)).otherwise(F.col("k")))
+    skewed = scs.exchange(hot, scs.key_by("hot"), parallelism=4, mode="pipelined")
+    skewed.df.count()
+    even = scs.exchange(df, scs.rebalance(), parallelism=4, mode="pipelined")
+    even.df.count()
+    out.update(skew=str(skewed.diagnose()), skew_ratio=skewed.diagnose().skew, even=even.diagnose().verdict)
     spark.stop()
     print(json.dumps(out))
     """
@@ -134,7 +148,7 @@ def test_on_local_cluster_channels_between_executors_are_remote_run_tls_and_back
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["rows"] == 20000 and out["sum"] == sum(range(20000))
+    assert out["rows"] == 100000 and out["sum"] == sum(range(100000))
     assert out["tls"]  # spark.network.crypto.enabled: the exchange's connections run TLS without being asked
     # two executors of two slots run the four tasks: each consumer reads the two producers of the other
     # executor remotely (with credit) and its neighbour on its own executor through a local channel
@@ -146,4 +160,9 @@ def test_on_local_cluster_channels_between_executors_are_remote_run_tls_and_back
     assert len(executors) == 8 and len(set(executors.values())) == 2, executors  # two executors, four tasks
     assert all(e.rsplit(":", 1)[-1].isdigit() for e in executors.values()), executors
     assert (out["verdict"], out["origin"]) == ("backpressure", 0), out["text"]
+    assert out["levels"].count("HIGH") >= 3, out["levels"]  # the producers sending to consumer 0 mostly wait
+    assert out["live"] >= 3  # samples reached the driver while the action ran
+    # the hot key: skew, alone or as the cause of the backpressure it makes; the even spread: ok
+    assert out["skew_ratio"] >= 2.0 and ("data skew" in out["skew"]), out["skew"]
+    assert out["even"] == "ok"
     assert out["origin_executor"] == executors["consumer 0"] and f"(on {out['origin_executor']})" in out["text"]
