@@ -46,7 +46,7 @@ from typing import Any, TextIO
 
 from ..metrics import CONSUMER, METRIC_ROW_FIELDS, PRODUCER, MetricRow
 from ..transport.connection import resolve_host
-from ..transport.event_loop import EventLoop
+from ..transport.event_loop import EventLoop, ServicesByHost
 
 __all__ = [
     "MAX_CONNECTIONS",
@@ -74,9 +74,6 @@ SEND_INTERVAL_S = 1.0
 PRINT_INTERVAL_S = 3.0
 #: Samples a callback may be behind before the oldest are dropped.
 _CALLBACK_BACKLOG = 256
-
-_LOCK = threading.Lock()
-_SERVICES: dict[str, MonitorService] = {}
 
 
 def _mac(secret: bytes, body: bytes) -> str:
@@ -324,12 +321,7 @@ class MonitorService:
 
 def driver_monitor(host: str) -> MonitorService:
     """The monitor service of this driver process listening on ``host`` (started on first use)."""
-    address = resolve_host(host)
-    with _LOCK:
-        service = _SERVICES.get(address)
-        if service is None or not service.is_alive:
-            service = _SERVICES[address] = MonitorService(address)
-        return service
+    return _SERVICES.get(host)
 
 
 class MonitorClient:
@@ -417,3 +409,6 @@ def task_monitor(address: MonitorAddress | None) -> MonitorClient | None:
 
     context = TaskContext.get()
     return MonitorClient(address, context.taskAttemptId() if context is not None else 0)
+
+
+_SERVICES: ServicesByHost[MonitorService] = ServicesByHost(MonitorService, resolve_host)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import selectors
 import socket
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["EventLoop"]
+__all__ = ["EventLoop", "ServicesByHost"]
 
 _LISTENER = object()
 _WAKEUP = object()
@@ -90,3 +92,31 @@ class EventLoop:
                 sock.close()
         with contextlib.suppress(Exception):
             self.selector.close()
+
+
+class _Service(Protocol):
+    @property
+    def is_alive(self) -> bool: ...
+
+
+_S = TypeVar("_S", bound=_Service)
+
+
+class ServicesByHost(Generic[_S]):
+    """One service of a kind per process and listening host (the driver's address service, its monitor
+    service), made by ``start(host)`` on first use and again if its thread has ended."""
+
+    def __init__(self, start: Callable[[str], _S], resolve: Callable[[str], str]) -> None:
+        self._start = start
+        self._resolve = resolve
+        self._lock = threading.Lock()
+        self._services: dict[str, _S] = {}
+
+    def get(self, host: str) -> _S:
+        """The service listening on ``host`` (resolved to an address first)."""
+        address = self._resolve(host)
+        with self._lock:
+            service = self._services.get(address)
+            if service is None or not service.is_alive:
+                service = self._services[address] = self._start(address)
+            return service

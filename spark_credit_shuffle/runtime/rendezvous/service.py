@@ -31,7 +31,7 @@ from ...errors import ProtocolError
 from ...protocol.handshake import NONCE_BYTES, handshake_proof
 from ...transport.authentication import ACCEPTS_PER_ROUND, unauthenticated_cap
 from ...transport.connection import resolve_host
-from ...transport.event_loop import EventLoop
+from ...transport.event_loop import EventLoop, ServicesByHost
 from ...transport.tls import TlsIdentity, check_pinned
 from .wire import ANSWER_LABEL, MAX_LINE, MAX_REQUEST, REQUEST_LABEL, SERVICE_LABEL, UNKNOWN_EXCHANGE, server_name
 
@@ -45,18 +45,11 @@ REQUEST_TIMEOUT_S = 5.0
 EXCHANGE_TTL_S = 600.0
 #: How often a kind of rejection is logged at WARNING (the others in between are counted).
 _LOG_WINDOW_S = 60.0
-_LOCK = threading.Lock()
-_SERVICES: dict[str, AddressRendezvous] = {}
 
 
 def driver_rendezvous(host: str) -> AddressRendezvous:
     """The rendezvous service of this driver process listening on ``host`` (started on first use)."""
-    address = resolve_host(host)
-    with _LOCK:
-        service = _SERVICES.get(address)
-        if service is None or not service.is_alive:
-            service = _SERVICES[address] = AddressRendezvous(address)
-        return service
+    return _SERVICES.get(host)
 
 
 class _Exchange:
@@ -679,3 +672,6 @@ class AddressRendezvous:
                     log.warning(
                         "address rendezvous: closed %d more connections in %.0f s: %s", count, now - start, cause
                     )
+
+
+_SERVICES: ServicesByHost[AddressRendezvous] = ServicesByHost(AddressRendezvous, resolve_host)
