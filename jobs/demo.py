@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         .orderBy("side", "subtask")
         .show(truncate=False)
     )
+    print("== summary per subtask (Flink's back-pressure status) and where backpressure starts")
+    ex.summary().select(
+        "side", "subtask", "records", "buffers", "busy_ms_per_second", "back_pressured_ms_per_second", "back_pressure"
+    ).show(truncate=False)
+    print(f"  {ex.diagnose()}")
     spark.stop()
     return 0
 
