@@ -134,10 +134,15 @@ def test_monitor_true_prints_lines_to_stderr(spark, capsys):
         monitor=True,
     )
     ex.df.count()
-    time.sleep(0.6)  # the service prints on its next round
-    err = capsys.readouterr().err
+    err = ""
+
+    def printed() -> bool:  # the service prints on its rounds: read what it wrote so far
+        nonlocal err
+        err += capsys.readouterr().err
+        return any(line.startswith(f"[{ex.name} ") for line in err.splitlines())
+
+    assert wait_until(printed), err[-2000:]
     lines = [line for line in err.splitlines() if line.startswith(f"[{ex.name} ")]
-    assert lines, err[-2000:]
     assert "back-pressured producers:" in lines[-1] and "rows out" in lines[-1]
 
 
