@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CreditShuffleError, ExchangeTimeoutError, qualified_name
+from ..metrics import PRODUCER
 from ..protocol import (
     AddCredit,
     BufferResponse,
@@ -36,7 +37,7 @@ from ..transport.connection import Connection
 from ..transport.tcp import TcpTransport
 from ..transport.tls import TlsIdentity
 from .checkpoints import CheckpointTrigger
-from .common import IN_BAND, MetricsReport
+from .common import IN_BAND, MetricsReport, in_subtask
 from .engine import ConsumerEngine, Fail, Settings, check_end
 from .monitor import MonitorClient
 
@@ -439,7 +440,9 @@ class TaskWiring:
         own knock-on failure (a connection that closed), so that the driver hears the same typed error
         whichever task's failure reaches it first."""
         remote = getattr(cause, "remote", None)
-        first = remote if remote is not None else cause
+        # its own failure with the subtask that met it (a partitioner's error names no subtask yet: the consumers
+        # that raise it must not be taken for where it happened); a producer's failure passed on as it came
+        first = remote if remote is not None else in_subtask(cause, PRODUCER, self.index)
         if not isinstance(first, CreditShuffleError):
             return
         transport = self.transport
