@@ -435,7 +435,6 @@ def exchange(
         schema=schema,
         injection=injection,
         retryable=retryable,
-        monitor=_live_monitor(spark, name, wanted) if producers and wanted is not False else None,
         tls=tls,
     )
     if producers:
@@ -449,6 +448,8 @@ def exchange(
             from .runtime.pipelined import build, check_slots
 
             check_slots(plan, spark, input_partitions=None if num_producers else producers)
+        if wanted is not False:  # registered with the driver's service once every check passed
+            plan = dataclasses.replace(plan, monitor=_live_monitor(spark, name, wanted))
         out, collected = build(plan, df)
     else:  # an empty df with the input's schema, no metric rows; no task runs
         from .runtime.common import NoMetrics

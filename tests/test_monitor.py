@@ -165,3 +165,33 @@ def test_on_spark_connect_the_exchange_runs_without_a_monitor(connect_spark):
     ex = scs.exchange(connect_spark.range(0, 100, 1, 2), scs.rebalance(), 2, monitor=lambda rows: got.set())
     assert ex.plan.monitor is None and ex.df.count() == 100
     assert not got.is_set()
+
+
+def test_a_quiet_exchange_keeps_no_thread_and_an_old_one_no_key(monkeypatch):
+    from spark_credit_shuffle.runtime import monitor as monitor_module
+
+    monkeypatch.setattr(monitor_module, "_DISPATCH_IDLE_S", 0.2)
+    monkeypatch.setattr(monitor_module, "EXCHANGE_TTL_S", 1.0)
+    got: list[list[MetricRow]] = []
+    service = MonitorService("127.0.0.1")
+    try:
+        address = service.register("quiet-1", Monitor("quiet-1", callback=got.append))
+
+        def dispatching() -> bool:
+            return any(t.name == "credit-shuffle-monitor-quiet-1" for t in threading.enumerate())
+
+        for value in (0.5, 0.75):  # a sample starts the callback's thread; with none for a while it ends
+            client = MonitorClient(address, attempt=int(value * 100))
+            client.publish(sample(0, value))
+            client.close()
+            assert wait_until(lambda v=value: got and got[-1][0].value == v)
+            assert wait_until(lambda: not dispatching())
+        # a key unused for longer than EXCHANGE_TTL_S is forgotten: its samples are refused from then on
+        time.sleep(1.6)
+        late = MonitorClient(address, attempt=99)
+        late.publish(sample(0, 1.0))
+        late.close()
+        assert wait_until(lambda: service.num_rejected == 1)
+        assert len(got) == 2
+    finally:
+        service.close()

@@ -49,6 +49,7 @@ from ..transport.connection import resolve_host
 from ..transport.event_loop import EventLoop, ServicesByHost
 
 __all__ = [
+    "EXCHANGE_TTL_S",
     "MAX_CONNECTIONS",
     "MAX_LINE",
     "PRINT_INTERVAL_S",
@@ -74,6 +75,10 @@ SEND_INTERVAL_S = 1.0
 PRINT_INTERVAL_S = 3.0
 #: Samples a callback may be behind before the oldest are dropped.
 _CALLBACK_BACKLOG = 256
+#: How long the thread that calls a callback waits for more samples before it ends.
+_DISPATCH_IDLE_S = 5.0
+#: How long the service keeps an exchange's key after its last sample (or its registration).
+EXCHANGE_TTL_S = 600.0
 
 
 def _mac(secret: bytes, body: bytes) -> str:
@@ -108,10 +113,8 @@ class Monitor:
         self._news = False
         self._lock = threading.Lock()
         self._callback = callback
-        self._queue: queue.Queue[list[MetricRow]] | None = None
-        if callback is not None:
-            self._queue = queue.Queue(_CALLBACK_BACKLOG)
-            threading.Thread(target=self._dispatch, name=f"credit-shuffle-monitor-{name}", daemon=True).start()
+        self._queue: queue.Queue[list[MetricRow]] | None = queue.Queue(_CALLBACK_BACKLOG) if callback else None
+        self._dispatching = False  # a thread hands the queued samples to the callback (while any come)
 
     def accept(self, rows: list[MetricRow]) -> None:
         """Samples of one task (service thread)."""
@@ -131,11 +134,25 @@ class Monitor:
                 except queue.Full:  # the callback is behind: drop the oldest samples
                     with contextlib.suppress(queue.Empty):
                         self._queue.get_nowait()
+            with self._lock:
+                if not self._dispatching:
+                    self._dispatching = True
+                    name = f"credit-shuffle-monitor-{self.name}"
+                    threading.Thread(target=self._dispatch, name=name, daemon=True).start()
 
     def _dispatch(self) -> None:
+        """Hand queued samples to the callback; end once none came for :data:`_DISPATCH_IDLE_S` (the next
+        sample starts a thread again), so that an exchange that ran keeps no thread."""
         assert self._queue is not None and self._callback is not None
         while True:
-            rows = self._queue.get()
+            try:
+                rows = self._queue.get(timeout=_DISPATCH_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._dispatching = False
+                        return
+                continue
             try:
                 self._callback(rows)
             except Exception:  # a user's callback: its failure must not stop the others
@@ -198,6 +215,7 @@ class MonitorService:
     def __init__(self, host: str) -> None:
         self._loop = EventLoop(host, 0, backlog=128)
         self._exchanges: dict[str, tuple[bytes, Monitor]] = {}
+        self._last_used: dict[str, float] = {}  # key -> when it was registered or last sent a sample
         self._last_seq: dict[tuple[str, int], int] = {}
         self._peers: collections.OrderedDict[socket.socket, _Peer] = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -220,6 +238,7 @@ class MonitorService:
         key = f"{name}/{secrets.token_hex(8)}"
         with self._lock:
             self._exchanges[key] = (secret, monitor)
+            self._last_used[key] = time.monotonic()
         host, port = self.address
         return MonitorAddress(host, port, key, secret)
 
@@ -240,6 +259,9 @@ class MonitorService:
                     self._accept()
                 now = time.monotonic()
                 with self._lock:
+                    for key in [k for k, used in self._last_used.items() if now - used > EXCHANGE_TTL_S]:
+                        del self._exchanges[key], self._last_used[key]
+                        self._last_seq = {k: v for k, v in self._last_seq.items() if k[0] != key}
                     monitors = [m for _, m in self._exchanges.values()]
                 for monitor in monitors:
                     monitor.tick(now)
@@ -311,6 +333,7 @@ class MonitorService:
             if seq <= self._last_seq.get((key, attempt), -1):
                 return False  # replayed
             self._last_seq[(key, attempt)] = seq
+            self._last_used[key] = time.monotonic()
             rows = [MetricRow(*row) for row in message["rows"]]
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             return False
