@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from spark_credit_shuffle.buffers.reader import RecordReader
         from spark_credit_shuffle.buffers.writer import RecordWriter
+        from spark_credit_shuffle.engine import OutputBatcher
         from spark_credit_shuffle.protocol import NetworkBufferPool, PipelinedResultPartition, SingleInputGate
-        from spark_credit_shuffle.runtime.engine import OutputBatcher
 
         config, n, schema = core_plan.config, core_plan.num_consumers, core_plan.schema
         network = NetworkBufferPool.from_config(config)

@@ -57,7 +57,8 @@ from .partitioners import (
     rescale,
     shuffle,
 )
-from .planner import ExchangeSpec, Executors, NetworkPlan, plan_dataframe, plan_network, plan_table
+from .planner import ExchangeSpec, Executors, NetworkPlan, plan_network, plan_table
+from .runtime.planning import plan_dataframe
 from .simulation import Simulation, SimulationReport, simulate
 
 __version__ = "0.1.0"

@@ -25,10 +25,10 @@ import pyarrow as pa
 from .config import NetworkConfig, check_operator_parallelism
 from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, check_dataframe, resolve_key_columns
 from .diagnosis import SUMMARY_DDL, Diagnosis, SubtaskSummary, diagnose, summarize
+from .engine.checkpoints import CHECKPOINT_STAT
 from .errors import ConfigError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
 from .partitioners import Partitioner
-from .runtime.checkpoints import CHECKPOINT_STAT
 from .runtime.monitor import MonitorAddress
 from .runtime.plan import ExchangePlan, Injection
 from .runtime.security import use_tls
@@ -438,7 +438,7 @@ def exchange(
         tls=tls,
     )
     if producers:
-        from .planner import check_fits
+        from .runtime.planning import check_fits
 
         check_fits(plan, spark)
         log.info("%s; %s", plan.describe(), config)

@@ -36,7 +36,7 @@ samples both of its sides on time, whether data moves or the task waits.
 - Both sides, both modes: Flink's time gauges ``busyTimeMsPerSecond``, ``idleTimeMsPerSecond``,
   ``backPressuredTimeMsPerSecond`` = ``softBackPressuredTimeMsPerSecond`` +
   ``hardBackPressuredTimeMsPerSecond``, each per second over the last minute (Flink's ``TimerGauge``
-  window; see ``TimeAccount`` in :mod:`spark_credit_shuffle.runtime.engine.rules`); busy + idle +
+  window; see ``TimeAccount`` in :mod:`spark_credit_shuffle.engine.rules`); busy + idle +
   back-pressured = 1000 in every sample.
 - Consumers: ``inPoolUsage``, ``inputExclusiveBuffersUsage``, ``inputFloatingBuffersUsage``,
   ``numRecordsInPerSecond`` since the previous sample and, per channel (channel = producer),
@@ -49,7 +49,7 @@ samples both of its sides on time, whether data moves or the task waits.
 With checkpoint barriers on (``checkpoint_interval_ms``), consumers add one set of rows per completed
 checkpoint with ``stat = "checkpoint"`` and the checkpoint's ordinal on the subtask as ``channel``
 (``checkpointId``, ``checkpointAlignmentTime``, ``checkpointStartDelayNanos``,
-``bytesPersistedDuringAlignment``, ...; see :mod:`spark_credit_shuffle.runtime.checkpoints`), and the
+``bytesPersistedDuringAlignment``, ...; see :mod:`spark_credit_shuffle.engine.checkpoints`), and the
 timeline gets ``checkpointBarrier`` rows (value: the checkpoint id) when a producer injects a barrier and
 when one reaches a consumer.
 

@@ -16,9 +16,9 @@ from test_pipelined import expected_placement, inputs, make_plan, metric, table
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.buffers.format import CheckpointOptions
+from spark_credit_shuffle.engine.checkpoints import CheckpointTrigger
 from spark_credit_shuffle.errors import ConfigError
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
-from spark_credit_shuffle.runtime.checkpoints import CheckpointTrigger
 from spark_credit_shuffle.runtime.pipelined import run_in_threads
 from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
 
@@ -139,7 +139,9 @@ def test_rows_out_are_rows_in_with_checkpoints_on_spark(spark, mode):
 def test_producers_armed_with_the_same_start_agree_on_their_first_checkpoint():
     # given two producers' triggers, one armed later than the other, with the latest start any task announced
     started_ms = time.time_ns() // 1_000_000
-    first, second = (CheckpointTrigger(subtask, 60_000, CheckpointOptions()) for subtask in (0, 1))
+    first, second = (
+        CheckpointTrigger(subtask, 60_000, CheckpointOptions(), time.time_ns, time.monotonic) for subtask in (0, 1)
+    )
     assert not first.is_due()  # not armed: no barrier, whatever the time
     first.arm(started_ms)
     time.sleep(0.01)
@@ -153,7 +155,7 @@ def test_producers_armed_with_the_same_start_agree_on_their_first_checkpoint():
 
 def test_a_late_timer_injects_the_checkpoint_it_is_late_for_then_catches_up_one_by_one():
     # given a trigger armed long ago (its timer woke far behind the instants of several checkpoints)
-    trigger = CheckpointTrigger(0, 10, CheckpointOptions())
+    trigger = CheckpointTrigger(0, 10, CheckpointOptions(), time.time_ns, time.monotonic)
     trigger.arm(time.time_ns() // 1_000_000 - 10_000)
     # then it injects consecutive checkpoints, one per wake-up, without skipping an id
     assert trigger.is_due() and trigger.seconds_until_next() == 0

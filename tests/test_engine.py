@@ -1,6 +1,6 @@
 """The task engine on a virtual clock, and the same engine under the pipelined runtime (threads, real TCP).
 
-The engine (``runtime/engine``) reads no clock: every rule takes ``now``. Here a small event loop drives a
+The engine (``engine/``) reads no clock: every rule takes ``now``. Here a small event loop drives a
 producer half and two consumer halves on virtual time, with a slow consumer and a buffer timeout, and the
 buffer cuts it makes are compared with the cuts the pipelined runtime makes for the same input.
 """
@@ -16,10 +16,7 @@ import pytest
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.buffers.reader import RecordReader
 from spark_credit_shuffle.config import NetworkConfig
-from spark_credit_shuffle.errors import ExchangeTimeoutError
-from spark_credit_shuffle.exchange import ExchangePlan, Injection
-from spark_credit_shuffle.protocol import NetworkBufferPool, PipelinedResultPartition, SingleInputGate
-from spark_credit_shuffle.runtime.engine import (
+from spark_credit_shuffle.engine import (
     ConsumerEngine,
     Fail,
     LingerOver,
@@ -27,6 +24,9 @@ from spark_credit_shuffle.runtime.engine import (
     Settings,
     Wait,
 )
+from spark_credit_shuffle.errors import ExchangeTimeoutError
+from spark_credit_shuffle.exchange import ExchangePlan, Injection
+from spark_credit_shuffle.protocol import NetworkBufferPool, PipelinedResultPartition, SingleInputGate
 from spark_credit_shuffle.runtime.pipelined import TaskOptions, run_in_threads
 
 pytestmark = pytest.mark.timeout(120)
@@ -284,7 +284,7 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
 
 
 def test_the_output_batcher_hands_on_by_rows_and_by_bytes():
-    from spark_credit_shuffle.runtime.engine.consumer import OUTPUT_BATCH_BYTES, OutputBatcher
+    from spark_credit_shuffle.engine.consumer import OUTPUT_BATCH_BYTES, OutputBatcher
 
     small = pa.record_batch({"s": pa.array(["x"] * 100)})
     batcher = OutputBatcher(target_rows=250, linger=0.01)

@@ -24,9 +24,18 @@ LAYERS: list[tuple[str, ...]] = [
     ("buffers",),
     ("protocol",),
     ("transport",),
-    ("runtime",),
-    ("exchange", "dataframe", "planner", "simulation", "plot", "cli", "__main__", ""),
+    ("engine",),
+    ("planner",),
+    ("runtime", "simulation"),
+    ("exchange", "dataframe", "plot", "cli", "__main__", ""),
 ]
+
+#: Two drivers of the task engine side by side: neither imports the other, directly or through another module.
+SIBLINGS = ("runtime", "simulation")
+#: What the clock-free task engine and the sans-IO core may not import: clocks, sockets, event loops, Spark.
+#: (A lock is allowed: Flink's BufferBuilder is written by one thread and read by another; starting a thread
+#: is not, checked apart.)
+IO_MODULES = ("time", "socket", "select", "selectors", "ssl", "asyncio", "pyspark", "py4j")
 
 
 def _module_name(path: Path) -> str:
@@ -59,6 +68,32 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             continue
         found.update(t for t in targets if t in modules and t != name)
     return found
+
+
+def _external_imports(path: Path) -> set[str]:
+    """Top-level names of the modules outside the package that a source file imports anywhere."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {PACKAGE}
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def _in(name: str, package: str) -> bool:
+    return name == f"{PACKAGE}.{package}" or name.startswith(f"{PACKAGE}.{package}.")
 
 
 def _layer(name: str) -> int:
@@ -94,6 +129,32 @@ def test_no_module_imports_a_higher_layer():
         if _layer(target) > _layer(name)
     ]
     assert not upward, "imports that run up a layer:\n" + "\n".join(upward)
+
+
+def test_the_engine_sits_below_both_runtimes_and_the_simulation():
+    """docs/architecture.md, "Layout": the task engine is one layer that the Spark runtime and the simulation
+    both drive; the planner, which both read, sits between."""
+    assert _layer(f"{PACKAGE}.engine") < _layer(f"{PACKAGE}.planner") < _layer(f"{PACKAGE}.runtime")
+    assert _layer(f"{PACKAGE}.simulation") == _layer(f"{PACKAGE}.runtime")
+
+
+def test_simulation_and_runtime_never_import_each_other():
+    graph = _graph()
+    for name in graph:
+        for mine, other in (SIBLINGS, SIBLINGS[::-1]):
+            if _in(name, mine):
+                reached = sorted(t for t in _reachable(graph, name) if _in(t, other))
+                assert not reached, f"{name} reaches {other}: {reached}"
+
+
+@pytest.mark.parametrize("package", ["engine", "protocol", "buffers", "partitioners"])
+def test_the_engine_and_the_core_read_no_clock_and_open_no_socket(package):
+    """The engine and the sans-IO core take time as an argument and bytes as values (a virtual clock drives
+    them in the simulation): no clock, socket or Spark module is imported anywhere in them, no thread started."""
+    for name, path in _modules().items():
+        if _in(name, package):
+            assert not _external_imports(path) & set(IO_MODULES), f"{name} imports {_external_imports(path)}"
+            assert "Thread(" not in path.read_text(), f"{name} starts a thread"
 
 
 def test_no_import_circle():

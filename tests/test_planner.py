@@ -18,8 +18,6 @@ from spark_credit_shuffle.errors import ConfigError, InsufficientNetworkBuffersE
 from spark_credit_shuffle.planner import (
     ExchangeSpec,
     Executors,
-    check_fits,
-    plan_dataframe,
     plan_network,
     plan_table,
 )
@@ -28,6 +26,7 @@ from spark_credit_shuffle.protocol.sizing import UNBOUNDED
 from spark_credit_shuffle.runtime.blocking import produce_partition
 from spark_credit_shuffle.runtime.consumer import consume_partition
 from spark_credit_shuffle.runtime.plan import ExchangePlan
+from spark_credit_shuffle.runtime.planning import check_fits, plan_dataframe
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("s", pa.string())])
 

@@ -11,9 +11,9 @@ from test_blocking_runtime import run as run_blocking
 from test_pipelined import inputs, make_plan
 
 import spark_credit_shuffle as scs
+from spark_credit_shuffle.engine import TimeAccount
+from spark_credit_shuffle.engine.rules import TIME_WINDOW_S
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
-from spark_credit_shuffle.runtime.engine import TimeAccount
-from spark_credit_shuffle.runtime.engine.rules import TIME_WINDOW_S
 from spark_credit_shuffle.runtime.pipelined import run_in_threads
 from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
 

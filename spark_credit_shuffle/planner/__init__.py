@@ -31,19 +31,18 @@ placement instead (the executor of every task), as a running stage knows it. Sta
 other, so an executor's requirement is that of its busiest stage.
 
 :func:`plan_network` returns a :class:`NetworkPlan` (per task, per stage, verdict);
-:func:`plan_table` gives it as a pandas DataFrame and :func:`plan_dataframe` as a Spark DataFrame.
-:func:`check_fits` is what ``exchange()`` runs before launch.
+:func:`plan_table` gives it as a pandas DataFrame. The planner is pure: on a Spark session,
+:mod:`spark_credit_shuffle.runtime.planning` reads the session's executors, gives the plan as a Spark
+DataFrame (``plan_dataframe``) and runs ``check_fits`` before an exchange launches.
 
 The package, one concept a module: :mod:`.topology` (the exchanges and executors planned for),
 :mod:`.task_buffers` (one task's pools), :mod:`.network_plan` (the answer per task, stage and topology),
-:mod:`.stages` (building it, with the worst placement of a barrier stage), :mod:`.session` (a Spark
-session's executors, the Spark DataFrame form, the check before launch).
+:mod:`.stages` (building it, with the worst placement of a barrier stage).
 """
 
 from __future__ import annotations
 
 from .network_plan import NetworkPlan, StagePlan, TaskPlan
-from .session import check_fits, executors_from_spark, plan_dataframe
 from .stages import plan_network, plan_table
 from .task_buffers import TaskBuffers, consumer_buffers, partition_type, producer_buffers, task_buffers
 from .topology import PATTERNS, ExchangeSpec, Executors
@@ -56,11 +55,8 @@ __all__ = [
     "StagePlan",
     "TaskBuffers",
     "TaskPlan",
-    "check_fits",
     "consumer_buffers",
-    "executors_from_spark",
     "partition_type",
-    "plan_dataframe",
     "plan_network",
     "plan_table",
     "producer_buffers",

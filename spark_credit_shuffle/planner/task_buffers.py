@@ -17,7 +17,7 @@ from ..protocol.sizing import (
 )
 
 if TYPE_CHECKING:
-    from ..runtime.plan import ExchangePlan
+    from .topology import PlannedExchange
 
 __all__ = [
     "NO_BUFFERS",
@@ -102,7 +102,7 @@ def local_channel_count(channels: Sequence[int], subtask: int, mode: str, config
 
 
 def task_buffers(
-    plan: ExchangePlan, subtask: int, placement: Sequence[Any] | None = None
+    plan: PlannedExchange, subtask: int, placement: Sequence[Any] | None = None
 ) -> tuple[TaskBuffers, TaskBuffers]:
     """(producer half, consumer half) of subtask ``subtask`` of ``plan``: the pools the runtime creates.
 

@@ -4,9 +4,9 @@ names it accepts) and the executors they run on (:class:`Executors`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..config import check_count, check_operator_parallelism, parse_size
+from ..config import NetworkConfig, check_count, check_operator_parallelism, parse_size
 from ..errors import ConfigError
 from ..partitioners import (
     Partitioner,
@@ -20,10 +20,25 @@ from ..partitioners import (
     shuffle,
 )
 
-if TYPE_CHECKING:
-    from ..runtime.plan import ExchangePlan
+__all__ = ["PATTERNS", "ExchangeSpec", "Executors", "PlannedExchange"]
 
-__all__ = ["PATTERNS", "ExchangeSpec", "Executors"]
+
+class PlannedExchange(Protocol):
+    """What the planner reads of an exchange the runtime is about to launch (its ``ExchangePlan``)."""
+
+    @property
+    def num_producers(self) -> int: ...
+    @property
+    def num_consumers(self) -> int: ...
+    @property
+    def partitioner(self) -> Partitioner: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def config(self) -> NetworkConfig: ...
+
 
 _MODES = ("blocking", "pipelined")
 
@@ -96,7 +111,7 @@ class ExchangeSpec:
         return self.name or f"{self.resolved.name.lower()}-{self.mode}"
 
     @classmethod
-    def from_plan(cls, plan: ExchangePlan) -> ExchangeSpec:
+    def from_plan(cls, plan: PlannedExchange) -> ExchangeSpec:
         return cls(plan.num_producers, plan.num_consumers, plan.partitioner, plan.mode, plan.name)
 
     @classmethod

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from ..buffers.compression import STORED_COMPRESSED_FLAG, BufferCompressor
 from ..buffers.format import CheckpointBarrier
+from ..engine import ProducerEngine, Settings
 from ..errors import PartitionerError
 from ..metrics import PRODUCER, MetricRow, executor_row
 from ..protocol.blocking_partition import BlockingResultPartition, StoredBuffer
@@ -38,7 +39,6 @@ from ..protocol.pools import NetworkBufferPool
 from ..protocol.sizing import PartitionType
 from .common import CollectedMetrics, MetricsReport, finish_plan, in_subtask, metrics_report, place_by
 from .consumer import consume_partition, timed_batches
-from .engine import ProducerEngine, Settings
 from .monitor import task_monitor, watch
 from .session import bound_arrow_batches
 

@@ -22,13 +22,13 @@ import pyarrow as pa
 from ..buffers import DataType
 from ..buffers.compression import STORED_COMPRESSED_FLAG, BufferDecompressor
 from ..buffers.reader import RecordReader
+from ..engine import ConsumerEngine, GateGauges, Settings, TimeAccount, combine
+from ..engine.checkpoints import ConsumerCheckpoints
 from ..errors import ProtocolError
 from ..metrics import CONSUMER, MetricRow, executor_row
 from ..protocol.pools import NetworkBufferPool
 from ..transport.memory import StoredBuffersExchange
-from .checkpoints import ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport
-from .engine import ConsumerEngine, GateGauges, Settings, TimeAccount, combine
 from .monitor import task_monitor, watch
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def consume_partition(
     producer_metrics: list[MetricRow] = []
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
-    checkpoints = ConsumerCheckpoints(consumer, producers) if config.checkpoint_interval_ms > 0 else None
+    checkpoints = ConsumerCheckpoints(consumer, producers, time.time_ns) if config.checkpoint_interval_ms > 0 else None
     engine = ConsumerEngine(
         consumer,
         gate,

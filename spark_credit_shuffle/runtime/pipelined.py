@@ -29,7 +29,7 @@ RecordWriter, one I/O thread
 drives every socket (:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread is
 the output flusher (``buffer_timeout_ms``), sends latency markers and samples memory. All protocol objects
 of a task are guarded by one re-entrant lock. What those threads do and when is decided by the task engine
-(:mod:`~spark_credit_shuffle.runtime.engine`, which reads no clock); :mod:`~.task` (the threads),
+(:mod:`~spark_credit_shuffle.engine`, which reads no clock); :mod:`~.task` (the threads),
 :mod:`~.wiring` (sockets, connections, the end) and :mod:`~.in_threads` (tasks as threads of one process)
 are the glue around it, and this module the Spark side.
 

@@ -1,7 +1,7 @@
 """One pipelined task: producer subtask *i* and consumer subtask *i* as threads and sockets around the engine.
 
 The rules (flush schedule, keep-alives, backpressure wait, silence timeouts, output linger, gauges) are the
-task engine's (:mod:`~spark_credit_shuffle.runtime.engine`); this module supplies the clock, the threads and
+task engine's (:mod:`~spark_credit_shuffle.engine`); this module supplies the clock, the threads and
 the sockets: the Spark task thread is the consumer (it yields the received rows as they arrive), one producer
 thread feeds the input batches to the RecordWriter, one I/O thread drives every socket
 (:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread wakes the engine's
@@ -25,13 +25,13 @@ import pyarrow as pa
 
 from ..buffers.reader import RecordReader
 from ..config import ADDRESS_EXCHANGES
+from ..engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings, TimeAccount, Wait
+from ..engine.checkpoints import ConsumerCheckpoints
 from ..errors import ConfigError, CreditShuffleError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics, executor_row
 from ..protocol import PipelinedResultPartition, SingleInputGate
 from ..transport.tls import TlsIdentity
-from .checkpoints import ConsumerCheckpoints
 from .common import IN_BAND, MetricsReport
-from .engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings, TimeAccount, Wait
 from .locked_partition import LockedPartition
 from .monitor import MonitorClient, watch
 from .resources import rss_bytes, thread_cpu_seconds
@@ -162,7 +162,9 @@ class PipelinedTask(TaskWiring):
         remote = sum(1 for p in producers if not self.is_local(p))
         self.gate = SingleInputGate(self.network, len(producers), self.config, num_remote_channels=remote)
         self.gate.listener = self._notify_consumer
-        checkpoints = ConsumerCheckpoints(index, producers) if self.config.checkpoint_interval_ms > 0 else None
+        checkpoints = (
+            ConsumerCheckpoints(index, producers, time.time_ns) if self.config.checkpoint_interval_ms > 0 else None
+        )
         readers = [RecordReader(plan.schema, channel=p, validate=p != index) for p in producers]
         self.consumer = ConsumerEngine(
             index, self.gate, readers, producers, self.settings, time.monotonic(), checkpoints=checkpoints

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..engine import ConsumerEngine, Fail, Settings, check_end
+from ..engine.checkpoints import CheckpointTrigger
 from ..errors import CreditShuffleError, ExchangeTimeoutError, qualified_name
 from ..metrics import PRODUCER
 from ..protocol import (
@@ -36,9 +38,7 @@ from ..transport.authentication import AUTHENTICATION_TIMEOUT_S, unauthenticated
 from ..transport.connection import Connection
 from ..transport.tcp import TcpTransport
 from ..transport.tls import TlsIdentity
-from .checkpoints import CheckpointTrigger
 from .common import IN_BAND, MetricsReport, in_subtask
-from .engine import ConsumerEngine, Fail, Settings, check_end
 from .monitor import MonitorClient
 
 if TYPE_CHECKING:
@@ -108,7 +108,9 @@ class TaskWiring:
         self.channel_producers: list[int] = []
         self._client_connections: dict[int, Connection] = {}
         self.consumer: ConsumerEngine | None = None  # the consumer half's engine, once set up
-        self.checkpoint_trigger = CheckpointTrigger(index, config.checkpoint_interval_ms, config.checkpoint_options)
+        self.checkpoint_trigger = CheckpointTrigger(
+            index, config.checkpoint_interval_ms, config.checkpoint_options, time.time_ns, time.monotonic
+        )
         self._producer_done = True
         self._consumer_done = True
 

@@ -1,12 +1,12 @@
 """A virtual clock and a discrete-event simulation of an exchange through the real protocol core and the task
 engine.
 
-Producers are the task engine's producer half (:class:`~spark_credit_shuffle.runtime.engine.ProducerEngine`):
+Producers are the task engine's producer half (:class:`~spark_credit_shuffle.engine.ProducerEngine`):
 they write Arrow record batches (one ``seq`` column and a payload that brings a record to about
 ``record_size`` bytes, pre-built and sliced) at a given rate through its resumable RecordWriter into real
 :class:`PipelinedResultPartition`\\ s (with their LocalBufferPools, max buffers per channel and overdraft),
 and its timer flushes (buffer timeout) and sends keep-alives. Consumers are the consumer half
-(:class:`~spark_credit_shuffle.runtime.engine.ConsumerEngine`): they read their :class:`SingleInputGate`,
+(:class:`~spark_credit_shuffle.engine.ConsumerEngine`): they read their :class:`SingleInputGate`,
 decode every buffer with its RecordReaders (the rows of each channel are checked in order) and spend
 ``size / rate`` virtual seconds on each buffer before they recycle it.
 

@@ -10,7 +10,7 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..config import NetworkConfig
-    from ..runtime.engine import Settings
+    from ..engine import Settings
 
 __all__ = ["Context", "VirtualClock", "per_subtask"]
 

@@ -13,11 +13,11 @@ import pyarrow as pa
 from ..buffers.buffer import Buffer, DataType
 from ..buffers.format import CheckpointBarrier, barrier_data_type, decode_event
 from ..buffers.reader import RecordReader
+from ..engine import ConsumerEngine, Fail, Wait
+from ..engine.checkpoints import ConsumerCheckpoints
 from ..errors import BufferDecodeError
 from ..metrics import MetricRow
 from ..protocol.gate import BufferOrEvent, SingleInputGate
-from ..runtime.checkpoints import ConsumerCheckpoints
-from ..runtime.engine import ConsumerEngine, Fail, Wait
 from .clock import Context
 from .producer import RECORD_OVERHEAD, RECORD_SCHEMA
 

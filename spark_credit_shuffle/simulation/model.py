@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from ..config import NetworkConfig
+from ..engine import Settings
 from ..errors import ConfigError, SimulationStalledError
 from ..metrics import MetricRow
 from ..planner import consumer_buffers, producer_buffers
@@ -17,7 +18,6 @@ from ..protocol.gate import SingleInputGate
 from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from ..protocol.pools import NetworkBufferPool
 from ..protocol.sender import PartitionRequestServerHandler
-from ..runtime.engine import Settings
 from ..transport.memory import MemoryConnection, MemoryNetwork
 from .checkpoints import CheckpointCoordinator
 from .clock import VirtualClock, per_subtask

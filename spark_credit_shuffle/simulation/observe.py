@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine import GateGauges
 from ..metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow
-from ..runtime.engine import GateGauges
 
 __all__ = ["check_invariants", "sample", "sample_rows"]
 

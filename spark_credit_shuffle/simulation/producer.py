@@ -11,10 +11,10 @@ import pyarrow as pa
 
 from ..buffers.buffer import Buffer, DataType
 from ..buffers.format import CheckpointBarrier
+from ..engine import Fail, ProducerEngine
 from ..metrics import MetricRow
 from ..partitioners.selectors import RoundRobinSelector
 from ..protocol.partition import PipelinedResultPartition
-from ..runtime.engine import Fail, ProducerEngine
 from .clock import Context
 
 __all__ = ["RECORD_SCHEMA", "SimulatedProducer", "record_payload"]

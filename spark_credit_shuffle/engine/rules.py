@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from ...errors import ExchangeTimeoutError
-from ...metrics import MetricRow
+from ..errors import ExchangeTimeoutError
+from ..metrics import MetricRow
 
 if TYPE_CHECKING:
-    from ...config import NetworkConfig
+    from ..config import NetworkConfig
 
 __all__ = ["LINGER_OVER", "Fail", "Gauges", "LingerOver", "Settings", "TimeAccount", "Wait", "check_end"]
 

@@ -9,18 +9,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from ...buffers.buffer import Buffer
-from ...buffers.format import LatencyMarker
-from ...buffers.reader import RecordReader
-from ...errors import ExchangeTimeoutError
-from ...metrics import CONSUMER, SAMPLE, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
-from ...protocol import RemoteInputChannel, SingleInputGate
-from ...protocol.debloat import DEFAULT_MIN_BUFFER_SIZE, BufferDebloater, ThroughputCalculator
-from ..checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
+from ..buffers.buffer import Buffer
+from ..buffers.format import LatencyMarker
+from ..buffers.reader import RecordReader
+from ..errors import ExchangeTimeoutError
+from ..metrics import CONSUMER, SAMPLE, GaugeStats, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ..protocol import RemoteInputChannel, SingleInputGate
+from ..protocol.debloat import DEFAULT_MIN_BUFFER_SIZE, BufferDebloater, ThroughputCalculator
+from .checkpoints import CHECKPOINT_EVENTS, ConsumerCheckpoints
 from .rules import LINGER_OVER, Fail, Gauges, LingerOver, Settings, TimeAccount, Wait
 
 if TYPE_CHECKING:
-    from ...protocol import BufferOrEvent
+    from ..protocol import BufferOrEvent
 
 __all__ = ["ConsumerEngine", "GateGauges", "OutputBatcher", "channel_gauges", "combine"]
 

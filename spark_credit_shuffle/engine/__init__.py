@@ -9,7 +9,7 @@ for more before they go to Spark, what its gauges and timeline say. Every method
 drives it with threads, sockets and ``time.monotonic()``; the blocking runtime with its own loop; the
 simulation (:mod:`spark_credit_shuffle.simulation`) and tests with a virtual clock, which makes the engine's
 decisions reproducible. The checkpoint records the consumer half hands barriers to
-(:mod:`~spark_credit_shuffle.runtime.checkpoints`) stamp alignment with the clock they are given: the wall
+(:mod:`~spark_credit_shuffle.engine.checkpoints`) stamp alignment with the clock they are given: the wall
 clock in the runtimes, the virtual one in the simulation.
 
 - :class:`Settings`: the one place where the network settings and task knobs become the engine's rules

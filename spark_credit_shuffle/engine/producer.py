@@ -9,10 +9,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ...buffers.format import CheckpointBarrier, KeepAlive, LatencyMarker, encode_event
-from ...buffers.writer import RecordWriter
-from ...errors import ExchangeTimeoutError, SchemaMismatchError
-from ...metrics import PRODUCER, SAMPLE, MetricRow, RateMeter, TaskMetrics, TimelineSampler
+from ..buffers.format import CheckpointBarrier, KeepAlive, LatencyMarker, encode_event
+from ..buffers.writer import RecordWriter
+from ..errors import ExchangeTimeoutError, SchemaMismatchError
+from ..metrics import PRODUCER, SAMPLE, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from .rules import Fail, Gauges, Settings, TimeAccount, Wait
 
 __all__ = ["Flusher", "ProducerEngine", "conform", "subpartition_gauges"]

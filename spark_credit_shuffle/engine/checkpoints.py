@@ -1,7 +1,8 @@
-"""Checkpoint barriers in the runtimes: when producers inject them, and what consumers record.
+"""Checkpoint barriers in the task engine: when producers inject them, and what consumers record.
 
 The rule of alignment lives in the sans-IO ``SingleCheckpointBarrierHandler``
-(:mod:`spark_credit_shuffle.protocol.checkpointing`); this module is the glue around it.
+(:mod:`spark_credit_shuffle.protocol.checkpointing`); this module is the engine's part around it, with the
+clocks given by its caller (the wall clock in the runtimes, the virtual one in the simulation).
 :class:`CheckpointTrigger` is the producer's schedule (``execution.checkpointing.interval``), read by the
 task's timer next to the flush and keep-alive schedules. :class:`ConsumerCheckpoints` feeds a consumer
 subtask's events and buffers to the handler with wall-clock times, and turns what it decided into metric
@@ -12,7 +13,6 @@ checkpoint id as the value and the producer as the channel).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from ..buffers.format import CancelCheckpointMarker, CheckpointBarrier, CheckpointOptions, EndOfPartition, Event
@@ -52,8 +52,19 @@ class CheckpointTrigger:
     one by one, as the timer catches up.
     """
 
-    def __init__(self, subtask: int, interval_ms: int, options: CheckpointOptions) -> None:
+    def __init__(
+        self,
+        subtask: int,
+        interval_ms: int,
+        options: CheckpointOptions,
+        wall_ns: Callable[[], int],
+        monotonic: Callable[[], float],
+    ) -> None:
         self.subtask = subtask
+        #: Epoch nanoseconds (the instants every producer agrees on) and seconds on the caller's monotonic
+        #: clock (the alignment timeout, compared with the caller's timer).
+        self.wall_ns = wall_ns
+        self.monotonic = monotonic
         self.interval_ms = interval_ms
         self.interval = interval_ms / 1000.0
         self.options = options
@@ -61,7 +72,7 @@ class CheckpointTrigger:
         self.armed = False
         self.num_barriers = 0
         self.rows: list[MetricRow] = []
-        #: ``time.monotonic()`` at which the last timeoutable barrier's alignment times out (inf: none due).
+        #: The ``monotonic`` time at which the last timeoutable barrier's alignment times out (inf: none due).
         self.timeout_at = float("inf")
         #: Output channel state: the data buffers unaligned barriers overtook in the subpartitions, and bytes.
         self.persisted_output_buffers = 0
@@ -86,12 +97,12 @@ class CheckpointTrigger:
         checkpoint (half an interval early at most: a timer may wake a little early), not at an earlier one."""
         if not (self.armed and self.enabled):
             return False
-        return time.time_ns() / 1e6 >= (self.last_id + 0.5) * self.interval_ms
+        return self.wall_ns() / 1e6 >= (self.last_id + 0.5) * self.interval_ms
 
     def seconds_until_next(self) -> float:
         """Wall-clock seconds until the instant of the next checkpoint not yet injected (0 if it passed: a
         late timer catches up one checkpoint at a time)."""
-        now_ms = time.time_ns() / 1e6
+        now_ms = self.wall_ns() / 1e6
         if not self.armed:
             return max(0.0, (int(now_ms // self.interval_ms) + 1) * self.interval_ms - now_ms) / 1000.0
         return max(0.0, ((self.last_id + 1) * self.interval_ms - now_ms) / 1000.0)
@@ -99,11 +110,11 @@ class CheckpointTrigger:
     def next_barrier(self) -> CheckpointBarrier:
         """The barrier of the next checkpoint (the one after the last injected, however late), stamped now;
         a timeline row records it."""
-        now_ms = time.time_ns() // 1_000_000
+        now_ms = self.wall_ns() // 1_000_000
         self.last_id += 1
         self.num_barriers += 1
         if self.options.is_timeoutable:
-            self.timeout_at = time.monotonic() + self.options.aligned_checkpoint_timeout_ms / 1000.0
+            self.timeout_at = self.monotonic() + self.options.aligned_checkpoint_timeout_ms / 1000.0
         if len(self.rows) < _MAX_BARRIER_ROWS:
             self.rows.append(
                 MetricRow(PRODUCER, self.subtask, None, "checkpointBarrier", SAMPLE, float(self.last_id), float(now_ms))
@@ -111,7 +122,7 @@ class CheckpointTrigger:
         return CheckpointBarrier(self.last_id, now_ms, self.options)
 
     def timed_out(self, now: float) -> int | None:
-        """The checkpoint whose aligned barrier timed out by ``now`` (``time.monotonic()``), once: the
+        """The checkpoint whose aligned barrier timed out by ``now`` (on the ``monotonic`` clock), once: the
         producer then makes it unaligned where it is still queued (Flink's ``alignedBarrierTimeout``)."""
         if now < self.timeout_at:
             return None
@@ -139,7 +150,7 @@ class CheckpointTrigger:
 class ConsumerCheckpoints:
     """A consumer subtask's barrier handler with its records; ``producers[c]`` is channel ``c``'s producer."""
 
-    def __init__(self, subtask: int, producers: list[int], clock_ns: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, subtask: int, producers: list[int], clock_ns: Callable[[], int]) -> None:
         self.subtask = subtask
         self.producers = producers
         #: The clock the records are stamped with: the wall clock, or the simulation's virtual one.

@@ -1,6 +1,6 @@
-"""The planner on a Spark session: its executors and task slots (:mod:`~spark_credit_shuffle.runtime.session`
-computes them), the plan as a Spark DataFrame, and :func:`check_fits`, which ``exchange()`` runs before
-launch."""
+"""The planner (:mod:`spark_credit_shuffle.planner`) on a Spark session: its executors and task slots
+(:mod:`~spark_credit_shuffle.runtime.session` computes them), the plan as a Spark DataFrame, and
+:func:`check_fits`, which ``exchange()`` runs before launch."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..config import NetworkConfig
-from ..runtime.session import configured_executors, executor_slots
-from .stages import plan_network, plan_table
-from .topology import ExchangeSpec, Executors
+from ..planner import ExchangeSpec, Executors, plan_network, plan_table
+from .session import configured_executors, executor_slots
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from ..runtime.plan import ExchangePlan
+    from .plan import ExchangePlan
 
 __all__ = ["check_fits", "executors_from_spark", "plan_dataframe"]
 
