@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["MIN_PYSPARK", "check_pyspark", "installed_pyspark_version", "is_connect", "spark_context"]
 
 #: The oldest pyspark the package runs on (``mapInArrow(..., barrier=True)``, Arrow's time zone and large
-#: type options, the identity placement of :func:`~spark_credit_shuffle.runtime.common.place_by`).
+#: type options, the identity placement of :func:`~spark_credit_shuffle.runtime.placement.place_by`).
 MIN_PYSPARK = (4, 0)
 
 

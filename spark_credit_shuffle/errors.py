@@ -277,3 +277,23 @@ def typed_errors() -> Iterator[None]:
         if typed is None:
             raise
         raise typed from exc
+
+
+def is_deterministic(exc: BaseException) -> bool:
+    """True for a failure that the same input raises again on every attempt: a null key, a key that cannot be
+    hashed, a custom partitioner's function that raised or returned bad channels (:class:`PartitionerError`),
+    a network buffer of the exchange's own data that does not decode (:class:`BufferDecodeError`). Retrying
+    such a task or stage only repeats the failure; a runtime fails the exchange at once instead."""
+    return isinstance(exc, (PartitionerError, BufferDecodeError))
+
+
+def in_subtask(exc: BaseException, side: str, subtask: int) -> BaseException:
+    """A :class:`PartitionerError` with the subtask that met it in its message (the same class, so a user
+    catches what the partitioner raises); any other exception as it is."""
+    if not isinstance(exc, PartitionerError) or str(exc).startswith(f"{side} subtask "):
+        return exc
+    try:
+        located = type(exc)(f"{side} subtask {subtask}: {exc}")
+    except TypeError:  # a subclass with another constructor
+        return exc
+    return located.with_traceback(exc.__traceback__)

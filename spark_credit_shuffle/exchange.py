@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from pyspark import RDD
     from pyspark.sql import DataFrame
 
-    from .runtime.common import CollectedMetrics
+    from .runtime.metrics_report import CollectedMetrics
 
 __all__ = [
     "MODES",
@@ -452,7 +452,7 @@ def exchange(
             plan = dataclasses.replace(plan, monitor=_live_monitor(spark, name, wanted))
         out, collected = build(plan, df)
     else:  # an empty df with the input's schema, no metric rows; no task runs
-        from .runtime.common import NoMetrics
+        from .runtime.metrics_report import NoMetrics
 
         log.info("%s: the input has no partitions, nothing to move", plan.describe())
         out = df.repartition(consumers) if consumers else df  # consumer subtask i is partition i, as always

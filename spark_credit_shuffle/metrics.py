@@ -66,7 +66,7 @@ Inside an exchange a metric row is ``struct<side, subtask, channel, metric, stat
 Producers ship their metrics through the exchange itself; consumers hand theirs, and their producers',
 to the driver when they end: through a PySpark accumulator on classic sessions, or, on Spark Connect
 (no accumulators), as a hidden last row that an ``Observation`` collects
-(:mod:`spark_credit_shuffle.runtime.common`). Either way each consumer subtask counts once: its
+(:mod:`spark_credit_shuffle.runtime.metrics_report`). Either way each consumer subtask counts once: its
 successful attempt in the first action that ran it.
 """
 
@@ -100,7 +100,9 @@ __all__ = [
     "TimelineSampler",
     "executor_row",
     "metric_row_spark_type",
+    "rows_from_bytes",
     "rows_to_arrow",
+    "rows_to_bytes",
     "rows_to_pandas",
 ]
 
@@ -235,6 +237,34 @@ def rows_to_arrow(groups: Iterable[list[MetricRow] | None]) -> pa.Array:
         else:
             values.append([{name: getattr(r, name) for name in METRIC_ROW_FIELDS} for r in group])
     return pa.array(values, type=pa.list_(METRIC_ROW_TYPE))
+
+
+#: Metric rows as a table: one column per MetricRow field (the form :func:`rows_to_bytes` encodes).
+_ROWS_SCHEMA = pa.schema(list(METRIC_ROW_TYPE))
+
+
+def rows_to_bytes(rows: Iterable[MetricRow]) -> bytes:
+    """Metric rows as the bytes that carry them inside an exchange (an Arrow IPC stream of one batch with a
+    column per field): a blocking producer's metrics row, read back by :func:`rows_from_bytes`."""
+    table = pa.Table.from_struct_array(rows_to_arrow([list(rows)]).flatten())
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, _ROWS_SCHEMA) as writer:
+        writer.write_table(table.cast(_ROWS_SCHEMA))
+    return sink.getvalue().to_pybytes()
+
+
+def rows_from_bytes(data: bytes | pa.Buffer) -> list[MetricRow]:
+    """The metric rows :func:`rows_to_bytes` encoded. Bytes from the wire are untrusted: anything but a
+    stream of metric rows raises :class:`~spark_credit_shuffle.errors.ProtocolError`."""
+    from .errors import ProtocolError
+
+    try:
+        table = pa.ipc.open_stream(data).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ProtocolError(f"metric rows that do not decode: {exc}") from None
+    if not table.schema.equals(_ROWS_SCHEMA):
+        raise ProtocolError(f"metric rows of another schema: {table.schema}")
+    return [MetricRow(**row) for row in table.to_pylist()]
 
 
 class TimelineSampler:

@@ -17,11 +17,13 @@ from hypothesis import strategies as st
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.buffers import DataType
+from spark_credit_shuffle.engine import GateGauges
 from spark_credit_shuffle.errors import ProtocolError
 from spark_credit_shuffle.metrics import CONSUMER, TaskMetrics
 from spark_credit_shuffle.runtime.blocking import STORAGE_SCHEMA, produce_partition
-from spark_credit_shuffle.runtime.common import METRICS_COLUMN
-from spark_credit_shuffle.runtime.consumer import GateGauges, consume_partition, stored_buffers
+from spark_credit_shuffle.runtime.blocking.consumer import consume_partition
+from spark_credit_shuffle.runtime.blocking.storage import stored_buffers
+from spark_credit_shuffle.runtime.metrics_report import METRICS_COLUMN
 from spark_credit_shuffle.runtime.plan import ExchangePlan
 from spark_credit_shuffle.transport.memory import StoredBuffersExchange
 

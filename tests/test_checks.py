@@ -17,7 +17,7 @@ from spark_helpers import job_group, no_spark_jobs
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import ConfigError, PartitionerError
 from spark_credit_shuffle.runtime import blocking, pipelined
-from spark_credit_shuffle.runtime.common import IN_BAND
+from spark_credit_shuffle.runtime.metrics_report import IN_BAND
 
 pytestmark = pytest.mark.spark
 

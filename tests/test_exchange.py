@@ -17,7 +17,7 @@ from spark_credit_shuffle.errors import (
     PartitionerError,
 )
 from spark_credit_shuffle.runtime import blocking, pipelined
-from spark_credit_shuffle.runtime.common import IN_BAND, CollectedMetrics, metrics_report
+from spark_credit_shuffle.runtime.metrics_report import IN_BAND, CollectedMetrics, metrics_report
 from spark_credit_shuffle.runtime.session import ARROW_BATCH_BYTES_KEY, is_connect, num_partitions
 
 pytestmark = pytest.mark.spark

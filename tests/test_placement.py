@@ -11,8 +11,9 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
 import spark_credit_shuffle as scs
-from spark_credit_shuffle.runtime import common
-from spark_credit_shuffle.runtime.common import place_by, spark_hash_partition_keys, spark_int_hashes
+from spark_credit_shuffle.partitioners.murmur3 import spark_hash_partition_keys, spark_int_hashes
+from spark_credit_shuffle.runtime import placement
+from spark_credit_shuffle.runtime.placement import place_by
 
 
 def test_spark_int_hashes_are_murmur3_x86_32_with_seed_42():
@@ -45,7 +46,7 @@ def test_hash_placement_puts_every_row_where_repartition_by_id_does(spark, adapt
     spark.conf.set("spark.sql.adaptive.enabled", str(adaptive).lower())
     try:
         df = spark.range(0, 3000, 1, 3).select("id", (F.col("id") * 7 % 13).cast("int").alias("target"))
-        for by_id in (True, False) if common.has_repartition_by_id(df) else (False,):  # pyspark 4.0: no ById
+        for by_id in (True, False) if placement.has_repartition_by_id(df) else (False,):  # pyspark 4.0: no ById
             placed = place_by(df, 13, "target", by_id=by_id)
             assert placed.columns == ["id", "target"] and placed.rdd.getNumPartitions() == 13
             plan = placed._jdf.queryExecution().optimizedPlan().toString()
@@ -60,7 +61,7 @@ def test_hash_placement_puts_every_row_where_repartition_by_id_does(spark, adapt
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["blocking", "pipelined"])
 def test_exchange_without_repartition_by_id_as_on_pyspark_4_0(spark, monkeypatch, mode):
-    monkeypatch.setattr(common, "has_repartition_by_id", lambda df: False)
+    monkeypatch.setattr(placement, "has_repartition_by_id", lambda df: False)
     df = spark.range(0, 1500, 1, 2).select("id", (F.col("id") % 11).cast("int").alias("k"))
     ex = scs.exchange(df, scs.key_by("k"), parallelism=3, mode=mode)  # 2 -> 3: the input is placed too
     assert "direct_shuffle_partition_id" not in ex.df._jdf.queryExecution().optimizedPlan().toString()

@@ -23,8 +23,7 @@ from spark_credit_shuffle.planner import (
 )
 from spark_credit_shuffle.protocol.pools import NetworkBufferPool
 from spark_credit_shuffle.protocol.sizing import UNBOUNDED
-from spark_credit_shuffle.runtime.blocking import produce_partition
-from spark_credit_shuffle.runtime.consumer import consume_partition
+from spark_credit_shuffle.runtime.blocking import consume_partition, produce_partition
 from spark_credit_shuffle.runtime.plan import ExchangePlan
 from spark_credit_shuffle.runtime.planning import check_fits, plan_dataframe
 

@@ -23,8 +23,7 @@ from spark_credit_shuffle.plot import (
     plot_timeline,
     plot_timeout_sweep,
 )
-from spark_credit_shuffle.runtime.blocking import produce_partition
-from spark_credit_shuffle.runtime.consumer import consume_partition
+from spark_credit_shuffle.runtime.blocking import consume_partition, produce_partition
 from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32())])

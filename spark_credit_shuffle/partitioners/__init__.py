@@ -1,6 +1,7 @@
 """Flink's channel selectors (partitioners), vectorised over Arrow batches, and Flink's key groups.
 
 - :mod:`.keygroups`: Java ``hashCode`` per Arrow type, Flink's murmur, key groups and operator indexes.
+- :mod:`.murmur3`: MurmurHash3 of an int, vectorised: Flink's murmurHash and Spark's ``hash()`` both use it.
 - :mod:`.selectors`: :class:`ChannelSelector`, the stateful per-producer half that picks channels per batch.
 - :mod:`.partitioner`: :class:`Partitioner` values and the factories ``key_by``, ``rebalance``, ...
 """

@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from ..config import MAX_PARALLELISM_UPPER_BOUND, default_max_parallelism
 from ..errors import ConfigError, NullKeyError, UnsupportedKeyTypeError
+from .murmur3 import murmur3_ints
 
 __all__ = [
     "MAX_TUPLE_ARITY",
@@ -68,13 +69,6 @@ _U32 = np.uint32
 _INT_MIN = -(1 << 31)
 _DOUBLE_NAN_BITS = np.uint64(0x7FF8000000000000)
 _FLOAT_NAN_BITS = np.uint32(0x7FC00000)
-_MURMUR_C1 = _U32(0xCC9E2D51)
-_MURMUR_C2 = _U32(0x1B873593)
-_MURMUR_N = _U32(0xE6546B64)
-_FMIX_1 = _U32(0x85EBCA6B)
-_FMIX_2 = _U32(0xC2B2AE35)
-# Work in blocks that stay in the CPU cache: a few numpy passes over 256 KiB beat one pass over 40 MB.
-_BLOCK = 1 << 16
 # Strings are hashed in chunks of at most this many rows and (unless one string is longer) bytes.
 _STRING_CHUNK_ROWS = 1 << 16
 _STRING_CHUNK_BYTES = 1 << 20
@@ -388,37 +382,12 @@ def java_hash_codes(
 # -- murmur, key groups, operator indexes ---------------------------------------------------------
 
 
-def _murmur_block(h: np.ndarray, t: np.ndarray) -> None:
-    """Flink's ``MathUtils.murmurHash`` in place on a uint32 block (``t`` is scratch of the same size)."""
-    np.multiply(h, _MURMUR_C1, out=h)
-    np.right_shift(h, _U32(17), out=t)
-    np.left_shift(h, _U32(15), out=h)
-    np.bitwise_or(h, t, out=h)
-    np.multiply(h, _MURMUR_C2, out=h)
-    np.right_shift(h, _U32(19), out=t)
-    np.left_shift(h, _U32(13), out=h)
-    np.bitwise_or(h, t, out=h)
-    np.multiply(h, _U32(5), out=h)
-    np.add(h, _MURMUR_N, out=h)
-    np.bitwise_xor(h, _U32(4), out=h)
-    np.right_shift(h, _U32(16), out=t)
-    np.bitwise_xor(h, t, out=h)
-    np.multiply(h, _FMIX_1, out=h)
-    np.right_shift(h, _U32(13), out=t)
-    np.bitwise_xor(h, t, out=h)
-    np.multiply(h, _FMIX_2, out=h)
-    np.right_shift(h, _U32(16), out=t)
-    np.bitwise_xor(h, t, out=h)
+def _murmur_u32_inplace(h: np.ndarray) -> np.ndarray:
+    """Flink's ``MathUtils.murmurHash`` of every uint32 of ``h``, in place: seed 0, then the absolute value."""
+    murmur3_ints(h, 0)
     signed = h.view(np.int32)
     np.abs(signed, out=signed)  # wraps Integer.MIN_VALUE to itself ...
     np.maximum(signed, 0, out=signed)  # ... which Flink maps to 0
-
-
-def _murmur_u32_inplace(h: np.ndarray) -> np.ndarray:
-    scratch = np.empty(min(len(h), _BLOCK), dtype=_U32)
-    for start in range(0, len(h), _BLOCK):
-        block = h[start : start + _BLOCK]
-        _murmur_block(block, scratch[: len(block)])
     return h
 
 

@@ -107,23 +107,14 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..errors import BarrierStageError, CreditShuffleError, InsufficientSlotsError
+from ..errors import BarrierStageError, CreditShuffleError, InsufficientSlotsError, in_subtask, is_deterministic
 from ..metrics import PRODUCER
 from ..transport.tcp import resolve_host
 from ..transport.tls import TlsIdentity
-from .common import (
-    IN_BAND,
-    CollectedMetrics,
-    MetricsReport,
-    finish_plan,
-    in_subtask,
-    is_deterministic,
-    metrics_report,
-    place_by,
-    unused_name,
-)
 from .in_threads import _ThreadAllGather, run_in_threads
+from .metrics_report import IN_BAND, CollectedMetrics, MetricsReport, finish_plan, metrics_report
 from .nested_output import nest, nested_spark_type, unnest
+from .placement import place_by, unused_name
 from .session import available_slots, barrier_refusal, dynamic_allocation, is_connect, spark_context
 from .task import PipelinedTask, TaskOptions
 
@@ -214,7 +205,7 @@ def build(
     stage after a task failure and any operation works downstream; ``False`` streams the consumers' rows
     straight into the next operator (see the module documentation). ``options`` are the task knobs
     (latency marker interval, output batch size, memory sampling); ``report`` how tasks report metrics
-    (default: :func:`~.common.metrics_report`'s choice).
+    (default: :func:`~.metrics_report.metrics_report`'s choice).
     """
     from pyspark.sql import functions as F
 

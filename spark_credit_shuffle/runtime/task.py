@@ -31,8 +31,8 @@ from ..errors import ConfigError, CreditShuffleError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics, executor_row
 from ..protocol import PipelinedResultPartition, SingleInputGate
 from ..transport.tls import TlsIdentity
-from .common import IN_BAND, MetricsReport
 from .locked_partition import LockedPartition
+from .metrics_report import IN_BAND, MetricsReport
 from .monitor import MonitorClient, watch
 from .resources import rss_bytes, thread_cpu_seconds
 from .wiring import TaskWiring

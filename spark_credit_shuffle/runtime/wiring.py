@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine import ConsumerEngine, Fail, Settings, check_end
 from ..engine.checkpoints import CheckpointTrigger
-from ..errors import CreditShuffleError, ExchangeTimeoutError, qualified_name
+from ..errors import CreditShuffleError, ExchangeTimeoutError, in_subtask, qualified_name
 from ..metrics import PRODUCER
 from ..protocol import (
     AddCredit,
@@ -38,7 +38,7 @@ from ..transport.authentication import AUTHENTICATION_TIMEOUT_S, unauthenticated
 from ..transport.connection import Connection
 from ..transport.tcp import TcpTransport
 from ..transport.tls import TlsIdentity
-from .common import IN_BAND, MetricsReport, in_subtask
+from .metrics_report import IN_BAND, MetricsReport
 from .monitor import MonitorClient
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ its tasks fall back to Spark's ``allGather`` (all of them: every request of that
 WARNING once per minute (the limit and the peer), with a count of the others.
 
 **Failures that a retry repeats.** A task that meets a deterministic failure (a null key, a custom
-partitioner's function that raised: see :func:`~spark_credit_shuffle.runtime.common.is_deterministic`) reports it here
+partitioner's function that raised: see :func:`~spark_credit_shuffle.errors.is_deterministic`) reports it here
 (:func:`report_failure`) before it fails. From then on every address request of that exchange, of the
 attempt now waiting and of any later stage attempt, is answered with that failure, which the task raises at
 once, and the exchange's ``on_failure`` callback (given at :meth:`AddressRendezvous.register`; the

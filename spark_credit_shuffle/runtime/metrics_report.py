@@ -1,4 +1,4 @@
-"""What both runtimes share: how a consumer task's metrics reach the driver, and the Spark wrapping.
+"""How a consumer task's metric rows reach the driver, in both runtimes.
 
 A consumer task ends with the metric rows of the task (and of the producers whose metrics reached
 it). A :class:`MetricsReport`, chosen on the driver when the plan is built, carries them:
@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 
-from ..errors import BufferDecodeError, CreditShuffleError, PartitionerError
+from ..errors import CreditShuffleError
 from ..metrics import METRIC_ROW_FIELDS, METRIC_ROW_TYPE, MetricRow, metric_row_spark_type, rows_to_arrow
+from .placement import unused_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation
@@ -37,114 +37,15 @@ __all__ = [
     "MetricsReport",
     "NoMetrics",
     "finish_plan",
-    "in_subtask",
-    "is_deterministic",
     "metrics_batch",
     "metrics_report",
     "output_struct_type",
-    "place_by",
-    "spark_hash_partition_keys",
-    "unused_name",
     "with_metrics_column",
 ]
 
 #: The hidden column that carries metrics out of consumer tasks.
 METRICS_COLUMN = "__credit_shuffle_metrics"
-_METRICS_TYPE = pa.list_(METRIC_ROW_TYPE)
-
-
-def is_deterministic(exc: BaseException) -> bool:
-    """True for a failure that the same input raises again on every attempt: a null key, a key that cannot be
-    hashed, a custom partitioner's function that raised or returned bad channels (:class:`PartitionerError`),
-    a network buffer of the exchange's own data that does not decode (:class:`BufferDecodeError`). Retrying
-    such a task or stage only repeats the failure; a runtime fails the exchange at once instead."""
-    return isinstance(exc, (PartitionerError, BufferDecodeError))
-
-
-def in_subtask(exc: BaseException, side: str, subtask: int) -> BaseException:
-    """A :class:`PartitionerError` with the subtask that met it in its message (the same class, so a user
-    catches what the partitioner raises); any other exception as it is."""
-    if not isinstance(exc, PartitionerError) or str(exc).startswith(f"{side} subtask "):
-        return exc
-    try:
-        located = type(exc)(f"{side} subtask {subtask}: {exc}")
-    except TypeError:  # a subclass with another constructor
-        return exc
-    return located.with_traceback(exc.__traceback__)
-
-
-_U32 = np.uint32
-
-
-def _rotl(x: np.ndarray, r: int) -> np.ndarray:
-    return (x << _U32(r)) | (x >> _U32(32 - r))
-
-
-def spark_int_hashes(values: np.ndarray, seed: int = 42) -> np.ndarray:
-    """Spark's ``hash()`` of int values (``Murmur3_x86_32.hashInt``, the seed of ``Murmur3Hash``), as int32."""
-    with np.errstate(over="ignore"):
-        k1 = np.asarray(values, dtype=np.int32).view(_U32) * _U32(0xCC9E2D51)
-        k1 = _rotl(k1, 15) * _U32(0x1B873593)
-        h1 = _U32(seed) ^ k1
-        h1 = _rotl(h1, 13) * _U32(5) + _U32(0xE6546B64)
-        h1 ^= _U32(4)
-        h1 ^= h1 >> _U32(16)
-        h1 *= _U32(0x85EBCA6B)
-        h1 ^= h1 >> _U32(13)
-        h1 *= _U32(0xC2B2AE35)
-        h1 ^= h1 >> _U32(16)
-    return h1.view(np.int32)
-
-
-def spark_hash_partition_keys(num_partitions: int) -> np.ndarray:
-    """For every partition ``p`` of ``num_partitions``, an int that Spark's hash partitioning
-    (``repartition(n, col)``: ``pmod(hash(col), n)``) places on ``p``: the smallest such int >= 0."""
-    keys = np.full(num_partitions, -1, dtype=np.int64)
-    start, chunk = 0, max(1024, 16 * num_partitions)
-    while (keys < 0).any():
-        candidates = np.arange(start, start + chunk, dtype=np.int64)
-        partitions = np.mod(spark_int_hashes(candidates).astype(np.int64), num_partitions)
-        first = np.full(num_partitions, -1, dtype=np.int64)
-        order = np.argsort(partitions, kind="stable")  # within a partition, candidates stay ascending
-        sorted_partitions = partitions[order]
-        starts = np.flatnonzero(np.r_[True, sorted_partitions[1:] != sorted_partitions[:-1]])
-        first[sorted_partitions[starts]] = candidates[order[starts]]
-        keys = np.where(keys < 0, first, keys)
-        start += chunk
-    return keys
-
-
-def has_repartition_by_id(df: DataFrame) -> bool:
-    """True if ``df``'s DataFrame class has ``repartitionById`` (pyspark 4.1 and later)."""
-    return hasattr(type(df), "repartitionById")
-
-
-def place_by(df: DataFrame, num_partitions: int, column: str, *, by_id: bool | None = None) -> DataFrame:
-    """``df`` on ``num_partitions`` partitions, each row on the partition its int ``column`` names (in
-    ``[0, num_partitions)``): Spark's ``repartitionById`` (pyspark 4.1+) where it exists (``by_id=None``),
-    else a hash repartition on a value per partition that Spark's hash places there (a lookup in a small
-    array of ints computed here), which places every row exactly the same way on any Spark 4."""
-    if by_id is None:
-        by_id = has_repartition_by_id(df)
-    if by_id:
-        return df.repartitionById(num_partitions, column)
-    from pyspark.sql import functions as F
-
-    lookup = F.array(*[F.lit(int(k)) for k in spark_hash_partition_keys(num_partitions)])
-    key = unused_name(f"{column}_placement", df.columns)
-    placed = df.withColumn(key, F.element_at(lookup, F.col(column) + 1).cast("int"))
-    return placed.repartition(num_partitions, key).drop(key)
-
-
-def unused_name(base: str, columns: Iterable[str]) -> str:
-    """``base``, or ``base_1``, ``base_2``, ... : the first that is not one of ``columns`` (an internal
-    column never takes the place of a user's column of the same name)."""
-    taken = set(columns)
-    name, n = base, 0
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    return name
+_METRICS_CELL_TYPE = pa.list_(METRIC_ROW_TYPE)
 
 
 def output_struct_type(df: DataFrame, column: str = METRICS_COLUMN):
@@ -158,13 +59,13 @@ def output_struct_type(df: DataFrame, column: str = METRICS_COLUMN):
 
 
 def output_schema(schema: pa.Schema, column: str = METRICS_COLUMN) -> pa.Schema:
-    return schema.append(pa.field(column, _METRICS_TYPE))
+    return schema.append(pa.field(column, _METRICS_CELL_TYPE))
 
 
 def with_metrics_column(batch: pa.RecordBatch, column: str = METRICS_COLUMN) -> pa.RecordBatch:
     """A data batch with a null metrics cell on every row."""
     return pa.RecordBatch.from_arrays(
-        [*batch.columns, pa.nulls(batch.num_rows, _METRICS_TYPE)],
+        [*batch.columns, pa.nulls(batch.num_rows, _METRICS_CELL_TYPE)],
         schema=output_schema(batch.schema, column),
     )
 

@@ -9,36 +9,34 @@ buffers bound what is held on the receiving side, backlog and AddCredit flow as 
 
 from __future__ import annotations
 
-import itertools
-import json
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
 
-from ..buffers import DataType
-from ..buffers.compression import STORED_COMPRESSED_FLAG, BufferDecompressor
-from ..buffers.reader import RecordReader
-from ..engine import ConsumerEngine, GateGauges, Settings, TimeAccount, combine
-from ..engine.checkpoints import ConsumerCheckpoints
-from ..errors import ProtocolError
-from ..metrics import CONSUMER, MetricRow, executor_row
-from ..protocol.pools import NetworkBufferPool
-from ..transport.memory import StoredBuffersExchange
-from .common import IN_BAND, MetricsReport
-from .monitor import task_monitor, watch
+from ...buffers import DataType
+from ...buffers.compression import STORED_COMPRESSED_FLAG, BufferDecompressor
+from ...buffers.reader import RecordReader
+from ...engine import ConsumerEngine, Settings, combine
+from ...engine.checkpoints import ConsumerCheckpoints
+from ...errors import ProtocolError
+from ...metrics import CONSUMER, MetricRow, executor_row, rows_from_bytes
+from ...protocol.pools import NetworkBufferPool
+from ...transport.memory import StoredBuffersExchange
+from ..metrics_report import IN_BAND, MetricsReport
+from ..monitor import task_monitor, watch
+from .input import timed_batches
+from .storage import METRICS_TYPE, stored_buffers
 
 if TYPE_CHECKING:
-    from .plan import ExchangePlan
+    from ..plan import ExchangePlan
 
-__all__ = ["GateGauges", "consume_partition"]
+__all__ = ["consume_partition"]
 
 #: Output batches are combined up to about this many bytes before they go back to Spark.
 _OUTPUT_BATCH_BYTES = 4 << 20
-_METRICS_TYPE = -1
 
 
 def consume_partition(
@@ -133,8 +131,8 @@ def consume_partition(
             if not batch.num_rows:
                 continue
             for producer, data_type, payload in stored_buffers(batch):
-                if data_type == _METRICS_TYPE:
-                    producer_metrics.extend(MetricRow(*row) for row in json.loads(payload.to_pybytes()))
+                if data_type == METRICS_TYPE:
+                    producer_metrics.extend(rows_from_bytes(payload))
                     continue
                 if data_type & STORED_COMPRESSED_FLAG:  # compressed by its producer: decompressed here
                     payload = decompressor.decompress(payload)
@@ -163,43 +161,3 @@ def consume_partition(
     engine.time.stop(time.monotonic())
     rows = [*engine.metric_rows(time.monotonic()), executor_row(CONSUMER, consumer, socket.gethostname())]
     yield from report.last(plan.schema, [*producer_metrics, *rows, *timeline.timeline_rows()])
-
-
-def timed_batches(batches: Iterable[pa.RecordBatch], clock: TimeAccount) -> Iterator[pa.RecordBatch]:
-    """``batches``, with the time spent waiting for each one counted as ``clock``'s idle time."""
-    iterator = iter(batches)
-    while True:
-        waited = clock.idle_since = time.monotonic()
-        batch = next(iterator, None)
-        clock.idle_since = None
-        clock.add_idle(time.monotonic() - waited)
-        if batch is None:
-            return
-        yield batch
-
-
-def stored_buffers(batch: pa.RecordBatch) -> Iterator[tuple[int, int, pa.Buffer]]:
-    """(producer, data type, payload) of every stored-buffer row of ``batch`` (STORAGE_SCHEMA).
-
-    Payloads are zero-copy, read-only slices of the batch's binary column: Spark hands each batch
-    to the task in memory of its own that nothing writes to again, so the RecordReader may decode
-    straight from it (a writable buffer would be copied first). Offsets out of order or outside the
-    column's data are a :class:`ProtocolError`, never a read outside it.
-    """
-    n = batch.num_rows
-    producers = batch.column(1).to_numpy(zero_copy_only=False).tolist()
-    data_types = batch.column(3).to_numpy(zero_copy_only=False).tolist()
-    payload = batch.column(4)
-    if payload.null_count:
-        raise ProtocolError("a stored buffer without a payload (null)")
-    _validity, offsets_buffer, data = payload.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype=np.int32, count=n + 1, offset=payload.offset * 4)
-    size = data.size if data is not None else 0
-    if n and (offsets[0] < 0 or offsets[-1] > size or bool(np.any(offsets[1:] < offsets[:-1]))):
-        raise ProtocolError("stored-buffer payload offsets out of order or outside the column's data")
-    if data is None:
-        data = pa.py_buffer(b"")
-    elif data.is_mutable:
-        data = pa.foreign_buffer(data.address, data.size, base=data)  # a read-only view of the same memory
-    starts = offsets.tolist()
-    return zip(producers, data_types, [data.slice(a, b - a) for a, b in itertools.pairwise(starts)])
