@@ -7,6 +7,7 @@ Read from the source with :mod:`ast`, so the test sees the imports a run might n
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,19 @@ def test_the_graph_sees_every_kind_of_import(tmp_path, source, expected):
     module.write_text(source + "\n")
     modules = _modules()
     assert _imports("spark_credit_shuffle.runtime.probe", module, modules) == expected
+
+
+def _sources() -> dict[str, str]:
+    return {name: path.read_text() for name, path in _modules().items()}
+
+
+def test_one_murmur3_one_metrics_type_one_channel_rule():
+    """One implementation of each: MurmurHash3 (its constant), the blocking storage's metrics data type, and
+    the rule of which channels are local (docs/architecture.md, "Layout")."""
+    sources = _sources()
+    murmur = sorted(n for n, s in sources.items() if re.search(r"0x(cc9e2d51|CC9E2D51)", s))
+    assert murmur == [f"{PACKAGE}.partitioners.murmur3"]
+    metrics_type = sorted(n for n, s in sources.items() if re.search(r"^METRICS_TYPE\s*=", s, re.M))
+    assert metrics_type == [f"{PACKAGE}.runtime.blocking.storage"]
+    rule = sorted(n for n, s in sources.items() if re.search(r"local_channels\s*[!=]=|process\s*==", s))
+    assert rule == [f"{PACKAGE}.planner.channels"]

@@ -15,6 +15,7 @@ from ..protocol.sizing import (
     input_gate_buffers_spec,
     result_partition_pool_size,
 )
+from .channels import Endpoint, channel_route
 
 if TYPE_CHECKING:
     from .topology import PlannedExchange
@@ -93,12 +94,13 @@ def local_channel_count(channels: Sequence[int], subtask: int, mode: str, config
     """How many of consumer ``subtask``'s ``channels`` (producer subtasks) are local: in pipelined mode its
     own task's, and with ``local_channels="executor"`` every producer whose task shares its executor
     (``placement[i]`` is the executor of task *i*; None: every task its own executor)."""
-    if mode != "pipelined":
+    if mode != "pipelined":  # a blocking consumer reads every producer from Spark's shuffle
         return 0
-    if placement is None or config.local_channels != "executor":
-        return 1 if subtask in channels else 0
-    mine = placement[subtask]
-    return sum(1 for p in channels if p == subtask or placement[p] == mine)
+
+    def at(task: int) -> Endpoint:  # producer and consumer subtask i share pipelined task i
+        return Endpoint(task, None if placement is None else placement[task], task)
+
+    return sum(1 for p in channels if channel_route(at(p), at(subtask), config.local_channels).is_local)
 
 
 def task_buffers(

@@ -22,6 +22,7 @@ from ..engine import ConsumerEngine, Fail, Settings, check_end
 from ..engine.checkpoints import CheckpointTrigger
 from ..errors import CreditShuffleError, ExchangeTimeoutError, in_subtask, qualified_name
 from ..metrics import PRODUCER
+from ..planner.channels import DIRECT, LOCAL, ChannelRoute, Endpoint, channel_route
 from ..protocol import (
     AddCredit,
     BufferResponse,
@@ -114,17 +115,20 @@ class TaskWiring:
         self._producer_done = True
         self._consumer_done = True
 
-    def is_local(self, task: int) -> bool:
-        """Whether the channel between task ``task`` and this task is local: the same task, or (with
-        ``local_channels="executor"``) a task of the same executor."""
-        if task == self.index:
-            return True
+    def route(self, producer: int) -> ChannelRoute:
+        """The route of the channel from producer task ``producer`` to this task
+        (:func:`~spark_credit_shuffle.planner.channels.channel_route`: its own, another of its executor, or
+        remote)."""
         executors = self.executors
-        return (
-            self.config.local_channels == "executor"
-            and executors is not None
-            and executors[task] == executors[self.index]
-        )
+
+        def at(task: int) -> Endpoint:
+            return Endpoint(task, None if executors is None else executors[task], task)
+
+        return channel_route(at(producer), at(self.index), self.config.local_channels)
+
+    def is_local(self, task: int) -> bool:
+        """Whether the channel from task ``task`` to this task is local (no exclusive buffers, no credit)."""
+        return self.route(task).is_local
 
     # -- notifications (lock held) --
 
@@ -242,7 +246,8 @@ class TaskWiring:
             subpartition = plan.partitioner.consumers_of(producer, plan.num_producers, plan.num_consumers).index(
                 self.index
             )
-            if producer == self.index:
+            route = self.route(producer)
+            if route.kind == DIRECT:
                 assert self.partition is not None  # a task reading its own subpartition produces
                 with self.lock:
                     gate.local_channel(
@@ -269,7 +274,7 @@ class TaskWiring:
                 )
                 self._client_connections[producer] = conn
             with self.lock:
-                if self.is_local(producer):  # another task of this executor: no credit, its pool holds
+                if route.kind == LOCAL:  # another task of this executor: no credit, its pool holds
                     gate.local_channel(
                         channel,
                         conn.handler,

@@ -13,8 +13,8 @@ decode every buffer with its RecordReaders (the rows of each channel are checked
 Remote channels travel over :class:`~spark_credit_shuffle.transport.memory.MemoryConnection`\\ s with an
 optional latency and bandwidth, one connection per host pair (Flink's multiplexing: every channel
 between two hosts shares it) or per task pair; a consumer on the producer's host reads it through a
-:class:`LocalInputChannel`: directly (``local_channels="direct"``, Flink's TaskManager) or through a
-connection (``"connection"``: tasks of one Spark executor in different Python processes), where the
+:class:`LocalInputChannel`: directly (``processes="host"``, Flink's TaskManager) or through a
+connection (``processes="subtask"``: tasks of one Spark executor in different Python processes), where the
 producer holds each data buffer's segment in its pool until the consumer recycled it. Everything runs
 on virtual time, so results are deterministic and independent of the machine, which makes the simulation
 usable for what-if questions ("what does one slow consumer do to the others, with and without credits?")

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from ..config import NetworkConfig
 from ..engine import Settings
 from ..errors import ConfigError, SimulationStalledError
 from ..metrics import MetricRow
 from ..planner import consumer_buffers, producer_buffers
+from ..planner.channels import DIRECT, LOCAL, Endpoint, channel_route
 from ..protocol.channels import RemoteInputChannel
 from ..protocol.client import CreditBasedPartitionRequestClientHandler
 from ..protocol.gate import SingleInputGate
@@ -39,9 +40,10 @@ class Simulation:
     two hosts over one connection, ``"task_pair"`` gives each (consumer, producer) pair its own.
     ``network_buffers`` per host default to ``config.total_network_buffers``;
     ``extra_buffers_per_host`` instead sizes each host at exactly its minimum plus that many.
-    ``local_channels``: how a consumer reads a producer of its own host: ``"direct"`` (one process, Flink's
-    TaskManager) or ``"connection"`` (one process per task, as Spark's Python workers: a local channel over
-    a connection, credit-free, the producer's segment held until the consumer recycled it).
+    ``processes``: what runs in one process, and so how a consumer reads a producer of its own host
+    (:func:`~spark_credit_shuffle.planner.channels.channel_route`): ``"host"`` (Flink's TaskManager: directly)
+    or ``"subtask"`` (as Spark's Python workers: a local channel over a connection, credit-free, the
+    producer's segment held until the consumer recycled it).
     """
 
     def __init__(
@@ -70,7 +72,7 @@ class Simulation:
         sample_interval: float | None = None,
         check_invariants: bool = False,
         max_steps: int = 2_000_000,
-        local_channels: str = "direct",
+        processes: str = "host",
     ) -> None:
         if num_producers < 1 or num_consumers < 1:
             raise ConfigError("parallelism", (num_producers, num_consumers), "at least 1 producer and 1 consumer")
@@ -80,8 +82,8 @@ class Simulation:
             raise ConfigError("rate_unit", rate_unit, "'bytes' or 'records'")
         if connections not in ("host_pair", "task_pair"):
             raise ConfigError("connections", connections, "'host_pair' or 'task_pair'")
-        if local_channels not in ("direct", "connection"):
-            raise ConfigError("local_channels", local_channels, "'direct' or 'connection'")
+        if processes not in ("host", "subtask"):
+            raise ConfigError("processes", processes, "'host' or 'subtask'")
         if record_size < 1 or batch_records < 1:
             raise ConfigError("record_size", (record_size, batch_records), "record_size and batch_records >= 1")
         self.config = config
@@ -156,7 +158,7 @@ class Simulation:
             )
 
         # consumers, channels, connections
-        self.connections: dict[tuple, MemoryConnection] = {}
+        self.connections: dict[Hashable, MemoryConnection] = {}
         self.network = MemoryNetwork()
         self._pump_at: dict[MemoryConnection, float] = {}
         self.consumers: list[SimulatedConsumer] = []
@@ -170,18 +172,32 @@ class Simulation:
             "encode": encode,
         }
         receiver_id = 0
+
+        process_of = {"host": lambda host, side, index: host, "subtask": lambda host, side, index: (side, index)}[
+            processes
+        ]
+
+        def producer_at(p: int) -> Endpoint:
+            host = self.producer_hosts[p]
+            return Endpoint(p, host, process_of(host, "producer", p))
+
+        def consumer_at(c: int) -> Endpoint:
+            host = self.consumer_hosts[c]
+            return Endpoint(c, host, process_of(host, "consumer", c))
+
         for c, channels in enumerate(producers_of):
             host = self.consumer_hosts[c]
-            remote_count = sum(1 for p, _ in channels if self.producer_hosts[p] != host)
+            routes = [channel_route(producer_at(p), consumer_at(c), "executor", connections) for p, _ in channels]
+            remote_count = sum(1 for r in routes if not r.is_local)
             gate = SingleInputGate(self.network_pools[host], len(channels), config, num_remote_channels=remote_count)
             origins = []
-            for index, (p, sp) in enumerate(channels):
+            for index, ((p, sp), route) in enumerate(zip(channels, routes)):
                 producer_host = self.producer_hosts[p]
-                if producer_host == host and local_channels == "direct":
+                if route.kind == DIRECT:
                     gate.local_channel(index, self.managers[host], partition_id=p, subpartition=sp)
                     origins.append((p, sp, True))
                     continue
-                key = (producer_host, host) if connections == "host_pair" else (p, c)
+                key = route.connection
                 connection = self.connections.get(key)
                 if connection is None:
                     client = CreditBasedPartitionRequestClientHandler(credit_based=config.credit_based)
@@ -192,7 +208,7 @@ class Simulation:
                     connection = self.network.connect(client, server, **link)
                     self.connections[key] = connection
                 receiver_id += 1
-                if producer_host == host:  # a local channel through the connection
+                if route.kind == LOCAL:  # a local channel through the connection
                     gate.local_channel(
                         index, connection.client, receiver_id=receiver_id, partition_id=p, subpartition=sp
                     )

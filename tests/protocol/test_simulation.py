@@ -56,7 +56,7 @@ def scenarios(draw, credit_based: bool = True):
         "bandwidth": draw(st.sampled_from([None, 20 * MB])),
         "encode": draw(st.booleans()),
         "extra_buffers_per_host": draw(st.integers(0, 20)),
-        "local_channels": draw(st.sampled_from(["direct", "connection"])),
+        "processes": draw(st.sampled_from(["host", "subtask"])),
     }
 
 
@@ -84,7 +84,7 @@ def test_local_channels_through_connections_hold_their_buffers_in_the_producers_
     """Given tasks of one executor in processes of their own (every same-host channel a local channel over
     a connection), every buffer a local channel sent and the consumer did not recycle yet holds a segment
     of the producer's pool (checked after every step), and everything arrives and comes back."""
-    scenario["local_channels"] = "connection"
+    scenario["processes"] = "subtask"
     scenario["producer_hosts"] = [p % hosts for p in range(scenario["num_producers"])]
     scenario["consumer_hosts"] = [c % hosts for c in range(scenario["num_consumers"])]
     _check_run(scenario)
