@@ -142,8 +142,8 @@ def socket_sweep(interval_ms: int, slow_rate: float, duration: float) -> dict[in
 def checkpoint_times(ex: Any) -> dict[int, list[float]]:
     """Alignment times (ms) of the completed checkpoints per consumer subtask."""
     out: dict[int, list[float]] = {}
-    for row in ex.checkpoint_rows():
-        out.setdefault(row["subtask"], []).append(row["alignment_time_ms"])
+    for record in ex.checkpoint_records():
+        out.setdefault(record.subtask, []).append(record.alignment_time_ms)
     return out
 
 

@@ -25,9 +25,9 @@ import pyarrow as pa
 from .config import NetworkConfig, check_operator_parallelism
 from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, check_dataframe, resolve_key_columns
 from .diagnosis import SUMMARY_DDL, Diagnosis, SubtaskSummary, diagnose, summarize
-from .engine.checkpoints import CHECKPOINT_STAT
+from .engine.checkpoints import CHECKPOINTS_DDL, CheckpointRecord
 from .errors import ConfigError, UnsupportedColumnTypeError
-from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow
+from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow, row_values
 from .partitioners import Partitioner
 from .runtime.monitor import MonitorAddress
 from .runtime.plan import ExchangePlan, Injection
@@ -64,13 +64,6 @@ _held: weakref.WeakValueDictionary[str, Exchange] = weakref.WeakValueDictionary(
 _KEPT = 256
 #: The label of an exchange in a physical plan: the name of a stage's Python function.
 _STAGE_FUNCTION = re.compile(r"\bcredit_shuffle_(?:produce_|consume_)?([a-z0-9_]+?_(?:blocking|pipelined)_\d+)\(")
-
-
-#: The columns of :meth:`Exchange.checkpoints`.
-CHECKPOINTS_DDL = (
-    "subtask int, checkpoint_id long, alignment string, timed_out boolean, alignment_time_ms double, "
-    "start_delay_ms double, persisted_bytes long, end_ms double"
-)
 
 
 class Exchange:
@@ -114,19 +107,15 @@ class Exchange:
         ``metrics_sample_interval_ms``: the metrics columns plus ``time_ms`` (see
         :mod:`spark_credit_shuffle.metrics`). Available after an action, like :meth:`metrics`."""
         spark = self.df.sparkSession
-        data = [
-            (self.plan.name, self.plan.mode, r.side, r.subtask, r.channel, r.metric, r.stat, float(r.value), r.time_ms)
-            for r in self.timeline_rows()
-        ]
+        head = (self.plan.name, self.plan.mode)
+        data = [head + row_values(r) for r in self.timeline_rows()]
         return spark.createDataFrame(data, TIMELINE_DDL)
 
     def metrics(self) -> DataFrame:
         """The metrics as a DataFrame (see :mod:`spark_credit_shuffle.metrics` for the schema)."""
         spark = self.df.sparkSession
-        data = [
-            (self.plan.name, self.plan.mode, r.side, r.subtask, r.channel, r.metric, r.stat, float(r.value))
-            for r in self.metric_rows()
-        ]
+        head = (self.plan.name, self.plan.mode)
+        data = [head + row_values(r)[:-1] for r in self.metric_rows()]  # METRICS_DDL: all fields but time_ms
         return spark.createDataFrame(data, METRICS_DDL)
 
     def summary_rows(self) -> list[SubtaskSummary]:
@@ -149,28 +138,11 @@ class Exchange:
         a result for code (see :class:`~spark_credit_shuffle.diagnosis.Diagnosis`)."""
         return diagnose(self.summary_rows())
 
-    def checkpoint_rows(self) -> list[dict[str, Any]]:
-        """The checkpoints each consumer subtask completed (``checkpoint_interval_ms`` > 0), one dict per
-        checkpoint and subtask with the columns of :meth:`checkpoints`, by subtask and checkpoint id."""
-        per: dict[tuple[int, int], dict[str, Any]] = {}
-        for r in self.metric_rows():
-            if r.stat == CHECKPOINT_STAT and r.channel is not None:
-                per.setdefault((r.subtask, r.channel), {"subtask": r.subtask})[r.metric] = r.value
-        out = []
-        for values in per.values():
-            out.append(
-                {
-                    "subtask": values["subtask"],
-                    "checkpoint_id": int(values["checkpointId"]),
-                    "alignment": "unaligned" if values["unalignedCheckpoint"] else "aligned",
-                    "timed_out": bool(values["alignedCheckpointTimedOut"]),
-                    "alignment_time_ms": values["checkpointAlignmentTime"] / 1e6,
-                    "start_delay_ms": values["checkpointStartDelayNanos"] / 1e6,
-                    "persisted_bytes": int(values["bytesPersistedDuringAlignment"]),
-                    "end_ms": float(values["checkpointEndMs"]),
-                }
-            )
-        return sorted(out, key=lambda d: (d["subtask"], d["checkpoint_id"]))
+    def checkpoint_records(self) -> list[CheckpointRecord]:
+        """The checkpoints each consumer subtask completed (``checkpoint_interval_ms`` > 0), one
+        :class:`~spark_credit_shuffle.engine.checkpoints.CheckpointRecord` per checkpoint and subtask, by
+        subtask and checkpoint id. Available after an action."""
+        return CheckpointRecord.from_rows(self.metric_rows())
 
     def checkpoints(self) -> DataFrame:
         """Completed checkpoints per consumer subtask: ``subtask``, ``checkpoint_id``, ``alignment`` (aligned
@@ -179,7 +151,7 @@ class Exchange:
         ``start_delay_ms`` (``checkpointStartDelayNanos``: trigger to first barrier), ``persisted_bytes``
         (channel state captured, unaligned) and ``end_ms`` (wall clock). Available after an action."""
         spark = self.df.sparkSession
-        return spark.createDataFrame([tuple(d.values()) for d in self.checkpoint_rows()], CHECKPOINTS_DDL)
+        return spark.createDataFrame([dataclasses.astuple(c) for c in self.checkpoint_records()], CHECKPOINTS_DDL)
 
     @contextlib.contextmanager
     def labelled(self) -> Iterator[Exchange]:

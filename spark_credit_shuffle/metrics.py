@@ -100,6 +100,7 @@ __all__ = [
     "TimelineSampler",
     "executor_row",
     "metric_row_spark_type",
+    "row_values",
     "rows_from_bytes",
     "rows_to_arrow",
     "rows_to_bytes",
@@ -139,6 +140,7 @@ _ARROW_TYPES = {
 }
 #: The names of a metric row's fields, in order (also the order of a row's JSON list).
 METRIC_ROW_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(MetricRow))
+_VALUE_INDEX = METRIC_ROW_FIELDS.index("value")
 #: One metric row as carried inside an exchange: an Arrow struct of MetricRow's fields.
 METRIC_ROW_TYPE = pa.struct([(f.name, _ARROW_TYPES[str(f.type)]) for f in fields(MetricRow)])
 #: The columns that name the exchange in the metrics and timeline DataFrames, before the row's.
@@ -170,6 +172,13 @@ def metric_row_spark_type() -> StructType:
 def executor_row(side: str, subtask: int, where: str) -> MetricRow:
     """The row that says subtask ``subtask`` of ``side`` ran on the executor at ``where``."""
     return MetricRow(side, subtask, None, EXECUTOR, where, 1.0)
+
+
+def row_values(row: MetricRow) -> tuple:
+    """A row's field values in :data:`METRIC_ROW_FIELDS` order (``value`` as a float, as the DDLs say)."""
+    values = [getattr(row, f) for f in METRIC_ROW_FIELDS]
+    values[_VALUE_INDEX] = float(values[_VALUE_INDEX])
+    return tuple(values)
 
 
 def rows_to_pandas(rows: Iterable[MetricRow]) -> pd.DataFrame:

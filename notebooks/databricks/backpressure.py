@@ -297,7 +297,7 @@ for label, unaligned in (("aligned", False), ("unaligned", True)):
         unaligned_checkpoints=unaligned,
     )
     ex.df.count()
-    times = [r["alignment_time_ms"] for r in ex.checkpoint_rows() if r["subtask"] == 0]
+    times = [c.alignment_time_ms for c in ex.checkpoint_records() if c.subtask == 0]
     mean = alignment[f"spark {label}"] = sum(times) / len(times) if times else 0.0
     print(f"{label}: consumer 0 completed {len(times)} checkpoints, mean alignment {mean:.2f} ms")
 display(ex.checkpoints().limit(5).toPandas())

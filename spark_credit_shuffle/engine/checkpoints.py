@@ -13,13 +13,21 @@ checkpoint id as the value and the producer as the channel).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 
 from ..buffers.format import CancelCheckpointMarker, CheckpointBarrier, CheckpointOptions, EndOfPartition, Event
 from ..metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow
 from ..protocol.checkpointing import SingleCheckpointBarrierHandler
 
-__all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_STAT", "CheckpointTrigger", "ConsumerCheckpoints"]
+__all__ = [
+    "CHECKPOINTS_DDL",
+    "CHECKPOINT_EVENTS",
+    "CHECKPOINT_STAT",
+    "CheckpointRecord",
+    "CheckpointTrigger",
+    "ConsumerCheckpoints",
+]
 
 #: The events a consumer's checkpoint barrier handler takes.
 CHECKPOINT_EVENTS = (CheckpointBarrier, CancelCheckpointMarker, EndOfPartition)
@@ -232,3 +240,56 @@ class ConsumerCheckpoints:
         )
         rows.extend(self.barrier_rows)
         return rows
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One checkpoint one consumer subtask completed: a row of ``Exchange.checkpoints()``.
+
+    ``alignment`` is ``"aligned"`` or ``"unaligned"`` (an aligned-with-timeout checkpoint that timed out is
+    unaligned, ``timed_out`` says so); ``alignment_time_ms`` is Flink's ``checkpointAlignmentTime`` (first to
+    last barrier on the subtask), ``start_delay_ms`` its ``checkpointStartDelayNanos`` (trigger to first
+    barrier), ``persisted_bytes`` the channel state an unaligned checkpoint captured, ``end_ms`` when the
+    subtask completed it (on the clock of its records).
+    """
+
+    subtask: int
+    checkpoint_id: int
+    alignment: str
+    timed_out: bool
+    alignment_time_ms: float
+    start_delay_ms: float
+    persisted_bytes: int
+    end_ms: float
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[MetricRow]) -> list[CheckpointRecord]:
+        """The records behind the per-checkpoint metric rows (``stat = "checkpoint"``, ``channel`` the
+        checkpoint's ordinal on its subtask) that :meth:`ConsumerCheckpoints.metric_rows` wrote, by subtask
+        and checkpoint id."""
+        per: dict[tuple[int, int], dict[str, float]] = {}
+        for r in rows:
+            if r.stat == CHECKPOINT_STAT and r.channel is not None and r.side == CONSUMER:
+                per.setdefault((r.subtask, r.channel), {})[r.metric] = r.value
+        records = [
+            cls(
+                subtask=subtask,
+                checkpoint_id=int(values["checkpointId"]),
+                alignment="unaligned" if values["unalignedCheckpoint"] else "aligned",
+                timed_out=bool(values["alignedCheckpointTimedOut"]),
+                alignment_time_ms=values["checkpointAlignmentTime"] / 1e6,
+                start_delay_ms=values["checkpointStartDelayNanos"] / 1e6,
+                persisted_bytes=int(values["bytesPersistedDuringAlignment"]),
+                end_ms=float(values["checkpointEndMs"]),
+            )
+            for (subtask, _ordinal), values in per.items()
+        ]
+        return sorted(records, key=lambda c: (c.subtask, c.checkpoint_id))
+
+
+_DDL_TYPES = {"int": "int", "str": "string", "bool": "boolean", "float": "double"}
+_LONG_FIELDS = ("checkpoint_id", "persisted_bytes")
+#: Spark DDL of ``Exchange.checkpoints()``: :class:`CheckpointRecord`'s fields, in order.
+CHECKPOINTS_DDL = ", ".join(
+    f"{f.name} {'long' if f.name in _LONG_FIELDS else _DDL_TYPES[str(f.type)]}" for f in fields(CheckpointRecord)
+)

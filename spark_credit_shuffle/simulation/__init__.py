@@ -22,7 +22,7 @@ and for tests.
 
 The report gives per-channel and per-subtask bytes and throughput, the time producers spent back-pressured,
 samples over virtual time of the Flink metrics (outPoolUsage, inPoolUsage, exclusive and floating buffer
-usage, backlog, queue lengths; as dicts and as the engine's timeline rows) and the engine's metric rows.
+usage, backlog, queue lengths; as the runtimes' timeline rows) and the engine's metric rows.
 
 With ``checkpoint_interval_ms`` > 0 a coordinator triggers checkpoint barriers in every producer, one
 checkpoint at a time, and each consumer aligns them with :class:`SingleCheckpointBarrierHandler` (its

@@ -231,7 +231,6 @@ class Simulation:
                     record_size,
                 )
             )
-        self.samples: list[dict] = []
         self.timeline: list[MetricRow] = []
         self.coordinator = CheckpointCoordinator(config.checkpoint_interval_ms / 1000.0)
         self.steps = 0
@@ -370,7 +369,6 @@ class Simulation:
             producers=producers,
             consumers=consumers,
             channels=channels,
-            samples=self.samples,
             timeline=self.timeline,
             buffers_returned=returned,
             connection_pauses=sum(c.client.num_times_paused for c in self.connections.values()),

@@ -1,5 +1,5 @@
-"""What the simulation watches while it runs: the Flink metrics sampled over virtual time (as dicts and as
-the runtimes' timeline rows, from the task engine's gauges) and the invariants checked after every step."""
+"""What the simulation watches while it runs: the Flink metrics sampled over virtual time (the runtimes'
+timeline rows, from the task engine's gauges) and the invariants checked after every step."""
 
 from __future__ import annotations
 
@@ -8,45 +8,12 @@ from typing import Any
 from ..engine import GateGauges
 from ..metrics import CONSUMER, PRODUCER, SAMPLE, MetricRow
 
-__all__ = ["check_invariants", "sample", "sample_rows"]
+__all__ = ["check_invariants", "sample"]
 
 
 def sample(sim: Any, now: float) -> None:
-    """Sample every subtask's Flink metrics at ``now``: a dict per subtask and the timeline rows."""
-    sample_rows(sim, now)
-    for producer in sim.producers:
-        partition = producer.partition
-        sim.samples.append(
-            {
-                "time": now,
-                "role": "producer",
-                "subtask": producer.index,
-                "outPoolUsage": partition.out_pool_usage,
-                "outputQueueLength": partition.output_queue_length(),
-                "backlog": sum(partition.backlogs()),
-                "isBackPressured": not partition.is_available() and not producer.finished,
-                "bytes": sum(producer.bytes_written),
-            }
-        )
-    for consumer in sim.consumers:
-        gate = consumer.gate
-        closed = gate.is_closed
-        sim.samples.append(
-            {
-                "time": now,
-                "role": "consumer",
-                "subtask": consumer.index,
-                "inPoolUsage": 0.0 if closed else gate.in_pool_usage,
-                "inputExclusiveBuffersUsage": 0.0 if closed else gate.input_exclusive_buffers_usage,
-                "inputFloatingBuffersUsage": 0.0 if closed else gate.input_floating_buffers_usage,
-                "inputQueueLength": 0 if closed else gate.input_queue_length(),
-                "bytes": consumer.bytes_consumed,
-            }
-        )
-
-
-def sample_rows(sim: Any, now: float) -> None:
-    """The runtimes' timeline gauges (the task engine's), as timeline rows stamped in virtual ms."""
+    """Every subtask's Flink metrics at ``now``: the task engine's gauges as the runtimes' timeline rows,
+    stamped in virtual milliseconds."""
     stamp = now * 1000.0
     rows = sim.timeline
     for producer in sim.producers:

@@ -58,8 +58,7 @@ class SimulationReport:
     producers: list[ProducerStats]
     consumers: list[ConsumerStats]
     channels: list[ChannelStats]
-    samples: list[dict] = field(default_factory=list)
-    #: The samples as the runtimes' timeline rows (``time_ms``: virtual milliseconds).
+    #: The samples over virtual time, as the runtimes' timeline rows (``time_ms``: virtual milliseconds).
     timeline: list[MetricRow] = field(default_factory=list)
     buffers_returned: bool = False
     connection_pauses: int = 0

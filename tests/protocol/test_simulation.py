@@ -145,15 +145,19 @@ def test_samples_report_flink_metrics_over_virtual_time():
         bandwidth=100 * MB,
     )
     assert report.finished and report.data_intact and report.buffers_returned
-    producer = [s for s in report.samples if s["role"] == "producer"]
-    consumer = [s for s in report.samples if s["role"] == "consumer" and s["subtask"] == 0]
-    assert [s["time"] for s in producer][:3] == pytest.approx([0.0, 0.05, 0.1])
+    rows = report.timeline_rows()  # the runtimes' timeline rows, in virtual milliseconds
+
+    def values(side: str, metric: str, subtask: int = 0) -> list[float]:
+        return [r.value for r in rows if (r.side, r.metric, r.subtask, r.channel) == (side, metric, subtask, None)]
+
+    times = sorted({r.time_ms for r in rows if r.side == "producer" and r.metric == "outPoolUsage"})
+    assert times[:3] == pytest.approx([0.0, 50.0, 100.0])
     # the slow consumer's subpartition reaches max_buffers_per_channel (10 of the pool's 12 buffers), which
     # makes the pool unavailable: the producer is back-pressured
-    assert max(s["outPoolUsage"] for s in producer) >= 10 / 12
-    assert any(s["isBackPressured"] for s in producer)
-    assert max(s["inPoolUsage"] for s in consumer) > 0.5
-    assert all(0.0 <= s["inputExclusiveBuffersUsage"] <= 1.0 for s in consumer)
+    assert max(values("producer", "outPoolUsage")) >= 10 / 12
+    assert any(values("producer", "isBackPressured"))
+    assert max(values("consumer", "inPoolUsage")) > 0.5
+    assert all(0.0 <= v <= 1.0 for v in values("consumer", "inputExclusiveBuffersUsage"))
     unthrottled = simulate(
         NetworkConfig(),
         num_producers=1,
