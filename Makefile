@@ -1,12 +1,13 @@
 # Two commands set everything up on a fresh machine (Python 3.10+ and Java 17+):
 #   make run    builds .venv, installs the package, runs jobs/demo.py on local Spark
 #   make test   builds .venv, installs the package, runs the test suite
+#   make test-fast   the tests that need no JVM (the quick loop)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +20,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The quick loop: every test that needs no JVM (no SparkSession, spark-submit or java).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not spark"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy

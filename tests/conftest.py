@@ -162,3 +162,14 @@ def connect_spark(_connect_session, monkeypatch):
 def any_spark(request):
     """The test runs twice: on the classic session, then on the Spark Connect session."""
     return request.getfixturevalue("spark" if request.param == "classic" else "connect_spark")
+
+
+#: Fixtures that start or use a JVM: a test that asks for one (directly or through another fixture) is a
+#: ``spark`` test, left out of the quick loop (``make test-fast``).
+JVM_FIXTURES = {"spark", "connect_spark", "any_spark", "connect_server", "_connect_session", "java_hash"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if JVM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)

@@ -379,6 +379,7 @@ def java_random_ints(tmp_path, cases: list[tuple[int, int, int]]) -> list[list[i
     return [[int(x) for x in line.split()] for line in done.stdout.splitlines()]
 
 
+@pytest.mark.spark  # javac and java
 def test_seeded_shuffle_draws_what_java_util_random_next_int_draws(tmp_path):
     # given seeds and channel counts: powers of two (the fast path), others, and 2^30 + 1, whose rejection
     # loop rejects about half of all draws
@@ -392,6 +393,7 @@ def test_seeded_shuffle_draws_what_java_util_random_next_int_draws(tmp_path):
         assert got == want, (seed, bound)
 
 
+@pytest.mark.spark  # javac and java
 def test_shuffle_producer_p_draws_from_random_seed_plus_p(tmp_path):
     # given shuffle(seed=5) over 3 producers and 6 consumers
     want = java_random_ints(tmp_path, [(5 + p, 6, 2000) for p in range(3)])
