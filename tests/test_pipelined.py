@@ -353,8 +353,8 @@ def test_a_stalled_peer_fails_the_consumer_with_a_timeout_naming_it():
         text = str(err.value)
         assert f"producer subtask 1 ({peer.address[0]}:{peer.address[1]})" in text
         assert "consumer subtask 0 waited" in text and "partition_request_timeout_ms=400" in text
-        assert all(not t.is_alive() for t in task._threads)  # every thread joined
-        assert task.transport is not None and not task.transport.connections
+        assert all(not t.is_alive() for t in task.wiring.threads)  # every thread joined
+        assert task.wiring.transport is not None and not task.wiring.transport.connections
     finally:
         peer.close()
 

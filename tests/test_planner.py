@@ -352,7 +352,7 @@ def test_planner_equals_what_running_pipelined_tasks_reserve_on_shared_executors
         try:
             for _ in task.run(data(i) if i < producers else iter([]), gather.all_gather):
                 if i not in seen:  # connected: every channel set up, none finished yet
-                    seen[i] = _snapshot(task.network)
+                    seen[i] = _snapshot(task.wiring.network)
                     if len(seen) == width:
                         release.set()
         except BaseException as exc:
@@ -392,7 +392,7 @@ def test_planner_equals_the_pools_a_pipelined_task_sets_up(partitioner, producer
     (stage,) = plan_network(spec, Executors(width, 1), config=config).stages
     assert len(stage.tasks) == width and len(set(stage.placement)) == width
     for planned in stage.tasks:
-        task = PipelinedTask(plan, planned.task, b"s" * 32, "127.0.0.1")
+        task = PipelinedTask(plan, planned.task, b"s" * 32, "127.0.0.1").wiring  # its pools, partition and gate
         try:
             b = planned.buffers
             pools = [(p.min_buffers, p.max_buffers) for p in task.network.buffer_pools]
@@ -407,7 +407,7 @@ def test_planner_equals_the_pools_a_pipelined_task_sets_up(partitioner, producer
             assert pools == expected
             assert task.network.num_total_required_buffers + b.exclusive == planned.required
         finally:
-            task._close()
+            task.close()
 
 
 def test_planner_refuses_a_parallelism_above_32768():

@@ -64,7 +64,8 @@ def run_in_threads(
                 if on_batch is not None and batch.column(batch.num_columns - 1).null_count == batch.num_rows:
                     on_batch(i, batch.drop_columns([batch.schema.names[-1]]))
         except BaseException as exc:
-            errors[i] = (task.failed_at if task.failed_at is not None else time.monotonic(), exc)
+            failed_at = task.wiring.failed_at
+            errors[i] = (failed_at if failed_at is not None else time.monotonic(), exc)
             gather.abort()
 
     threads = [threading.Thread(target=task_main, args=(i,), name=f"task-{i}", daemon=True) for i in range(width)]

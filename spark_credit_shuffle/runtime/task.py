@@ -77,7 +77,7 @@ class TaskOptions:
             )
 
 
-class PipelinedTask(TaskWiring):
+class PipelinedTask:
     """Producer subtask ``index`` and consumer subtask ``index`` of a pipelined exchange, in one task.
 
     ``host`` is the address to listen on; ``attempt_id`` distinguishes attempts of the same task (it
@@ -102,24 +102,41 @@ class PipelinedTask(TaskWiring):
         executors: Sequence[object] | None = None,
         tls: TlsIdentity | None = None,
     ) -> None:
-        super().__init__(plan, index, secret, host, attempt_id=attempt_id, report=report, executors=executors, tls=tls)
-        self.options = options or TaskOptions()
-        options = self.options
+        self.options = options = options or TaskOptions()
         self.settings = Settings.of(
-            self.config,
+            plan.config,
             latency_interval_ms=options.latency_interval_ms,
             output_batch_rows=options.output_batch_rows,
             output_linger_ms=options.output_linger_ms,
             sample_memory_ms=options.sample_memory_ms,
         )
+        #: The task's sockets, connections and shared state: what its threads share, and its end.
+        self.wiring = wiring = TaskWiring(
+            plan,
+            index,
+            secret,
+            host,
+            self.settings,
+            announce_address_dir=options.announce_address_dir,
+            attempt_id=attempt_id,
+            executors=executors,
+            tls=tls,
+        )
+        # the same objects under the task's own names: what never changes after set-up
+        self.plan, self.config, self.index, self.host, self.report = plan, plan.config, index, host, report
+        self.executors = wiring.executors
+        self.is_producer, self.is_consumer = wiring.is_producer, wiring.is_consumer
+        self.lock, self.cond, self.writer_lock = wiring.lock, wiring.cond, wiring.writer_lock
+        self.consumer_cond, self.producer_cond = wiring.consumer_cond, wiring.producer_cond
         self._task_metrics = TaskMetrics(CONSUMER if self.is_consumer else PRODUCER, index)
         self._cpu_start = time.process_time()
         self._main_cpu_start = time.thread_time()
         self._producer_cpu_s = 0.0
         self._wall_start = time.monotonic()
-        self._consumer_done = not self.is_consumer
-        self._producer_done = not self.is_producer
+        self.wiring.consumer_done = not self.is_consumer
+        self.wiring.producer_done = not self.is_producer
         self.producer: ProducerEngine | None = None
+        self.consumer: ConsumerEngine | None = None
         if self.is_producer:
             self._setup_producer()
         if self.is_consumer:
@@ -130,15 +147,15 @@ class PipelinedTask(TaskWiring):
     def _setup_producer(self) -> None:
         plan, config, index = self.plan, self.config, self.index
         consumers = plan.partitioner.consumers_of(index, plan.num_producers, plan.num_consumers)
-        self.subpartition_consumers = consumers
+        self.wiring.subpartition_consumers = consumers
         partition = PipelinedResultPartition.create(
-            self.network, len(consumers), config, partition_id=self.partition_id, bounded=True
+            self.wiring.network, len(consumers), config, partition_id=self.wiring.partition_id, bounded=True
         )
-        self.partition = partition
-        partition.buffer_pool.add_availability_listener(self._notify_producer)
-        if self.checkpoint_trigger.enabled:  # what unaligned barriers overtake: output channel state
-            partition.set_channel_state_writer(self.checkpoint_trigger.persist_output)
-        self.manager.register_partition(partition)
+        self.wiring.partition = partition
+        partition.buffer_pool.add_availability_listener(self.wiring.notify_producer)
+        if self.wiring.checkpoint_trigger.enabled:  # what unaligned barriers overtake: output channel state
+            partition.set_channel_state_writer(self.wiring.checkpoint_trigger.persist_output)
+        self.wiring.manager.register_partition(partition)
         selector = plan.partitioner.selector(index, plan.num_producers, plan.num_consumers, plan.max_parallelism)
         self.producer = ProducerEngine(
             index,
@@ -156,27 +173,28 @@ class PipelinedTask(TaskWiring):
     def _setup_consumer(self) -> None:
         plan, index = self.plan, self.index
         producers = plan.partitioner.producers_of(index, plan.num_producers, plan.num_consumers)
-        self.channel_producers = producers
+        self.wiring.channel_producers = producers
         if not producers:
             return
-        remote = sum(1 for p in producers if not self.is_local(p))
-        self.gate = SingleInputGate(self.network, len(producers), self.config, num_remote_channels=remote)
-        self.gate.listener = self._notify_consumer
+        remote = sum(1 for p in producers if not self.wiring.is_local(p))
+        self.wiring.gate = SingleInputGate(self.wiring.network, len(producers), self.config, num_remote_channels=remote)
+        self.wiring.gate.listener = self.wiring.notify_consumer
         checkpoints = (
             ConsumerCheckpoints(index, producers, time.time_ns) if self.config.checkpoint_interval_ms > 0 else None
         )
         readers = [RecordReader(plan.schema, channel=p, validate=p != index) for p in producers]
         self.consumer = ConsumerEngine(
-            index, self.gate, readers, producers, self.settings, time.monotonic(), checkpoints=checkpoints
+            index, self.wiring.gate, readers, producers, self.settings, time.monotonic(), checkpoints=checkpoints
         )
-        self.consumer.where = lambda producer: self.peers.get(producer, "?")
-        self.consumer.detail = self._connection_detail
+        self.consumer.where = lambda producer: self.wiring.peers.get(producer, "?")
+        self.consumer.detail = self.wiring.connection_detail
+        self.wiring.consumer = self.consumer  # started when its channels are requested
 
     # -- notifications (lock held) --
 
     def _on_recycle(self) -> None:
         """A segment came back (lock held): progress, and the producer may be waiting for it."""
-        self._last_progress = time.monotonic()
+        self.wiring.last_progress = time.monotonic()
         if self.producer is not None and self.producer.waiting_since is not None:
             self.producer_cond.notify()
 
@@ -188,64 +206,64 @@ class PipelinedTask(TaskWiring):
         """Set up, exchange addresses, stream; yields the received rows, then reports the metrics."""
         try:
             if self.plan.monitor is not None:  # the live monitor: every timeline sample to the driver
-                self.monitor = MonitorClient(self.plan.monitor, self.attempt_id)
+                self.wiring.monitor = MonitorClient(self.plan.monitor, self.wiring.attempt_id)
                 for engine in (self.producer, self.consumer):
                     if engine is not None:
-                        watch(self.monitor, engine)
-            self._start_transport()
+                        watch(self.wiring.monitor, engine)
+            self.wiring.start_transport()
             if self.producer is not None:
                 with self.writer_lock, self.lock:  # the first answer to every partition request, before any data
                     self.producer.send_liveness_markers()
             self._start_thread(self._timer, "timer")
             if self.is_producer:
                 self._start_thread(lambda: self._produce(batches), "producer")
-            self._exchange_addresses(all_gather)
+            self.wiring.exchange_addresses(all_gather)
             injection = self.plan.injection
             if injection is not None and self.is_consumer:
                 injection.maybe_fail(CONSUMER, self.index)
             consumer = self.consumer
-            if consumer is not None and self.gate is not None:
+            if consumer is not None and self.wiring.gate is not None:
                 with self.lock:  # the consumer's first timeline sample
                     self._record_consumer_sample(time.monotonic())
                 yield from self._consume(consumer)
                 with self.lock:  # the consumer's last timeline sample
                     self._record_consumer_sample(time.monotonic())
-            self._consumer_done = True
+            self.wiring.consumer_done = True
             if consumer is not None:
                 consumer.time.stop(time.monotonic())
-            self._await_end()
+            self.wiring.await_end()
             yield from self.report.last(self.plan.schema, self._metric_rows())
         except BaseException as exc:
-            if self.failed_at is None:  # before closing: peers see the close and fail after this task
-                self.failed_at = time.monotonic()
-            self.cause = exc
+            if self.wiring.failed_at is None:  # before closing: peers see the close and fail after this task
+                self.wiring.failed_at = time.monotonic()
+            self.wiring.cause = exc
             remote = getattr(exc, "remote", None)
             if remote is not None:  # a producer's failure reached this consumer: raise that first cause
                 raise remote from exc
             raise
         finally:
-            self._close()
+            self.wiring.close()
 
     def _sending(self) -> AbstractContextManager[None]:
         """The transport's sending block (see :meth:`TcpTransport.sending`); the transport runs once set up."""
-        transport = self.transport
+        transport = self.wiring.transport
         assert transport is not None, "the task's transport is started before any thread that sends"
         return transport.sending()
 
     def _start_thread(self, target: Callable[[], None], role: str) -> None:
         thread = threading.Thread(target=target, name=f"credit-shuffle-{role}-{self.index}", daemon=True)
-        self._threads.append(thread)
+        self.wiring.threads.append(thread)
         thread.start()
 
     # -- producer half (producer thread) --
 
     def _produce(self, batches: Iterable[pa.RecordBatch]) -> None:
         producer = self.producer
-        assert producer is not None and self.transport is not None and self.partition is not None
+        assert producer is not None and self.wiring.transport is not None and self.wiring.partition is not None
         clock = producer.time
-        sending = self.transport.sending
+        sending = self.wiring.transport.sending
         thread_cpu = time.thread_time()
-        trigger = self.checkpoint_trigger
+        trigger = self.wiring.checkpoint_trigger
         barrier_due = trigger.is_due if trigger.enabled else (lambda: False)
         if trigger.enabled:  # the writer stops between two runs of rows when a checkpoint is due
             producer.writer.interrupt = trigger.is_due
@@ -256,7 +274,7 @@ class PipelinedTask(TaskWiring):
             with self.lock:  # the producer's first timeline sample, whether or not its timer runs before the end
                 self._record_producer_sample(time.monotonic())
             iterator = iter(batches)
-            while not self._stop.is_set():
+            while not self.wiring.stopping.is_set():
                 waited = clock.idle_since = time.monotonic()
                 batch = next(iterator, None)
                 clock.idle_since = None
@@ -287,20 +305,20 @@ class PipelinedTask(TaskWiring):
                 producer.finish()
             with self.cond:
                 producer.sample_output()
-                self.partition.close()
+                self.wiring.partition.close()
                 now = time.monotonic()
                 self._record_producer_sample(now)
-                self._producer_done = True
+                self.wiring.producer_done = True
                 clock.stop(now)
                 self._producer_cpu_s = time.thread_time() - thread_cpu
                 self.cond.notify_all()
         except BaseException as exc:
-            self._fail(exc)
+            self.wiring.fail(exc)
 
     def _inject_due_checkpoint(self, producer: ProducerEngine) -> None:
         """The producer thread, holding the writer between two runs of rows of a batch, injects the checkpoint
         barrier that is due (so a long write does not hold it back until the timer thread gets the writer)."""
-        trigger = self.checkpoint_trigger
+        trigger = self.wiring.checkpoint_trigger
         with self.lock:
             if trigger.is_due():
                 producer.writer.broadcast_event(trigger.next_barrier())
@@ -315,11 +333,11 @@ class PipelinedTask(TaskWiring):
             producer.begin_wait(time.monotonic(), hard=hard)
             try:
                 while not producer.is_available():
-                    self._raise_if_failed()
-                    if self._stop.is_set():
+                    self.wiring.raise_if_failed()
+                    if self.wiring.stopping.is_set():
                         raise CreditShuffleError("task stopping")
                     now = time.monotonic()
-                    step = producer.check_wait(now, self._last_progress, self._describe_buffer_wait)
+                    step = producer.check_wait(now, self.wiring.last_progress, self.wiring.describe_buffer_wait)
                     if isinstance(step, Fail):
                         raise step.error
                     self.producer_cond.wait(step.until - now)
@@ -331,7 +349,7 @@ class PipelinedTask(TaskWiring):
     def _record_producer_sample(self, now: float) -> None:
         producer = self.producer
         assert producer is not None
-        credits = self._remote_credits()
+        credits = self.wiring.remote_credits()
         producer.timeline.record(lambda: producer.gauges(now, credits), now, time.time() * 1000.0)
 
     def _record_consumer_sample(self, now: float) -> None:
@@ -345,10 +363,10 @@ class PipelinedTask(TaskWiring):
         intervals = []
         producer, consumer = self.producer, self.consumer
         with self.lock:
-            if producer is not None and not self._producer_done and producer.timeline.interval > 0:
+            if producer is not None and not self.wiring.producer_done and producer.timeline.interval > 0:
                 self._record_producer_sample(now)
                 intervals.append(producer.timeline.interval)
-            if consumer is not None and not self._consumer_done and consumer.timeline.interval > 0:
+            if consumer is not None and not self.wiring.consumer_done and consumer.timeline.interval > 0:
                 if consumer.gate_gauges is not None:  # channels requested
                     self._record_consumer_sample(now)
                 intervals.append(consumer.timeline.interval)
@@ -357,7 +375,12 @@ class PipelinedTask(TaskWiring):
     # -- timer thread: the engine's schedule, checkpoint barriers, memory samples --
 
     def _timer(self) -> None:
-        settings, producer, trigger, consumer = self.settings, self.producer, self.checkpoint_trigger, self.consumer
+        settings, producer, trigger, consumer = (
+            self.settings,
+            self.producer,
+            self.wiring.checkpoint_trigger,
+            self.consumer,
+        )
         inf = float("inf")
         now = time.monotonic()
         next_checkpoint = now + trigger.seconds_until_next() if trigger.enabled else inf
@@ -376,7 +399,7 @@ class PipelinedTask(TaskWiring):
                     and producer.takes_part_in_checkpoints_after_finish()
                 )
                 due = min(next_sample, next_timeline)
-                debloat = consumer.debloat if consumer is not None and not self._consumer_done else None
+                debloat = consumer.debloat if consumer is not None and not self.wiring.consumer_done else None
                 if debloat is not None:
                     due = min(due, debloat.next_at)
                 if producing:
@@ -386,7 +409,7 @@ class PipelinedTask(TaskWiring):
                     due = min(due, next_checkpoint)
                 if due == inf:
                     due = now + 1.0
-                if self._stop.wait(max(0.0, due - time.monotonic())):
+                if self.wiring.stopping.wait(max(0.0, due - time.monotonic())):
                     return
                 now = time.monotonic()
                 if sample_every is not None and now >= next_sample:
@@ -394,7 +417,7 @@ class PipelinedTask(TaskWiring):
                     next_sample = max(next_sample + sample_every, now)
                 if now >= next_timeline:
                     next_timeline = max(next_timeline + self._sample_timeline(now), now)
-                if debloat is not None and now >= debloat.next_at and self.gate is not None:
+                if debloat is not None and now >= debloat.next_at and self.wiring.gate is not None:
                     with self._sending(), self.lock:  # the size goes to every producer (NewBufferSize)
                         debloat.on_timer(now)
                 if finishing and producer is not None and now >= next_checkpoint:
@@ -417,7 +440,7 @@ class PipelinedTask(TaskWiring):
                         if timed_out is not None:  # a barrier still queued overtakes as unaligned
                             producer.partition.aligned_barrier_timeout(timed_out)
         except BaseException as exc:
-            self._fail(exc)
+            self.wiring.fail(exc)
 
     def _sample_memory(self) -> None:
         rss = rss_bytes()
@@ -435,7 +458,7 @@ class PipelinedTask(TaskWiring):
         lock = self.lock
         data = self.report.data
         output = consumer.output
-        transport = self.transport
+        transport = self.wiring.transport
         assert transport is not None
         flush = transport.flush
 
@@ -488,12 +511,12 @@ class PipelinedTask(TaskWiring):
         with self.consumer_cond:
             try:
                 while True:
-                    self._raise_if_failed()
+                    self.wiring.raise_if_failed()
                     now = time.monotonic()
                     try:
                         step = consumer.next(now, linger_until)
                     except Exception as exc:
-                        raise self._channel_error(exc) from exc
+                        raise self.wiring.channel_error(exc) from exc
                     if isinstance(step, Wait):
                         if waited_since is None:
                             waited_since = consumer.time.idle_since = now
@@ -509,14 +532,6 @@ class PipelinedTask(TaskWiring):
                     consumer.time.idle_since = None
                     consumer.time.idle += time.monotonic() - waited_since
 
-    def _connection_detail(self, producer: int, now: float) -> str:
-        conn = self._client_connections.get(producer)
-        if conn is None:
-            return ""
-        return (
-            f"; its connection received {conn.bytes_in} bytes, the last {(now - conn.last_received) * 1000:.0f} ms ago"
-        )
-
     # -- the end --
 
     def _metric_rows(self) -> list[MetricRow]:
@@ -526,9 +541,9 @@ class PipelinedTask(TaskWiring):
         producer, consumer = self.producer, self.consumer
         if producer is not None:
             rows.extend(producer.metric_rows(now))
-            if self.checkpoint_trigger.enabled:
-                rows.extend(self.checkpoint_trigger.metric_rows())
-                rows.extend(self.checkpoint_trigger.rows)
+            if self.wiring.checkpoint_trigger.enabled:
+                rows.extend(self.wiring.checkpoint_trigger.metric_rows())
+                rows.extend(self.wiring.checkpoint_trigger.rows)
         if consumer is not None:
             rows.extend(consumer.metric_rows(now))
         elif self.is_consumer:  # a consumer subtask without channels
@@ -541,7 +556,7 @@ class PipelinedTask(TaskWiring):
         metrics.count("consumerThreadCpuTimeMs", (time.thread_time() - self._main_cpu_start) * 1000.0)
         if self.is_producer:
             metrics.count("producerThreadCpuTimeMs", self._producer_cpu_s * 1000.0)
-        io_cpu = thread_cpu_seconds(getattr(self.transport, "_thread", None))
+        io_cpu = thread_cpu_seconds(getattr(self.wiring.transport, "_thread", None))
         if io_cpu is not None:
             metrics.count("ioThreadCpuTimeMs", io_cpu * 1000.0)
         metrics.count("taskWallTimeMs", (time.monotonic() - self._wall_start) * 1000.0)

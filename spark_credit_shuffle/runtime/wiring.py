@@ -5,7 +5,8 @@ transport, the network buffer pool, the partition and the gate) and does what in
 listening, the address exchange, one connection per remote producer task carrying all its channels (local
 ones too, for tasks of one executor), the messages that count as progress, describing who holds buffers
 or connections, waiting for the end of the exchange (the rule is the engine's :func:`~.engine.check_end`)
-and closing everything. :class:`~spark_credit_shuffle.runtime.task.PipelinedTask` adds the threads.
+and closing everything. A :class:`~spark_credit_shuffle.runtime.task.PipelinedTask` owns one and runs the
+threads around it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from ..transport.authentication import AUTHENTICATION_TIMEOUT_S, unauthenticated
 from ..transport.connection import Connection
 from ..transport.tcp import TcpTransport
 from ..transport.tls import TlsIdentity
-from .metrics_report import IN_BAND, MetricsReport
 from .monitor import MonitorClient
 
 if TYPE_CHECKING:
@@ -56,24 +56,23 @@ _PROGRESS = (AddCredit, RecycleBuffers)
 class TaskWiring:
     """Sockets, connections and shared state of pipelined task ``index`` (see the module documentation)."""
 
-    settings: Settings
-    options: Any
-
     def __init__(
         self,
         plan: ExchangePlan,
         index: int,
         secret: bytes,
         host: str,
+        settings: Settings,
         *,
+        announce_address_dir: str | None = None,
         attempt_id: int = 0,
-        report: MetricsReport = IN_BAND,
         executors: Sequence[object] | None = None,
         tls: TlsIdentity | None = None,
     ) -> None:
         self.plan = plan
+        self.settings = settings
+        self.announce_address_dir = announce_address_dir
         self.tls = tls
-        self.report = report
         self.index = index
         self.executors = list(executors) if executors is not None else None
         self.secret = secret
@@ -96,24 +95,24 @@ class TaskWiring:
         self.cause: BaseException | None = None  # what this task fails with, reported to its consumers
         self.attempt_id = attempt_id
         self.monitor: MonitorClient | None = None  # the live monitor's sender, while the task runs
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
         self.transport: TcpTransport | None = None
         self.network = NetworkBufferPool.from_config(config)
         self.peers: dict[int, str] = {}
-        self._last_progress = time.monotonic()
+        self.last_progress = time.monotonic()
         self.manager = ResultPartitionManager()
         self.partition: PipelinedResultPartition | None = None
         self.subpartition_consumers: list[int] = []
         self.gate: SingleInputGate | None = None
         self.channel_producers: list[int] = []
-        self._client_connections: dict[int, Connection] = {}
+        self.client_connections: dict[int, Connection] = {}
         self.consumer: ConsumerEngine | None = None  # the consumer half's engine, once set up
         self.checkpoint_trigger = CheckpointTrigger(
             index, config.checkpoint_interval_ms, config.checkpoint_options, time.time_ns, time.monotonic
         )
-        self._producer_done = True
-        self._consumer_done = True
+        self.producer_done = True
+        self.consumer_done = True
 
     def route(self, producer: int) -> ChannelRoute:
         """The route of the channel from producer task ``producer`` to this task
@@ -148,24 +147,24 @@ class TaskWiring:
         else:
             self.cond.notify_all()
 
-    def _notify_consumer(self) -> None:
+    def notify_consumer(self) -> None:
         """The gate has data (the consumer thread's wait)."""
         with self.lock:
             self.consumer_cond.notify()
 
-    def _notify_producer(self) -> None:
+    def notify_producer(self) -> None:
         """The partition's pool has a buffer (the producer thread's wait)."""
         with self.lock:
             self.producer_cond.notify()
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
         with self.cond:
             if self._failure is None:
                 self._failure = exc
                 self.failed_at = time.monotonic() if self.failed_at is None else self.failed_at
             self._notify()
 
-    def _raise_if_failed(self) -> None:
+    def raise_if_failed(self) -> None:
         if self._failure is not None:
             raise self._failure
         if self.transport is not None and self.transport.error is not None:
@@ -175,7 +174,7 @@ class TaskWiring:
 
     # -- sockets --
 
-    def _start_transport(self) -> None:
+    def start_transport(self) -> None:
         """Listen, start the I/O thread, announce the address (if asked to)."""
         remote_consumers = {c for c in self.subpartition_consumers if c != self.index}
         self.transport = TcpTransport(
@@ -192,7 +191,7 @@ class TaskWiring:
             tls=self.tls,
         )
         self.transport.start()
-        directory = self.options.announce_address_dir
+        directory = self.announce_address_dir
         if directory:
             host, port = self.transport.address
             path = os.path.join(directory, f"task-{self.index}.addr")
@@ -200,7 +199,7 @@ class TaskWiring:
                 f.write(f"{host}:{port}\n")
             os.replace(path + ".tmp", path)
 
-    def _exchange_addresses(self, all_gather: Callable[[str], list[str]]) -> None:
+    def exchange_addresses(self, all_gather: Callable[[str], list[str]]) -> None:
         """Publish this task's address (and when it started) once, learn everyone's, connect; checkpoint
         triggers fire from then on (every task runs)."""
         assert self.transport is not None
@@ -225,7 +224,7 @@ class TaskWiring:
 
         def receive_message(message: Message) -> None:
             if type(message) in _PROGRESS:  # a consumer read (and recycled) this producer's buffers: progress
-                self._last_progress = time.monotonic()
+                self.last_progress = time.monotonic()
             receive(message)
 
         handler.receive_message = receive_message  # type: ignore[method-assign]  # observed, then handled as before
@@ -260,7 +259,7 @@ class TaskWiring:
                     f"consumer subtask {self.index}: producer subtask {producer} published no address"
                 )
             peer = found
-            conn = self._client_connections.get(producer)
+            conn = self.client_connections.get(producer)
             if conn is None:  # one connection per producer task, for its remote and local channels alike
                 name = f"producer subtask {producer} at {peer['host']}:{peer['port']}"
                 handler = CreditBasedPartitionRequestClientHandler(
@@ -272,7 +271,7 @@ class TaskWiring:
                 conn = transport.connect(
                     (str(peer["host"]), int(peer["port"])), handler, peer=name, timeout_s=timeout_s
                 )
-                self._client_connections[producer] = conn
+                self.client_connections[producer] = conn
             with self.lock:
                 if route.kind == LOCAL:  # another task of this executor: no credit, its pool holds
                     gate.local_channel(
@@ -295,7 +294,7 @@ class TaskWiring:
             gate.request_partitions()
             if self.consumer is not None:
                 self.consumer.start(time.monotonic(), time.time_ns())
-            for conn in self._client_connections.values():  # closed before its channels were registered
+            for conn in self.client_connections.values():  # closed before its channels were registered
                 if conn.closed:
                     raise CreditShuffleError(
                         f"consumer subtask {self.index}: the connection to {conn.peer} closed before its "
@@ -310,7 +309,7 @@ class TaskWiring:
             queue = getattr(conn.handler, "queue", None)
             yield from getattr(queue, "all_readers", {}).values()
 
-    def _remote_credits(self) -> dict[int, int]:
+    def remote_credits(self) -> dict[int, int]:
         """The credit of each subpartition a remote consumer reads (lock held); local channels have none."""
         credits: dict[int, int] = {}
         for reader in self._readers():
@@ -319,7 +318,7 @@ class TaskWiring:
                 credits[view.parent.index] = reader.num_credits_available
         return credits
 
-    def _describe_buffer_wait(self, waited: float) -> str:
+    def describe_buffer_wait(self, waited: float) -> str:
         partition = self.partition
         assert partition is not None
         pool = partition.buffer_pool
@@ -353,7 +352,7 @@ class TaskWiring:
 
     def _on_send(self, conn: Connection, message: Message) -> None:
         if type(message) is BufferResponse and message.data_type.is_buffer:
-            self._last_progress = time.monotonic()  # data moved (events, such as keep-alives, do not count)
+            self.last_progress = time.monotonic()  # data moved (events, such as keep-alives, do not count)
 
     def _on_connection_closed(self, conn: Connection) -> None:
         """A connection ended (lock held): a client connection that fails channels fails the task."""
@@ -375,7 +374,7 @@ class TaskWiring:
                 f"partition: {conn.error}{hint}"
             )
 
-    def _channel_error(self, exc: Exception) -> Exception:
+    def channel_error(self, exc: Exception) -> Exception:
         gate = self.gate
         assert gate is not None
         failed = [ch for ch, c in enumerate(gate.channels) if c is not None and getattr(c, "error", None) is not None]
@@ -383,16 +382,25 @@ class TaskWiring:
         if channel is None:
             return exc
         producer = self.channel_producers[channel]
-        conn = self._client_connections.get(producer)
+        conn = self.client_connections.get(producer)
         cause = f" ({conn.error})" if conn is not None and conn.error is not None else ""
         where = "local" if producer == self.index else self.peers.get(producer, "?")
         return CreditShuffleError(
             f"consumer subtask {self.index}, channel {channel} from producer subtask {producer} ({where}): {exc}{cause}"
         )
 
+    def connection_detail(self, producer: int, now: float) -> str:
+        """What the connection to producer task ``producer`` received, for a silent channel's error."""
+        conn = self.client_connections.get(producer)
+        if conn is None:
+            return ""
+        return (
+            f"; its connection received {conn.bytes_in} bytes, the last {(now - conn.last_received) * 1000:.0f} ms ago"
+        )
+
     # -- the end --
 
-    def _await_end(self) -> None:
+    def await_end(self) -> None:
         """Wait until the producer finished, every subpartition was consumed and every connection closed.
 
         Progress is a recycled segment, a data buffer sent, or credit from a consumer. A subpartition whose
@@ -401,20 +409,20 @@ class TaskWiring:
         and floating buffers, behind a slow user function): that wait counts as progress, and it ends when
         the consumer releases the subpartition or its connection closes (which releases it too)."""
         with self.cond:
-            self._last_progress = time.monotonic()
+            self.last_progress = time.monotonic()
             while True:
-                self._raise_if_failed()
+                self.raise_if_failed()
                 partition = self.partition
                 pending = self._pending_end()
                 if (
                     pending
-                    and self._producer_done
+                    and self.producer_done
                     and partition is not None
                     and all(sub.is_released or sub.is_sent_to_reader for sub in partition.subpartitions)
                 ):
-                    self._last_progress = time.monotonic()
+                    self.last_progress = time.monotonic()
                 now = time.monotonic()
-                step = check_end(now, self._last_progress, self.settings, self.index, pending)
+                step = check_end(now, self.last_progress, self.settings, self.index, pending)
                 if step is None:
                     return
                 if isinstance(step, Fail):
@@ -422,7 +430,7 @@ class TaskWiring:
                 self.cond.wait(step.until - now)
 
     def _pending_end(self) -> str:
-        if not self._producer_done:
+        if not self.producer_done:
             return "its producer has not finished its input"
         partition = self.partition
         if partition is not None and not all(sub.is_released for sub in partition.subpartitions):
@@ -432,7 +440,7 @@ class TaskWiring:
                 if not sub.is_released
             ]
             return "subpartitions not yet consumed by " + ", ".join(waiting)
-        open_clients = [c.peer for c in self._client_connections.values() if not c.closed]
+        open_clients = [c.peer for c in self.client_connections.values() if not c.closed]
         if open_clients:
             return "connections not yet closed by " + ", ".join(open_clients)
         return ""
@@ -463,14 +471,14 @@ class TaskWiring:
         except Exception as exc:  # the connections close anyway; the consumers then fail on the close
             log.info("task %d: could not report its failure to its consumers: %s", self.index, exc)
 
-    def _close(self) -> None:
+    def close(self) -> None:
         """Stop the timer, join the threads, close the sockets, release the partition and the gate."""
-        self._stop.set()
+        self.stopping.set()
         self._notify()
         failed = self._failure is not None
         current = threading.current_thread()
         stuck = []
-        for thread in self._threads:
+        for thread in self.threads:
             if thread is current:
                 continue
             # A producer blocked on Spark's input cannot be interrupted; after a failure the worker exits.
