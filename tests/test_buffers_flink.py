@@ -1,4 +1,5 @@
-"""Record writing behaviours from Flink's test suite (§10 #6-#13 of the reference), flush rules, counters.
+"""Record writing behaviours from Flink's test suite (docs/flink.md, "Behaviours from Flink's test suite"),
+flush rules, counters.
 
 Flink's tests count 4-byte framed records in 32-byte buffers; here a buffer is an Arrow message in
 a segment of at least 4 KiB, so the record sizes are chosen to give the same buffer layouts.
@@ -49,7 +50,7 @@ def kinds(partition: MemoryPartition, sp: int) -> list[str]:
     return out
 
 
-# -- §10 #6-#13 -----------------------------------------------------------------------------------------
+# -- Flink's RecordWriter tests (docs/flink.md, "Behaviours from Flink's test suite") --------------------
 
 
 def test_broadcast_event_no_records():

@@ -1,6 +1,6 @@
 """Key groups bit-exact with Flink: Java hashCode per Arrow type, murmur, key group, operator index.
 
-Expected values come from three independent places: the reference table (checked against Flink's own jar),
+Expected values come from three independent places: a table of known values (checked against Flink's own jar),
 the JDK itself (a small Java program compiled and run here), and a plain scalar Python port written below
 from the rules, one value at a time.
 """
@@ -144,7 +144,7 @@ def arrow_array(values: list, kind: str) -> pa.Array:
     return pa.array(values, type=ARROW_TYPES[kind])
 
 
-# -- the reference table (§1.1), checked against Flink 2.3's jar ----------------------------------
+# -- known values (docs/flink.md, "Channel selectors and key groups"), checked against Flink 2.3's jar ---------------
 
 REFERENCE = [
     # key, Arrow type, hashCode, murmurHash, kg P=128, op P=128 p=4, kg P=1024, op P=1024 p=3

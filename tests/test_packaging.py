@@ -131,7 +131,7 @@ def test_the_sdist_carries_everything_its_tests_need_and_the_pandas_bound(tmp_pa
         top = names[0].split("/")[0]
         members = {n.split("/", 1)[1] for n in names if "/" in n}
         pkg_info = tar.extractfile(f"{top}/PKG-INFO").read().decode()  # type: ignore[union-attr]
-    needed = _tree(ROOT, "tests") | _tree(ROOT, "jobs") | _tree(ROOT, "notebooks")
+    needed = _tree(ROOT, "tests") | _tree(ROOT, "jobs") | _tree(ROOT, "notebooks") | _tree(ROOT, "docs")
     assert {"tests/conftest.py", "tests/spark_helpers.py", "tests/protocol/protocol_helpers.py"} <= needed
     assert needed - members == set()
     requires = [line for line in pkg_info.splitlines() if line.startswith("Requires-Dist: pandas") and ";" not in line]

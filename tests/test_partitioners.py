@@ -1,4 +1,5 @@
-"""Channel selectors and partitioners: Flink's sequences (reference §1 and §10), wiring and errors."""
+"""Channel selectors and partitioners: Flink's sequences (docs/flink.md, "Channel selectors and key groups" and
+"Behaviours from Flink's test suite"), wiring and errors."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def test_only_broadcast_is_broadcast_and_only_rescale_forward_are_pointwise():
     assert [s.is_broadcast for s in selectors] == [p.is_broadcast for p in ALL]
 
 
-# -- §1 / §10 sequences -----------------------------------------------------------------------------
+# -- Flink's sequences (docs/flink.md, "Channel selectors and key groups") ----------------------------
 
 
 def test_rebalance_first_record_goes_to_r_plus_one_then_round_robin():

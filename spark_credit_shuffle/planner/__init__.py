@@ -1,8 +1,8 @@
 """How many network buffers a topology needs, computed before anything runs.
 
 Flink reserves each pool's minimum at task set-up and fails there with "Insufficient number of
-network buffers". The planner applies the same rules (reference §4.3) to a topology of exchanges
-and the executors it will run on, so the answer comes on the driver, before a Spark job starts:
+network buffers". The planner applies the same rules (docs/flink.md, "Pool sizes") to a topology of
+exchanges and the executors it will run on, so the answer comes on the driver, before a Spark job starts:
 
 - a producer task's result partition with N subpartitions: a LocalBufferPool of min N + 1 and max
   N * buffers_per_channel + floating_buffers_per_gate (pipelined, bounded) or unbounded (blocking, sized

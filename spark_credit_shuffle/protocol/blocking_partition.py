@@ -1,5 +1,5 @@
 """The blocking result partition and its reader (Flink's hash ``BoundedBlockingResultPartition`` and
-``BoundedBlockingSubpartitionReader``, §3.3 of the reference).
+``BoundedBlockingSubpartitionReader``; docs/flink.md, "Blocking subpartitions").
 
 :class:`BlockingResultPartition` stores every complete buffer of its subpartitions (in memory, or through a
 sink: the blocking runtime's Spark shuffle). :class:`BoundedBlockingSubpartitionReader` replays stored
@@ -36,7 +36,8 @@ class StoredBuffer(NamedTuple):
 
 
 class BlockingResultPartition(ResultPartition):
-    """A producer subtask's blocking output (Flink's hash ``BoundedBlockingResultPartition``, §3.3).
+    """A producer subtask's blocking output (Flink's hash ``BoundedBlockingResultPartition``; docs/flink.md,
+    "Blocking subpartitions").
 
     Every buffer is written to storage as soon as it is complete: a complete :class:`Buffer` when it is
     added; a builder's consumer when the next one is added to its subpartition (the builder before it was

@@ -1,5 +1,5 @@
 """Input channels: where a consumer subtask's buffers arrive, one channel per producer subtask
-(§5.3-§5.4 of the reference; Flink's ``InputChannel`` family).
+(Flink's ``InputChannel`` family; docs/flink.md, "Receiver side" and "Local channels").
 
 :class:`InputChannel` is what the gate reads of any channel. :class:`RemoteInputChannel` with its
 :class:`BufferManager` holds the channel's exclusive buffers (its initial credit) and asks the gate's

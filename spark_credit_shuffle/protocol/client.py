@@ -1,5 +1,5 @@
 """The client end of a connection: Flink's ``CreditBasedPartitionRequestClientHandler`` and
-``NettyPartitionRequestClient`` (§6 of the reference).
+``NettyPartitionRequestClient`` (docs/flink.md, "Receiver side" and "Without credits").
 
 :class:`CreditBasedPartitionRequestClientHandler` routes inbound messages to channels by receiver id and
 queues the outbound ones; it is the :class:`~spark_credit_shuffle.protocol.channels.PartitionRequestClient`

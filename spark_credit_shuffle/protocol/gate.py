@@ -1,9 +1,9 @@
 """The input gate: one input of a consumer subtask, its channels and their floating buffers (Flink's
-``SingleInputGate``, §5.5 of the reference).
+``SingleInputGate``; docs/flink.md, "Gate read order").
 
 The gate reads its channels round robin and sizes the floating pool they share; it creates its channels
 (:meth:`SingleInputGate.remote_channel`, :meth:`SingleInputGate.local_channel`) and reports the gate's
-Flink metrics (§7).
+Flink metrics (docs/flink.md, "Metrics").
 
 Not thread-safe: callers serialise access.
 """
@@ -236,7 +236,7 @@ class SingleInputGate:
         self._channels_with_data.clear()
         self.buffer_pool.lazy_destroy()
 
-    # -- metrics (§7) --
+    # -- metrics (docs/flink.md, "Metrics") --
 
     def _remote(self) -> list[RemoteInputChannel]:
         return [c for c in self.channels if isinstance(c, RemoteInputChannel)]

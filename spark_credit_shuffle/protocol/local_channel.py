@@ -1,4 +1,4 @@
-"""The input channel without credit (Flink's ``LocalInputChannel``, §5.4 of the reference).
+"""The input channel without credit (Flink's ``LocalInputChannel``; docs/flink.md, "Local channels").
 
 A :class:`LocalInputChannel` reads a producer's subpartition of the same executor with no credit and no
 buffers of its own: in the same process directly (no copy), or, for a producer in another process of the

@@ -57,10 +57,11 @@ MAX_RECEIVER_ID = (1 << 64) - 1
 class BufferResponse(NamedTuple):
     """One buffer or event for one input channel (server to client).
 
-    ``backlog`` is the sender's backlog measured after this buffer was taken (§3.2); ``payload`` is any
-    bytes-like object and is never copied by the protocol objects. A data buffer consumed one credit of
-    its channel; events consume none. A tuple (as AddCredit): a sender builds one per buffer, and a tuple
-    is built in one step (``tuple.__new__(BufferResponse, fields)`` on the hot path).
+    ``backlog`` is the sender's backlog measured after this buffer was taken (docs/flink.md, "Pipelined
+    subpartitions"); ``payload`` is any bytes-like object and is never copied by the protocol objects. A
+    data buffer consumed one credit of its channel; events consume none. A tuple (as AddCredit): a sender
+    builds one per buffer, and a tuple is built in one step (``tuple.__new__(BufferResponse, fields)`` on the
+    hot path).
     """
 
     receiver_id: int

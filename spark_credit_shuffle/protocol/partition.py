@@ -1,4 +1,5 @@
-"""Result partitions: a producer subtask's output, one subpartition per consumer (§3 of the reference).
+"""Result partitions: a producer subtask's output, one subpartition per consumer (docs/flink.md, "Result
+partitions").
 
 :class:`ResultPartition` holds what Flink's ``ResultPartition`` shares between its kinds: the subpartition
 count, the LocalBufferPool, the produce/finish/release states and the ``ResultPartitionWriter`` calls that
@@ -115,7 +116,7 @@ class ResultPartition:
         if self.is_released:
             raise PartitionStateError(f"result partition {self.partition_id} is released")
 
-    # -- metrics (§7) --
+    # -- metrics (docs/flink.md, "Metrics") --
 
     @property
     def out_pool_usage(self) -> float:
@@ -377,7 +378,7 @@ class PipelinedResultPartition(ResultPartition):
         for subpartition in self.subpartitions:
             subpartition.release()
 
-    # -- metrics (§7) --
+    # -- metrics (docs/flink.md, "Metrics") --
 
     def output_queue_length(self) -> int:
         return sum(s.queue_length() for s in self.subpartitions)

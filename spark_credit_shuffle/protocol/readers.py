@@ -1,5 +1,5 @@
 """The server side of one input channel: a subpartition view read with the channel's credit (Flink's
-``CreditBasedSequenceNumberingViewReader`` and its kinds, §5.2 of the reference).
+``CreditBasedSequenceNumberingViewReader`` and its kinds; docs/flink.md, "Sender side").
 
 :class:`CreditBasedSequenceNumberingViewReader` sends a data buffer only with a credit and numbers what it
 sends; :class:`SequenceNumberingViewReader` is the reader of the model without credits, and
@@ -55,7 +55,8 @@ class PartitionProvider(Protocol):
 
 
 class CreditBasedSequenceNumberingViewReader:
-    """The server side of one input channel: a subpartition view plus the channel's credit (§5.2).
+    """The server side of one input channel: a subpartition view plus the channel's credit
+    (docs/flink.md, "Sender side").
 
     ``initial_credit`` is the credit of the PartitionRequest (the receiver's exclusive buffers).
     :meth:`get_next_buffer` takes one credit per data buffer; going below zero is a protocol violation.

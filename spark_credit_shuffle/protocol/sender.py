@@ -1,6 +1,6 @@
 """The sender side of a connection: the queue of readers that can send, and the server handler that turns
-inbound messages into calls on them (§5.2 of the reference; the readers, one per requested subpartition, are
-:mod:`spark_credit_shuffle.protocol.readers`).
+inbound messages into calls on them (docs/flink.md, "Sender side"; the readers, one per requested
+subpartition, are :mod:`spark_credit_shuffle.protocol.readers`).
 
 The connection objects are sans-IO. A transport feeds :class:`PartitionRequestServerHandler` the bytes
 (``receive_data``) or messages (``receive_message``) it received, and pulls what to send with

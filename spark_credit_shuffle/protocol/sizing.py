@@ -1,6 +1,7 @@
 """How many network buffers Flink gives a result partition's and an input gate's pools (Flink's
-``NettyShuffleUtils`` and ``ResultPartitionType``, §4 of the reference): pure functions of the settings, used
-by the pools (:mod:`spark_credit_shuffle.protocol.pools`), the runtimes and the planner alike.
+``NettyShuffleUtils`` and ``ResultPartitionType``; docs/flink.md, "Buffer pools and their sizes"): pure
+functions of the settings, used by the pools (:mod:`spark_credit_shuffle.protocol.pools`), the runtimes and
+the planner alike.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def result_partition_pool_size(
     sort_shuffle_min_parallelism: int | None = None,
     sort_shuffle_min_buffers: int | None = None,
 ) -> tuple[int, int]:
-    """(min, max) buffers of a result partition's LocalBufferPool (``NettyShuffleUtils``, §4.3).
+    """(min, max) buffers of a result partition's LocalBufferPool (``NettyShuffleUtils``; docs/flink.md, "Pool sizes").
 
     Pipelined and hash-blocking partitions: min = N + 1; max = N * buffers_per_channel +
     floating_buffers_per_gate for PIPELINED_BOUNDED, unbounded otherwise. A BLOCKING partition whose

@@ -1,4 +1,5 @@
-"""Result subpartitions: where a producer's buffers wait for their consumer (§3 of the reference).
+"""Result subpartitions: where a producer's buffers wait for their consumer (docs/flink.md, "Result
+partitions").
 
 :class:`PipelinedSubpartition` is Flink's queue of buffer consumers and events with its exact backlog,
 flush and notification rules. Consumers read a subpartition through a *view* (``get_next_buffer``,
@@ -143,7 +144,8 @@ def _checkpoint_barrier(consumer: BufferConsumer) -> CheckpointBarrier | None:
 
 
 class PipelinedSubpartition:
-    """One subpartition of a pipelined partition (Flink's ``PipelinedSubpartition``, §3.2).
+    """One subpartition of a pipelined partition (Flink's ``PipelinedSubpartition``; docs/flink.md,
+    "Pipelined subpartitions").
 
     A queue of buffer consumers, priority events first. ``buffers_in_backlog`` counts
     the data buffers in it; the reported backlog excludes the last data buffer while it may still be

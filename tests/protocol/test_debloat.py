@@ -1,5 +1,6 @@
-"""Buffer debloating (§10 #40): BufferDebloaterTest, BufferSizeEMATest and ThroughputCalculatorTest, and the
-gate announcing a debloated size that the producer's subpartition then hands to its writer."""
+"""Buffer debloating (docs/flink.md, "Behaviours from Flink's test suite"): BufferDebloaterTest,
+BufferSizeEMATest and ThroughputCalculatorTest, and the gate announcing a debloated size that the producer's
+subpartition then hands to its writer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""§10 #14-#23: PipelinedSubpartitionWithReadViewTest and PipelinedSubpartitionTest."""
+"""PipelinedSubpartitionWithReadViewTest and PipelinedSubpartitionTest (docs/flink.md, "Behaviours from Flink's
+test suite")."""
 
 from __future__ import annotations
 

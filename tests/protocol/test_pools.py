@@ -1,5 +1,5 @@
-"""§10 #38-#39: LocalBufferPoolTest, NetworkBufferPoolTest, SingleInputGateTest, NettyShuffleUtilsTest; and
-the pool sizes of §4.3."""
+"""LocalBufferPoolTest, NetworkBufferPoolTest, SingleInputGateTest, NettyShuffleUtilsTest (docs/flink.md,
+"Behaviours from Flink's test suite"); and the pool sizes (docs/flink.md, "Pool sizes")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""§10 #31-#37: CreditBasedPartitionRequestClientHandlerTest and RemoteInputChannelTest, plus §5.6."""
+"""CreditBasedPartitionRequestClientHandlerTest and RemoteInputChannelTest (docs/flink.md, "Behaviours from
+Flink's test suite"), plus the worked trace (docs/flink.md, "A worked trace")."""
 
 from __future__ import annotations
 
@@ -271,7 +272,8 @@ def test_error_response_fails_one_channel_or_all():
 
 
 def test_worked_trace():
-    """§5.6: exclusive 2, floating pool max 8, sender with 5 finished buffers and 1 open one (backlog 5)."""
+    """docs/flink.md, "A worked trace": exclusive 2, floating pool max 8, sender with 5 finished buffers and 1
+    open one (backlog 5)."""
     exchange = Exchange(1)
     partition = exchange.partition
     for i in range(5):

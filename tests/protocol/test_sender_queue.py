@@ -1,4 +1,5 @@
-"""§10 #24-#30: PartitionRequestQueueTest and CreditBasedSequenceNumberingViewReaderTest."""
+"""PartitionRequestQueueTest and CreditBasedSequenceNumberingViewReaderTest (docs/flink.md, "Behaviours from
+Flink's test suite")."""
 
 from __future__ import annotations
 
