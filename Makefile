@@ -18,12 +18,16 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) jobs/demo.py
 
+# Two test processes, each with its own SparkSession: the suite waits on Spark's scheduling and on
+# subprocesses as much as it computes, so two processes share two cores well.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The quick loop: every test that needs no JVM (no SparkSession, spark-submit or java).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not spark"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not spark"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
