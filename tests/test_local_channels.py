@@ -105,9 +105,10 @@ _LOCAL_CLUSTER_JOB = textwrap.dedent(
     )
     import time
     df = spark.range(0, 100000, 1, 4).select(F.col("id"), (F.col("id") % 97).cast("int").alias("k"))
-    # consumer 0: 0.1 ms per row, about 2.5 s for its quarter of the rows, each producer's share of which is
-    # several times what 4 KiB buffers in flight hold
-    slow = scs.Injection(consumer_delay_s=((0, 0.0001),))
+    # consumer 0: 0.2 ms per row, about 5 s for its quarter of the rows (long against the producers' own
+    # work even on a busy machine), each producer's share of which is several times what 4 KiB buffers in
+    # flight hold
+    slow = scs.Injection(consumer_delay_s=((0, 0.0002),))
     samples = []
     ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode="pipelined", metrics_sample_interval_ms=5,
                       injection=slow, segment_size="4kb", monitor=lambda rows: samples.append(time.monotonic()))
