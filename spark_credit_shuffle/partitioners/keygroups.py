@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from ..config import MAX_PARALLELISM_UPPER_BOUND, default_max_parallelism
 from ..errors import ConfigError, NullKeyError, UnsupportedKeyTypeError
-from .murmur3 import murmur3_ints
+from .murmur3 import BLOCK, murmur3_ints
 
 __all__ = [
     "MAX_TUPLE_ARITY",
@@ -384,10 +384,11 @@ def java_hash_codes(
 
 def _murmur_u32_inplace(h: np.ndarray) -> np.ndarray:
     """Flink's ``MathUtils.murmurHash`` of every uint32 of ``h``, in place: seed 0, then the absolute value."""
-    murmur3_ints(h, 0)
-    signed = h.view(np.int32)
-    np.abs(signed, out=signed)  # wraps Integer.MIN_VALUE to itself ...
-    np.maximum(signed, 0, out=signed)  # ... which Flink maps to 0
+    for start in range(0, len(h), BLOCK):  # block by block, while each is in the CPU cache
+        block = murmur3_ints(h[start : start + BLOCK], 0)
+        signed = block.view(np.int32)
+        np.abs(signed, out=signed)  # wraps Integer.MIN_VALUE to itself ...
+        np.maximum(signed, 0, out=signed)  # ... which Flink maps to 0
     return h
 
 

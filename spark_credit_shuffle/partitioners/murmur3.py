@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SPARK_HASH_SEED", "murmur3_ints", "spark_hash_partition_keys", "spark_int_hashes"]
+__all__ = ["BLOCK", "SPARK_HASH_SEED", "murmur3_ints", "spark_hash_partition_keys", "spark_int_hashes"]
 
 _U32 = np.uint32
 _C1 = _U32(0xCC9E2D51)
@@ -23,8 +23,8 @@ _C2 = _U32(0x1B873593)
 _N = _U32(0xE6546B64)
 _FMIX_1 = _U32(0x85EBCA6B)
 _FMIX_2 = _U32(0xC2B2AE35)
-#: A few numpy passes over 256 KiB beat one pass over 40 MB.
-_BLOCK = 1 << 16
+#: Ints hashed per block: a few numpy passes over 256 KiB beat one pass over 40 MB.
+BLOCK = 1 << 16
 #: The seed of Spark's ``Murmur3Hash`` expression (``hash()``, hash partitioning).
 SPARK_HASH_SEED = 42
 
@@ -56,9 +56,9 @@ def _block(h: np.ndarray, t: np.ndarray, seed: int) -> None:
 
 def murmur3_ints(h: np.ndarray, seed: int = 0) -> np.ndarray:
     """MurmurHash3 x86_32 with ``seed`` of every int of the uint32 array ``h``, computed in place; returns ``h``."""
-    scratch = np.empty(min(len(h), _BLOCK), dtype=_U32)
-    for start in range(0, len(h), _BLOCK):
-        block = h[start : start + _BLOCK]
+    scratch = np.empty(min(len(h), BLOCK), dtype=_U32)
+    for start in range(0, len(h), BLOCK):
+        block = h[start : start + BLOCK]
         _block(block, scratch[: len(block)], seed)
     return h
 
