@@ -774,3 +774,36 @@ def test_the_in_process_address_exchange_names_a_timeout_apart_from_a_failed_tas
     with pytest.raises(CreditShuffleError, match="another task failed") as err:
         gather.all_gather('{"task": 0}')
     assert not isinstance(err.value, ExchangeTimeoutError)
+
+
+def test_a_task_without_a_producer_half_reads_its_empty_input_to_the_end():
+    """Spark reuses a Python worker only once the worker read its task's input to the end; a task of the
+    barrier stage that only consumes (more consumers than producers) gets an empty input and must still read
+    it, or every such exchange waits for a new Python worker to start (1-2 s) in place of the one that quit."""
+    plan = make_plan(scs.rebalance(), 1, 2)
+    gather = pipelined._ThreadAllGather(2, 30)
+    ended = threading.Event()
+    received: dict[int, int] = {}
+    errors: list[BaseException] = []
+
+    def empty():
+        yield from ()
+        ended.set()  # reached only when the task asks for the input after its last batch
+
+    def run(i: int) -> None:
+        task = PipelinedTask(plan, i, b"s" * 32, "127.0.0.1", attempt_id=i)
+        batches = iter(inputs(1, 300)[0]) if i == 0 else empty()
+        try:
+            out = task.run(batches, gather.all_gather)  # data rows (metrics cell null), then the metrics row
+            received[i] = sum(b.column(b.num_columns - 1).null_count for b in out)
+        except BaseException as exc:
+            errors.append(exc)
+            gather.abort()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and ended.is_set()
+    assert sum(received.values()) == 300

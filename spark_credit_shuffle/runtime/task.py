@@ -217,6 +217,8 @@ class PipelinedTask:
             self._start_thread(self._timer, "timer")
             if self.is_producer:
                 self._start_thread(lambda: self._produce(batches), "producer")
+            else:
+                _drain(batches, self.index)
             self.wiring.exchange_addresses(all_gather)
             injection = self.plan.injection
             if injection is not None and self.is_consumer:
@@ -572,3 +574,12 @@ class PipelinedTask:
             if consumer is not None:
                 rows.extend(consumer.timeline.timeline_rows())
         return rows
+
+
+def _drain(batches: Iterable[pa.RecordBatch], index: int) -> None:
+    """Read the input of a task without a producer half to its end: it is empty (the input was placed on the
+    producers' tasks), and Spark reuses a Python worker only once it read its task's input to the end (a
+    worker left with unread input exits, and the next task waits for a new one to start: 1-2 s)."""
+    for batch in batches:
+        if batch.num_rows:
+            raise CreditShuffleError(f"task {index} has no producer subtask but got {batch.num_rows} input rows")
