@@ -175,6 +175,7 @@ def _checkpoint_counts(ex, subtask: int) -> tuple[float, float]:
     return counts.get("numberOfCompletedCheckpoints", 0.0), counts.get("numberOfFailedCheckpoints", 0.0)
 
 
+@pytest.mark.serial  # barriers on time: not beside another test process competing for the cores
 @pytest.mark.parametrize("local_channels", ["executor", "task"])
 def test_unaligned_barriers_overtake_what_a_slow_consumer_has_not_consumed_on_spark(spark, local_channels):
     # given consumer 0 sleeping 30 us per row (about 10 ms per 4 KiB buffer, so it lags for about a second),
@@ -213,6 +214,7 @@ def test_unaligned_barriers_overtake_what_a_slow_consumer_has_not_consumed_on_sp
     assert start_delays[len(start_delays) // 2] < 2 * ms_per_buffer, (start_delays, ms_per_buffer)
 
 
+@pytest.mark.serial
 def test_a_healthy_aligned_run_fails_no_checkpoint_on_spark(spark):
     df = spark.range(0, 600_000, 1, 3).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
     ex = scs.exchange(df, scs.key_by("k"), parallelism=3, mode="pipelined", checkpoint_interval_ms=25)
