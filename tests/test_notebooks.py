@@ -180,6 +180,17 @@ def test_notebooks_and_their_databricks_versions_run(request, monkeypatch, sessi
         for text_of in (backpressure, text("databricks/backpressure.py")):
             counts = re.findall(rf"^{label}: consumer 0 completed (\d+) checkpoints", text_of, re.M)
             assert counts and all(int(n) > 0 for n in counts), (label, counts)
+    # buffer debloating on the virtual clock: the slow consumer's checkpoints start far sooner, the fast
+    # consumers keep their throughput
+    for text_of in (backpressure, text("databricks/backpressure.py")):
+        delays = {
+            label: float(ms)
+            for label, ms in re.findall(
+                r"^debloating (off|100 ms): consumer 0's median checkpoint start delay (\d+)", text_of, re.M
+            )
+        }
+        ratios = re.findall(r"^debloating 100 ms: .* \(([\d.]+)x of off\)$", text_of, re.M)
+        assert delays["100 ms"] < delays["off"] / 5 and ratios and float(ratios[0]) >= 0.95, (delays, ratios)
     # the pool usage bars, the exchange's timeline and its producers' queues per consumer (pipelined mode),
     # the virtual-clock timeline
     assert pictures("backpressure") >= 4
