@@ -104,7 +104,7 @@ def _slow_consumer(target_ms: int | None, duration: float):
     )
 
 
-def test_debloating_shortens_the_start_delay_of_a_slow_consumers_checkpoints_in_the_simulation():
+def test_debloating_bounds_the_start_delay_of_a_slow_consumers_checkpoints_in_the_simulation():
     # the checkpoint demo's slow consumer: 10 buffers of 32 KiB per subpartition ahead of each barrier, drained
     # at 0.5 MB/s, delay an aligned checkpoint's start by seconds; with debloating to 100 ms far less, and the
     # fast consumers (bound to the slow one's pace by round robin) keep their throughput
@@ -120,7 +120,7 @@ def test_debloating_shortens_the_start_delay_of_a_slow_consumers_checkpoints_in_
         return statistics.fmean((report.consumers[c].bytes_consumed - at_half[c]) / 10.0 for c in (1, 2, 3))
 
     assert median_delay_ms(off) > 1000
-    assert median_delay_ms(on) < median_delay_ms(off) / 5
+    assert median_delay_ms(on) < 1.5 * 100  # within 1.5x of the target
     assert fast_throughput(on) >= 0.95 * fast_throughput(off)
 
 
