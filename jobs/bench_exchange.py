@@ -21,6 +21,9 @@ action, ``write.format("noop")``, repeated ``--repeat`` times; the table shows t
 - ``pipelined, streaming, deep``: the same with more buffers in flight per channel (``DEEP_BUFFERS``);
 - ``pipelined, checkpoints``: the streaming form with aligned checkpoint barriers every
   ``CHECKPOINT_MS`` (100 ms); its throughput against the streaming form's must stay within 5%;
+- ``pipelined, debloating``: the streaming form with buffer debloating on (``buffer_debloat_enabled``,
+  Flink's defaults: target 1 s, period 200 ms); a healthy exchange's throughput with it against the
+  streaming form's must stay within 5% (``DEBLOAT_COST``);
 - ``exchange pipelined, TLS`` and ``pipelined, streaming, TLS``: the two forms with every connection of
   the exchange under mutual TLS (``ssl=True``, what a session with ``spark.network.crypto.enabled`` gets):
   the cost of encryption, next to the same forms without it.
@@ -36,7 +39,8 @@ over TCP between processes of different executors; their headline figures come b
 
 Run ``python jobs/bench_exchange.py --mode pipelined --rows 1000000 --repeat 1 --no-cluster`` for a quick
 check; ``--checkpoint-cost`` runs only the streaming and checkpointed cases (and prints the checkpoints'
-alignment figures); ``--tls-cost`` only the two pipelined forms with TLS and without (and the tasks' CPU).
+alignment figures); ``--debloat-cost`` only the streaming and debloating cases (and prints the buffer sizes the
+consumers announced); ``--tls-cost`` only the two pipelined forms with TLS and without (and the tasks' CPU).
 The last line printed is one JSON object with the headline figures.
 """
 
@@ -71,6 +75,8 @@ DEEP_BUFFERS = {"buffers_per_channel": 16, "floating_buffers_per_gate": 128, "ma
 #: Checkpoint barriers every this many ms in the checkpointed case, and the throughput they may cost.
 CHECKPOINT_MS = 100
 CHECKPOINT_COST = 0.05
+#: The throughput buffer debloating may cost a healthy exchange.
+DEBLOAT_COST = 0.05
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -94,6 +100,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only the pipelined streaming and checkpointed cases (no sweep): the cost of checkpoint barriers",
     )
     parser.add_argument(
+        "--debloat-cost",
+        action="store_true",
+        help="only the pipelined streaming and debloating cases (no sweep): the cost of buffer debloating",
+    )
+    parser.add_argument(
         "--tls-cost",
         action="store_true",
         help="only the pipelined cases with TLS and without (no sweep): the cost of encrypting the exchange",
@@ -111,8 +122,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.mode == "blocking":
             parser.error("--checkpoint-cost: checkpoint barriers are timed in pipelined mode, not --mode blocking")
         args.mode, args.no_sweep = "pipelined", True
-    if args.tls_cost:
+    if args.debloat_cost:
         if args.mode == "blocking" or args.checkpoint_cost:
+            parser.error("--debloat-cost: buffer debloating is timed in pipelined mode, alone")
+        args.mode, args.no_sweep = "pipelined", True
+    if args.tls_cost:
+        if args.mode == "blocking" or args.checkpoint_cost or args.debloat_cost:
             parser.error("--tls-cost: TLS is timed in pipelined mode, alone")
         args.mode, args.no_sweep = "pipelined", True
     return args
@@ -299,9 +314,18 @@ def main(argv: list[str] | None = None) -> int:
             noop(out)
             checkpoint_metrics.append(collected)
 
+        debloat_metrics: list[Any] = []
+
+        def debloated() -> None:  # buffer debloating on, Flink's defaults otherwise
+            ex = scs.exchange(df, scs.key_by("a"), p, mode="pipelined", buffer_debloat_enabled=True)
+            out, collected = pipelined.build(ex.plan, df, retryable=False)
+            noop(out)
+            debloat_metrics.append(collected)
+
         cases.append(("exchange pipelined", lambda: noop(scs.exchange(df, scs.key_by("a"), p, mode="pipelined").df)))
         cases.append(("pipelined, streaming", streaming))
         cases.append(("pipelined, checkpoints", checkpointed))
+        cases.append(("pipelined, debloating", debloated))
         cases.append(("pipelined, streaming, deep", deep))
         cases.append(
             (
@@ -312,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         cases.append(("pipelined, streaming, TLS", lambda: streaming(tls=True)))
     if args.checkpoint_cost:
         cases = [case for case in cases if case[0] in ("pipelined, streaming", "pipelined, checkpoints")]
+    if args.debloat_cost:
+        cases = [case for case in cases if case[0] in ("pipelined, streaming", "pipelined, debloating")]
     if args.tls_cost:
         tls_cases = (
             "exchange pipelined",
@@ -342,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         headline.update(checkpoint_cost(results, metric_rows(checkpoint_metrics[-1])))
         print(json.dumps(headline, sort_keys=True))
         return 0
+    if args.debloat_cost:
+        headline.update(debloat_cost(results, metric_rows(debloat_metrics[-1])))
+        print(json.dumps(headline, sort_keys=True))
+        return 0
     if "pipelined" in modes:
         headline.update(tls_cost(results, streaming_cpu, tls_cpu))
     if args.tls_cost:
@@ -370,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         headline["pipelined_retryable_throughput_ratio"] = round(default_ratio, 3)
         headline["pipelined_deep_buffers_throughput_ratio"] = round(deep_ratio, 3)
         headline.update(checkpoint_cost(results, metric_rows(checkpoint_metrics[-1])))
+        headline.update(debloat_cost(results, metric_rows(debloat_metrics[-1])))
         print(
             f"\npipelined throughput: {streaming_ratio:.2f}x repartition + mapInArrow streaming into the sink, "
             f"{default_ratio:.2f}x with its retryable output, {deep_ratio:.2f}x streaming with {DEEP_BUFFERS} "
@@ -450,6 +481,30 @@ def checkpoint_cost(results: dict[str, tuple[float, list[float]]], rows: list[di
         f"{figures['checkpoints_completed']:.0f} checkpoints completed and {figures['checkpoints_failed']:.0f} aborted"
     )
     return figures
+
+
+def debloat_cost(results: dict[str, tuple[float, list[float]]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The debloating case's throughput against the streaming case's: the ratio of the medians and the median
+    of the ratios of each round's pair (the two ran next to each other); the buffer sizes the consumers of
+    the last debloating run announced (``rows``: its metric rows)."""
+    streaming, debloating = results["pipelined, streaming"], results["pipelined, debloating"]
+    share = streaming[0] / debloating[0]
+    paired = statistics.median(s / d for s, d in zip(streaming[1], debloating[1], strict=True))
+    sizes = [
+        r["value"]
+        for r in rows
+        if r["side"] == "consumer" and r["metric"] == "debloatedBufferSize" and r["stat"] == "mean"
+    ]
+    print(
+        f"pipelined with buffer debloating (target 1 s): {share:.1%} of the throughput without by the medians, "
+        f"{paired:.1%} by the median of the paired runs (target >= {1 - DEBLOAT_COST:.0%}); "
+        f"mean debloatedBufferSize per consumer: {', '.join(f'{v:.0f}' for v in sizes) or '-'} bytes"
+    )
+    return {
+        "pipelined_debloat_throughput_share": round(share, 3),
+        "pipelined_debloat_throughput_share_paired": round(paired, 3),
+        "debloated_buffer_size_mean": round(statistics.fmean(sizes)) if sizes else None,
+    }
 
 
 def run_streaming(df: Any, rows: int, p: int, timeout_ms: int, marker_ms: int) -> tuple[float, list[dict[str, Any]]]:

@@ -53,6 +53,7 @@ def slow_consumer_report(
     duration: float,
     socket_buffer_bytes: int = SIM_SOCKET_BUFFER,
     debloat_ms: int | None = None,
+    sample_interval: float | None = None,
 ) -> Any:
     """The documented configuration, simulated (``debloat_ms``: buffer debloating to that target, else off):
     4 producers on 4 hosts, all-to-all to 4 consumers on 2 hosts,
@@ -80,7 +81,16 @@ def slow_consumer_report(
         latency=SIM_LATENCY,
         bandwidth=SIM_BANDWIDTH,
         socket_buffer_bytes=socket_buffer_bytes,
+        sample_interval=sample_interval,
     )
+
+
+def second_half_throughput(report: Any, subtask: int, duration: float) -> float:
+    """Consumer ``subtask``'s bytes per virtual second in the run's second half (the report sampled at half
+    time): steady state, without the first seconds, in which the fast consumers take what the producers write
+    while the slow consumer's in-flight data builds up (more of it without debloating)."""
+    at_half = report.value_at("consumer", subtask, "numBytesIn", duration / 2)
+    return (report.consumers[subtask].bytes_consumed - at_half) / (duration / 2)
 
 
 def simulate_case(
@@ -118,15 +128,19 @@ DEBLOAT_TARGETS = (None, 1000, 100)
 def debloat_cases(interval_ms: int, slow_rate: float, duration: float) -> dict[int | None, dict[str, float]]:
     """Aligned checkpoints with credits, debloating off and to each target: the slow consumer's start delay
     (mean and median of the checkpoints of the run's second half, once the size settled) and the fast
-    consumers' mean throughput."""
+    consumers' mean throughput, over the whole run and in its second half (steady state)."""
     out: dict[int | None, dict[str, float]] = {}
     for target in DEBLOAT_TARGETS:
-        report = slow_consumer_report(True, False, interval_ms, slow_rate, duration, debloat_ms=target)
+        report = slow_consumer_report(
+            True, False, interval_ms, slow_rate, duration, debloat_ms=target, sample_interval=duration / 2
+        )
         late = [c.start_delay_ns / 1e6 for c in report.consumers[0].checkpoints if c.end_ns > duration / 2 * 1e9]
+        fast = range(1, len(report.consumers))
         out[target] = {
             "start_delay_mean_ms": _mean(late),
             "start_delay_median_ms": statistics.median(late) if late else 0.0,
-            "fast_throughput": _mean([report.consumer_throughput(c) for c in range(1, len(report.consumers))]),
+            "fast_throughput": _mean([report.consumer_throughput(c) for c in fast]),
+            "fast_throughput_late": _mean([second_half_throughput(report, c, duration) for c in fast]),
         }
     return out
 
@@ -198,13 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     debloat = debloat_cases(args.interval_ms, args.sim_slow_rate, args.sim_duration)
     print()
     print("simulation, credits, aligned: buffer debloating against the slow consumer's start delay (second half)")
-    print(f"{'debloating':<15} {'start delay mean':>17} {'median':>8} {'fast consumers':>15}")
+    print(f"{'debloating':<15} {'start delay mean':>17} {'median':>8} {'fast consumers: run':>20} {'second half':>12}")
     base = debloat[None]["fast_throughput"] or 1.0
+    base_late = debloat[None]["fast_throughput_late"] or 1.0
     for target, values in debloat.items():
         label = "off" if target is None else f"target {target} ms"
         print(
             f"{label:<15} {values['start_delay_mean_ms']:>15.1f}ms {values['start_delay_median_ms']:>6.1f}ms "
-            f"{values['fast_throughput'] / base:>14.3f}x"
+            f"{values['fast_throughput'] / base:>19.3f}x {values['fast_throughput_late'] / base_late:>11.3f}x"
         )
 
     spark_results: dict[str, list[dict[int, list[float]]]] = {"aligned": [], "unaligned": []}
@@ -294,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         },
         "sim_debloat_fast_throughput_ratio": {
             str(target): round(values["fast_throughput"] / base, 3) for target, values in debloat.items()
+        },
+        "sim_debloat_fast_throughput_ratio_second_half": {
+            str(target): round(values["fast_throughput_late"] / base_late, 3) for target, values in debloat.items()
+        },
+        "sim_debloat_slow_start_delay_mean_ms": {
+            str(target): round(values["start_delay_mean_ms"], 1) for target, values in debloat.items()
         },
     }
     if not args.skip_spark:

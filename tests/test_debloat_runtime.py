@@ -100,12 +100,14 @@ def _slow_consumer(target_ms: int | None, duration: float):
         duration=duration,
         producer_hosts=[0, 1, 2, 3],
         consumer_hosts=[4, 4, 5, 5],
+        sample_interval=duration / 2,
     )
 
 
 def test_debloating_bounds_the_start_delay_of_a_slow_consumers_checkpoints_in_the_simulation():
     # the checkpoint demo's slow consumer: 10 buffers of 32 KiB per subpartition ahead of each barrier, drained
-    # at 0.5 MB/s, delay an aligned checkpoint's start by seconds; with debloating to 100 ms far less
+    # at 0.5 MB/s, delay an aligned checkpoint's start by seconds; with debloating to 100 ms far less, and the
+    # fast consumers (bound to the slow one's pace by round robin) keep their throughput
     off = _slow_consumer(None, 20.0)
     on = _slow_consumer(100, 20.0)
 
@@ -113,5 +115,37 @@ def test_debloating_bounds_the_start_delay_of_a_slow_consumers_checkpoints_in_th
         late = [c.start_delay_ns / 1e6 for c in report.consumers[0].checkpoints if c.end_ns > 10e9]
         return statistics.median(late)
 
+    def fast_throughput(report) -> float:  # bytes per virtual second of the second half (steady state)
+        at_half = {c: report.value_at("consumer", c, "numBytesIn", 10.0) for c in (1, 2, 3)}
+        return statistics.fmean((report.consumers[c].bytes_consumed - at_half[c]) / 10.0 for c in (1, 2, 3))
+
     assert median_delay_ms(off) > 1000
-    assert median_delay_ms(on) < 1.5 * 100
+    assert median_delay_ms(on) < 1.5 * 100  # within 1.5x of the target
+    assert fast_throughput(on) >= 0.95 * fast_throughput(off)
+
+
+def test_a_debloated_buffer_grows_to_a_record_it_cannot_hold_and_no_further():
+    # given a subpartition whose consumer asked for 512-byte buffers, and rows of about 2 KB each
+    config = NetworkConfig(segment_size=32768)
+    network = NetworkBufferPool(1024, config.segment_size)
+    partition = PipelinedResultPartition.create(network, 1, config)
+    view = partition.create_subpartition_view(0, Listener())
+    partition.subpartitions[0].set_buffer_size(512)
+    writer = RecordWriter(partition, RoundRobinSelector(1, -1), config.segment_size)
+    schema = pa.schema([("id", pa.int64()), ("s", pa.string())])
+    writer.emit(pa.record_batch({"id": [0], "s": ["x"]}, schema=schema))  # the first buffer learns the size
+    writer.flush_all()
+    ids = list(range(1, 41))
+    writer.emit(pa.record_batch({"id": ids, "s": ["y" * 2000] * len(ids)}, schema=schema))
+    writer.finish()
+    reader = RecordReader(schema)
+    sizes, got = [], []
+    while (nxt := view.get_next_buffer()) is not None:
+        if nxt.buffer.data_type is DataType.DATA_BUFFER:
+            sizes.append(nxt.buffer.size)
+        got += [b for b in reader.feed(nxt.buffer, nxt.sequence_number) if isinstance(b, pa.RecordBatch)]
+    # then after the first buffer (opened before the size was known) each row gets a buffer of its own size
+    # (Flink trims a new buffer to the larger of the record and the desired size), not a segment that the
+    # rows behind it would fill, and every row arrived in order
+    assert len(sizes) > 10 and max(sizes[1:]) < 2000 + 1024, sizes
+    assert pa.Table.from_batches(got).column("id").to_pylist() == [0, *ids]

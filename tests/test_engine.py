@@ -249,6 +249,7 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
         "numRecordsOutPerSecond",
         "backlog",
         "outputQueueLength",
+        "numBytesOut",  # the counter so far, for a window's throughput (SimulationReport.value_at)
         *time_gauges,
     }
     assert names["consumer"] == {
@@ -260,6 +261,7 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
         "unannouncedCredit",
         "backlog",
         "inputQueueLength",
+        "numBytesIn",
         *time_gauges,
     }
     # Flink's identity in every sample of the simulation's timeline: busy + idle + back-pressured = 1000
@@ -301,3 +303,35 @@ def test_the_output_batcher_hands_on_by_rows_and_by_bytes():
     batcher.add(small)
     assert batcher.ready(False, 1.0) is None and batcher.linger_until == pytest.approx(1.01)  # lingers
     assert batcher.take().num_rows == 100 and not batcher.pending
+
+
+def test_a_keep_alive_goes_only_to_a_subpartition_with_nothing_its_reader_can_take():
+    """Given a producer with a flushed buffer queued for consumer 0 and nothing for consumer 1, when its
+    keep-alives are due, only consumer 1's subpartition gets one: consumer 0 has the data to tell it the
+    producer is alive, and a keep-alive overtaking that data would only reorder what it receives."""
+    config = NetworkConfig(**SETTINGS)
+    settings = Settings.of(config, output_batch_rows=0)
+    network = NetworkBufferPool.from_config(config)
+    partition = PipelinedResultPartition.create(network, 2, config, partition_id=0, bounded=True)
+    producer = ProducerEngine(
+        0, partition, scs.global_().selector(0, 1, 2, 128), [0, 1], settings, 4096, SCHEMA, 0.0, resumable=True
+    )
+
+    class Listener:
+        def notify_data_available(self) -> None:
+            pass
+
+        def notify_priority_event(self, sequence_number: int) -> None:
+            pass
+
+    for sub in partition.subpartitions:
+        sub.create_read_view(Listener())
+    batch = groups()[0].slice(0, 10)
+    assert producer.write(batch)
+    producer.writer.flush_all()
+    queued = [sub.queue_length() for sub in partition.subpartitions]
+    assert partition.subpartitions[0].is_data_available() and queued[1] == 0
+
+    producer.send_liveness_markers()
+
+    assert [sub.queue_length() for sub in partition.subpartitions] == [queued[0], 1]

@@ -185,6 +185,16 @@ def test_notebooks_run_jupyter_on_classic_and_databricks_on_connect(request, mon
     for label in ("aligned", "unaligned"):
         counts = re.findall(rf"^{label}: consumer 0 completed (\d+) checkpoints", backpressure, re.M)
         assert counts and all(int(n) > 0 for n in counts), (label, counts)
+    # buffer debloating on the virtual clock: the slow consumer's checkpoints start far sooner, the fast
+    # consumers keep their throughput
+    delays = {
+        label: float(ms)
+        for label, ms in re.findall(
+            r"^debloating (off|100 ms): consumer 0's median checkpoint start delay (\d+)", backpressure, re.M
+        )
+    }
+    ratios = re.findall(r"^debloating 100 ms: .* \(([\d.]+)x of off\)$", backpressure, re.M)
+    assert delays["100 ms"] < delays["off"] / 5 and ratios and float(ratios[0]) >= 0.95, (delays, ratios)
     # the pool usage bars, the exchange's timeline and its producers' queues per consumer (pipelined mode),
     # the virtual-clock timeline
     assert pictures("backpressure") >= 4

@@ -624,7 +624,11 @@ class RecordWriter:
                 self._resume_row = lo
             # row lo does not fit in this builder
             if builder.capacity < self.segment_size and not builder._written and not builder._pending:
-                builder.capacity = self.segment_size  # a debloated buffer grows for a record it cannot hold
+                # a debloated buffer grows for a record it cannot hold, to that record's size (Flink trims a
+                # new buffer to the larger of the record and the desired size): not to the segment, which the
+                # rows behind it would then fill, undoing the debloating
+                needed = overhead + -(-(item(lo + 1) - item(lo)) // 8)
+                builder.capacity = min(self.segment_size, max(builder.capacity, needed))
                 continue
             if item(lo + 1) - item(lo) > max_row_bits:
                 if self.resumable and not self.partition.is_available():
@@ -868,10 +872,10 @@ class RecordWriter:
         return min(self.segment_size, max(desired, self._min_capacity))
 
     def _fit(self, builder: BufferBuilder, size: int) -> None:
-        """An empty debloated ``builder`` grows to the segment for a record of ``size`` bytes it cannot hold
-        (Flink trims a new buffer to the larger of the record and the desired size)."""
+        """An empty debloated ``builder`` grows to a record of ``size`` bytes it cannot hold (Flink trims a new
+        buffer to the larger of the record and the desired size)."""
         if size > builder.free_bytes and not builder._written and not builder._pending:
-            builder.capacity = self.segment_size
+            builder.capacity = min(self.segment_size, size)
 
     def _counting_recycler(self, target: int, recycler: Callable[[], None]) -> _CountingRecycler:
         """``recycler``, which also logs the builder's bytes as consumed from ``target``."""

@@ -65,6 +65,8 @@ class Context(Protocol):
     clock: VirtualClock
     config: NetworkConfig
     settings: Settings
+    #: Virtual seconds a consumer spends on a data buffer besides its records (header, Arrow metadata).
+    buffer_cost: float
 
 
 def per_subtask(value: float | Sequence[float] | None, count: int, name: str) -> list:

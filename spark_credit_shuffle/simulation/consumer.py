@@ -29,8 +29,9 @@ def _keep() -> None:
 
 
 class SimulatedConsumer:
-    """Reads its gate through the task engine's consumer half and spends ``size / rate`` virtual seconds on
-    each data buffer before recycling it.
+    """Reads its gate through the task engine's consumer half and spends ``records' bytes / rate`` virtual
+    seconds on each data buffer, plus the simulation's ``buffer_cost`` for the buffer's header and Arrow
+    metadata, before recycling it (the rate is the operator's, who processes records, not Arrow framing).
 
     Channel ``c`` reads subpartition ``subpartitions[c]`` of producer ``producers[c]``, which has
     ``fan_out[c]`` subpartitions: its rows carry ``seq`` ``subpartitions[c]``, ``+ fan_out[c]``, ... in
@@ -63,6 +64,7 @@ class SimulatedConsumer:
         self._next_seq = list(subpartitions)
         self._step = list(fan_out)
         self._payload_size = max(0, record_size - RECORD_OVERHEAD)
+        self._record_size = record_size
         self.channel_finish_time: list[float | None] = [None] * n
         self.busy = False
         self.finished = False
@@ -158,10 +160,11 @@ class SimulatedConsumer:
                 self.bytes_per_channel[channel] += size
                 self.buffers_per_channel[channel] += 1
                 batches, resume = engine.take(polled, round(now * 1e9), _keep)  # recycled once processed
-                self._check(channel, batches)
+                rows = self._check(channel, batches)
                 self._resume(resume, now)
                 self.busy = True
-                self.sim.clock.schedule(now + size / self.rate, functools.partial(self._done, buffer=buffer))
+                cost = rows * self._record_size / self.rate + self.sim.buffer_cost
+                self.sim.clock.schedule(now + cost, functools.partial(self._done, buffer=buffer))
                 return
             if buffer.data_type is DataType.END_OF_PARTITION:
                 self.channel_finish_time[channel] = now
@@ -187,9 +190,11 @@ class SimulatedConsumer:
             self.sim.clock.cancel(self._wake)
             self._wake, self._wake_at = self.sim.clock.schedule(until, self._on_wake), until
 
-    def _check(self, channel: int, batches: list[pa.RecordBatch]) -> None:
-        """The decoded rows continue their channel's ``seq`` in order, each with its whole payload."""
+    def _check(self, channel: int, batches: list[pa.RecordBatch]) -> int:
+        """The decoded rows continue their channel's ``seq`` in order, each with its whole payload; how many
+        rows ``batches`` hold."""
         step, size = self._step[channel], self._payload_size
+        total = 0
         for batch in batches:
             rows = batch.num_rows
             seq = batch.column(0).to_numpy()
@@ -201,6 +206,8 @@ class SimulatedConsumer:
                 self.in_order[channel] = False
             self._next_seq[channel] = first + rows * step
             self.records_per_channel[channel] += rows
+            total += rows
+        return total
 
     def _resume(self, channels: tuple[int, ...], now: float) -> None:
         """The barrier handler released ``channels``: resume their subpartitions (with credits) or replay

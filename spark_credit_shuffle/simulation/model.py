@@ -44,6 +44,10 @@ class Simulation:
     (:func:`~spark_credit_shuffle.planner.channels.channel_route`): ``"host"`` (Flink's TaskManager: directly)
     or ``"subtask"`` (as Spark's Python workers: a local channel over a connection, credit-free, the
     producer's segment held until the consumer recycled it).
+
+    A consumer spends ``records' bytes / rate`` on a data buffer (its rate is the operator's: it processes
+    records) plus ``buffer_cost`` seconds for the buffer itself (its header and Arrow metadata, decoded at the
+    machine's speed whatever the operator's: the task engine's ``take`` of one buffer costs about 20-25 us).
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class Simulation:
         extra_buffers_per_host: int | None = None,
         sample_interval: float | None = None,
         check_invariants: bool = False,
+        buffer_cost: float = 25e-6,
         max_steps: int = 2_000_000,
         processes: str = "host",
     ) -> None:
@@ -84,12 +89,15 @@ class Simulation:
             raise ConfigError("connections", connections, "'host_pair' or 'task_pair'")
         if processes not in ("host", "subtask"):
             raise ConfigError("processes", processes, "'host' or 'subtask'")
+        if not (buffer_cost >= 0 and math.isfinite(buffer_cost)):
+            raise ConfigError("buffer_cost", buffer_cost, "a finite time >= 0 s")
         if record_size < 1 or batch_records < 1:
             raise ConfigError("record_size", (record_size, batch_records), "record_size and batch_records >= 1")
         self.config = config
         self.settings = Settings.of(config)  # the task engine's reading of the settings (flush rule)
         self.duration = duration
         self.check_invariants = check_invariants
+        self.buffer_cost = buffer_cost
         self.max_steps = max_steps
         self.sample_interval = sample_interval
         self.clock = VirtualClock()

@@ -19,12 +19,19 @@ def sample(sim: Any, now: float) -> None:
     for producer in sim.producers:
         gauges = producer.engine.gauges(now, {})
         rows.extend(MetricRow(PRODUCER, producer.index, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
+        # the counter so far too: a window's throughput is the difference of two samples
+        rows.append(
+            MetricRow(PRODUCER, producer.index, None, "numBytesOut", SAMPLE, float(sum(producer.bytes_written)), stamp)
+        )
     for consumer in sim.consumers:
         if consumer.gate.is_closed:
             gauges = ((name, None, 0.0) for name in GateGauges.NAMES)
         else:
             gauges = consumer.engine.gauges(now)
         rows.extend(MetricRow(CONSUMER, consumer.index, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
+        rows.append(
+            MetricRow(CONSUMER, consumer.index, None, "numBytesIn", SAMPLE, float(consumer.bytes_consumed), stamp)
+        )
 
 
 def check_invariants(sim: Any) -> None:

@@ -88,6 +88,21 @@ class SimulationReport:
         ``inputQueueLength``."""
         return list(self.timeline)
 
+    def value_at(self, side: str, subtask: int, metric: str, time_s: float) -> float:
+        """A sampled metric of one subtask (channel None) at the sample of virtual time ``time_s``, e.g. the
+        ``numBytesIn`` a consumer had received by then; KeyError if no sample was taken at that time."""
+        stamp = time_s * 1000.0
+        for r in self.timeline:
+            if (
+                r.time_ms == stamp
+                and r.side == side
+                and r.subtask == subtask
+                and r.metric == metric
+                and r.channel is None
+            ):
+                return r.value
+        raise KeyError(f"no {side} {subtask} sample of {metric} at {time_s} virtual s")
+
     def metric_rows(self) -> list[MetricRow]:
         """The run summed up as the runtimes' metric rows, from the task engine's halves (virtual times):
         per channel ``numRecordsOut``/``numBytesOut``/``numBuffersOut`` and ``outputQueueLength``, per producer

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from protocol_helpers import filled_finished_consumer
 
+from spark_credit_shuffle.buffers.format import CheckpointBarrier, CheckpointOptions, encode_event
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.protocol import (
     BufferDebloater,
@@ -163,3 +164,40 @@ def test_gate_announces_debloated_size_to_its_producers():
     assert partition.subpartitions[0].add(filled_finished_consumer(10)) == size
     with pytest.raises(ValueError, match="buffer size"):
         gate.announce_buffer_size(0)
+
+
+def test_a_channel_blocked_behind_an_aligned_barrier_still_counts_the_senders_backlog():
+    """A sender blocked behind an aligned barrier announces a backlog of 0 with it, though its queue stays;
+    for debloating the channel counts the backlog announced before the barrier until consumption resumes."""
+    config = NetworkConfig(segment_size=32 * 1024)
+    network = NetworkBufferPool.from_config(config)
+    manager = ResultPartitionManager()
+    partition = PipelinedResultPartition.create(network, 1, config, partition_id=0)
+    manager.register_partition(partition)
+    gate = SingleInputGate(network, 1, config)
+    client = CreditBasedPartitionRequestClientHandler()
+    channel = gate.remote_channel(0, 1, client, partition_id=0, subpartition=0)
+    connection = MemoryConnection(client, PartitionRequestServerHandler(manager))
+    gate.request_partitions()
+    connection.pump()
+    # given 3 buffers, an aligned barrier and 4 buffers behind it, all received up to the barrier
+    for _ in range(3):
+        partition.add_consumer(0, filled_finished_consumer(1024))
+    partition.add_event(0, encode_event(CheckpointBarrier(1, 0, CheckpointOptions())))
+    for _ in range(4):
+        partition.add_consumer(0, filled_finished_consumer(1024))
+    connection.pump()
+    assert partition.subpartitions[0].is_blocked and len(channel.received_buffers) == 4  # 3 buffers, the barrier
+    # then the buffers queued behind the barrier still count as the sender announced them before it (its last
+    # buffer left out, which may still be written), though the barrier announced a backlog of 0
+    assert channel.buffer_manager.num_required_buffers == channel.initial_credit
+    assert gate.buffers_in_use_count() == 4 + 3
+    # and once consumption resumes, what the sender announces counts again
+    while gate.poll_next() is not None:
+        pass
+    gate.resume_consumption(0)
+    connection.pump()
+    assert channel.backlog_before_block is None
+    assert gate.buffers_in_use_count() == len(channel.received_buffers) + max(
+        0, channel.buffer_manager.num_required_buffers - channel.initial_credit
+    )
