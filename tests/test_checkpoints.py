@@ -4,6 +4,11 @@ state), rows out stay exactly rows in, and the checkpoints show in the metrics, 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -222,3 +227,60 @@ def test_a_healthy_aligned_run_fails_no_checkpoint_on_spark(spark):
     counts = [_checkpoint_counts(ex, c) for c in range(3)]
     assert all(failed == 0 for _, failed in counts), counts
     assert sum(completed for completed, _ in counts) > 0
+
+
+_LOCAL_CLUSTER_UNALIGNED_JOB = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession, functions as F
+    import spark_credit_shuffle as scs
+
+    spark = (
+        SparkSession.builder.master("local-cluster[2,2,1024]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.executor.memory", "512m")
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "3")
+        .getOrCreate()
+    )
+    df = spark.range(0, 100000, 1, 4).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
+    slow = scs.Injection(consumer_delay_s=((0, 3e-5),))
+    out = {}
+    for channels in ("executor", "task"):  # between the tasks of an executor local (the default), or all remote
+        ex = scs.exchange(df, scs.rebalance(), parallelism=4, mode="pipelined", injection=slow, segment_size=4096,
+                          checkpoint_interval_ms=25, unaligned_checkpoints=True, local_channels=channels)
+        rows = ex.df.agg(F.count("*").alias("n"), F.sum("id").alias("s")).first()
+        counts = {r.metric: r.value for r in ex.metric_rows() if r.side == "consumer" and r.subtask == 0
+                  and r.metric in ("numberOfCompletedCheckpoints", "numberOfFailedCheckpoints")}
+        delays = sorted(c.start_delay_ms for c in ex.checkpoint_records() if c.subtask == 0)
+        out[channels] = {"rows": rows["n"], "sum": rows["s"], "completed": counts["numberOfCompletedCheckpoints"],
+                         "failed": counts["numberOfFailedCheckpoints"], "median_delay_ms": delays[len(delays) // 2]}
+    spark.stop()
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.serial
+@pytest.mark.spark
+@pytest.mark.timeout(240)
+def test_unaligned_barriers_behind_a_slow_consumer_on_two_executors_local_and_remote_channels(tmp_path):
+    """On ``local-cluster`` (two executors of two slots: channels between executors remote, within one local or,
+    with ``local_channels="task"``, remote too), consumer 0 at 30 us per row and unaligned barriers every
+    25 ms: at least 90% of its checkpoints complete and its barriers reach it within milliseconds."""
+    script = tmp_path / "job.py"
+    script.write_text(_LOCAL_CLUSTER_UNALIGNED_JOB)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=230, check=False, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    for channels, run in out.items():
+        assert run["rows"] == 100_000 and run["sum"] == sum(range(100_000)), (channels, run)
+        completed, failed = run["completed"], run["failed"]
+        assert completed >= 10 and completed / (completed + failed) >= 0.9, (channels, run)
+        assert run["median_delay_ms"] < 20, (channels, run)  # a 4 KiB buffer's work is about 10 ms
