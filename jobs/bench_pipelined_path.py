@@ -32,6 +32,7 @@ import functools
 import json
 import multiprocessing as mp
 import os
+import resource
 import statistics
 import sys
 import threading
@@ -55,6 +56,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="plain runs, medians reported (default 3)")
     parser.add_argument("--local", action="store_true", help="all tasks on one executor: local channels")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled run (no stage table)")
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="one more run counting the Python function calls of every thread (the figure to compare changes by "
+        "when the machine's speed drifts)",
+    )
     args = parser.parse_args(argv)
     for name in ("tasks", "rows", "repeat"):
         if getattr(args, name) < 1:
@@ -219,13 +226,26 @@ def install_timers(timers: StageTimers) -> None:
 # -- one task in a process --------------------------------------------------------------------------------------
 
 
-def _task_process(index: int, tasks: int, rows: int, local: bool, profile: bool, to_parent: Any, to_child: Any) -> None:
-    """Run pipelined task ``index`` (a process of its own), report its CPU figures to the parent."""
+def _count_calls(counts: dict[str, int]) -> None:
+    """Count the Python function calls of every thread from now on, by thread role, into ``counts``."""
+
+    def counter(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            counts[StageTimers.role()] += 1
+
+    threading.setprofile(counter)
+    sys.setprofile(counter)
+
+
+def _task_process(index: int, tasks: int, rows: int, local: bool, profile: str, to_parent: Any, to_child: Any) -> None:
+    """Run pipelined task ``index`` (a process of its own), report its CPU figures to the parent.
+    ``profile``: "" (plain), "stages" (stage timers) or "calls" (Python calls per thread)."""
     from spark_credit_shuffle.runtime.task import PipelinedTask, TaskOptions
 
     timers = StageTimers()
-    if profile:
+    if profile == "stages":
         install_timers(timers)
+    calls: dict[str, int] = defaultdict(int)
     plan = make_plan(tasks)
     data = make_input(index, rows)
 
@@ -236,18 +256,26 @@ def _task_process(index: int, tasks: int, rows: int, local: bool, profile: bool,
     executors = ["executor"] * tasks if local else None
     task = PipelinedTask(plan, index, b"s" * 32, "127.0.0.1", TaskOptions(), attempt_id=index, executors=executors)
     received_rows = 0
-    received_sum = 0
+    received: list[pa.Array] = []
     metrics: dict[str, float] = defaultdict(float)
+    before = resource.getrusage(resource.RUSAGE_SELF)  # every thread of the process, ended ones too
+    if profile == "calls":
+        _count_calls(calls)
     for batch in task.run(iter(data), all_gather):
         cells = batch.column(batch.num_columns - 1)
-        if cells.null_count == batch.num_rows:
+        if cells.null_count == batch.num_rows:  # summed after the run: not in the consumer thread's CPU
             received_rows += batch.num_rows
-            received_sum += pc.sum(batch.column(0)).as_py() or 0
+            received.append(batch.column(0))
             continue
         for cell in cells.to_pylist():
             for row in cell or []:
                 if row["stat"] == "total":  # counters (per channel or for the task): summed
                     metrics[row["metric"]] += row["value"]
+    sys.setprofile(None)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    received_sum = sum(pc.sum(a).as_py() or 0 for a in received)
+    metrics["voluntarySwitches"] = float(after.ru_nvcsw - before.ru_nvcsw)
+    metrics["involuntarySwitches"] = float(after.ru_nivcsw - before.ru_nivcsw)
     result = {
         "task": index,
         "rows": received_rows,
@@ -255,12 +283,13 @@ def _task_process(index: int, tasks: int, rows: int, local: bool, profile: bool,
         "metrics": dict(metrics),
         "stages": {f"{r}|{label}": s for (r, label), s in timers.seconds.items()},
         "calls": {f"{r}|{label}": c for (r, label), c in timers.calls.items()},
-        "overhead_s": timers.overhead_s() if profile else 0.0,
+        "overhead_s": timers.overhead_s() if profile == "stages" else 0.0,
+        "python_calls": dict(calls),
     }
     to_parent.put(("result", index, result))
 
 
-def run_exchange(tasks: int, rows: int, local: bool, profile: bool) -> dict[str, Any]:
+def run_exchange(tasks: int, rows: int, local: bool, profile: str = "") -> dict[str, Any]:
     """One exchange between ``tasks`` processes; the per-thread CPU and stage figures of every task."""
     ctx = mp.get_context("fork")
     to_parent = ctx.Queue()
@@ -450,16 +479,19 @@ def main(argv: list[str] | None = None) -> int:
     plain_runs = []
     for _ in range(args.repeat):  # rotated: core, exchange, core, exchange ...
         core_runs.append(core_in_place(args.tasks, args.rows))
-        plain_runs.append(run_exchange(args.tasks, args.rows, args.local, profile=False))
+        plain_runs.append(run_exchange(args.tasks, args.rows, args.local))
     core_us = statistics.median(cpu / max(1, b) * 1e6 for cpu, _, b in core_runs)
     core_write_us = statistics.median(w / max(1, b) * 1e6 for _, w, b in core_runs)
     per_role: dict[str, list[float]] = defaultdict(list)
     walls = []
+    switches: dict[str, list[float]] = defaultdict(list)
     for run in plain_runs:
         out, remote, local = buffers_of(run)
         for role, seconds in thread_cpu_s(run).items():
             per_role[role].append(seconds / out * 1e6)
         walls.append(run["wall_s"])
+        for kind in ("voluntary", "involuntary"):
+            switches[kind].append(sum(t["metrics"][f"{kind}Switches"] for t in run["tasks"]) / out)
     out, remote, local = buffers_of(plain_runs[-1])
     med = {role: statistics.median(values) for role, values in per_role.items()}
     print(f"data buffers: {out:,} sent; received {remote:,} over remote channels, {local:,} local or own")
@@ -472,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         f"    of which the writer (slice + IPC write) {core_write_us:.1f}, the rest (read, decode, output) "
         f"{core_us - core_write_us:.1f}"
     )
+    vol, invol = (statistics.median(switches[k]) for k in ("voluntary", "involuntary"))
+    print(f"  context switches per data buffer, all threads: {vol:.2f} voluntary (waits), {invol:.2f} involuntary")
     beyond = med["total"] - core_us
     print(f"  beyond the core in place: {beyond:.1f} us per buffer; wall {statistics.median(walls):.2f} s")
     headline: dict[str, Any] = {
@@ -489,9 +523,10 @@ def main(argv: list[str] | None = None) -> int:
         "us_per_buffer_core_writer": round(core_write_us, 1),
         "us_per_buffer_beyond_core": round(beyond, 1),
         "wall_s": round(statistics.median(walls), 2),
+        "voluntary_switches_per_buffer": round(vol, 2),
     }
     if not args.no_profile:
-        run = run_exchange(args.tasks, args.rows, args.local, profile=True)
+        run = run_exchange(args.tasks, args.rows, args.local, profile="stages")
         buffers = buffers_of(run)[0]
         rows, overhead = stage_table(run, buffers)
         print(f"\nprofiled run: own CPU of each stage, us per data buffer (timer overhead {overhead:.2f} us per call;")
@@ -501,6 +536,19 @@ def main(argv: list[str] | None = None) -> int:
             net = max(0.0, us - calls * overhead)
             print(f"  {role:9s} {label:42s} {us:9.1f} {net:6.1f} {calls:12.2f}")
         headline["profiled_us_per_buffer_total"] = round(thread_cpu_s(run)["total"] / buffers * 1e6, 1)
+    if args.calls:
+        run = run_exchange(args.tasks, args.rows, args.local, profile="calls")
+        buffers = buffers_of(run)[0]
+        counted: dict[str, int] = defaultdict(int)
+        for task in run["tasks"]:
+            for role, count in task["python_calls"].items():
+                counted[role] += count
+        print("\nPython function calls per data buffer, all tasks:")
+        for role in ("producer", "io", "consumer", "timer"):
+            print(f"  {role:9s} {counted.get(role, 0) / buffers:7.1f}")
+            headline[f"python_calls_per_buffer_{role}"] = round(counted.get(role, 0) / buffers, 1)
+        headline["python_calls_per_buffer"] = round(sum(counted.values()) / buffers, 1)
+        print(f"  {'total':9s} {headline['python_calls_per_buffer']:7.1f}")
     print(json.dumps(headline))
     return 0
 
