@@ -16,13 +16,18 @@ thread, and the process for the timer thread), divided by the data buffers the e
   sender: poll, encode, write; receiver: read, decode, dispatch, enqueue; consumer: poll, decode, output;
   credit and recycle messages each way). Each timed call costs about the ``timer overhead`` printed with
   the table, which lands in the stages;
+- with ``--calls``, one more run counting every thread's Python function calls per buffer: the figure to
+  compare changes by when the machine's speed drifts (as ``jobs/bench_protocol.py --bytecodes``); the plain
+  runs also count the processes' context switches per buffer (``getrusage``: waits and preemptions);
 - ``exchange core in place`` (as ``jobs/bench_exchange.py``): the same rows through the RecordWriter, a
   pipelined result partition, a gate reading every subpartition, the RecordReaders and the output batching
   in one thread, with no network and no other thread; its CPU per buffer is the floor the path's cost is
   counted from ("beyond the core in place").
 
 Every run checks that every row arrived once (row count and the sum of ``a``). The last line printed is
-one JSON object with the headline figures. Run ``python jobs/bench_pipelined_path.py`` (about a minute).
+one JSON object with the headline figures. Run ``python jobs/bench_pipelined_path.py --calls`` (about half a
+minute); ``--tasks 4 --rows 1000000`` for four tasks, ``--local`` for local channels between processes. The
+figures and what they say: docs/benchmarks.md, "Pipelined path budget".
 """
 
 from __future__ import annotations
