@@ -409,7 +409,9 @@ class GateGauges:
         )
 
     def __call__(self) -> None:
-        in_pool, exclusive, floating = self.values()
-        self._in_pool.sample(in_pool)
-        self._exclusive.sample(exclusive)
-        self._floating.sample(floating)
+        """Sample the three gauges (``GaugeStats.sample`` inlined: this runs for every data buffer)."""
+        for stats, value in zip((self._in_pool, self._exclusive, self._floating), self.values()):
+            stats.samples += 1
+            stats.total += value
+            if value > stats.peak:
+                stats.peak = value

@@ -350,9 +350,16 @@ class CreditBasedPartitionRequestClientHandler:
     # -- inbound --
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Bytes from the wire; raises :class:`ProtocolError` on a bad frame."""
+        """Bytes from the wire; raises :class:`ProtocolError` on a bad frame.
+
+        Once the handshake is done, a BufferResponse (nearly every message) goes straight to its channel,
+        without :meth:`receive_message`'s dispatch: one call less per buffer on the I/O thread."""
+        on_buffer_response = self._on_buffer_response
         for message in self._decoder.receive_data(data):
-            self.receive_message(message)
+            if type(message) is BufferResponse and (self._handshake is None or self._handshake.done):
+                on_buffer_response(message)
+            else:
+                self.receive_message(message)
 
     def receive_message(self, message: Message) -> None:
         """One decoded message from the server."""

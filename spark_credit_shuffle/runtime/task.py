@@ -29,7 +29,7 @@ from ..engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings,
 from ..engine.checkpoints import ConsumerCheckpoints
 from ..errors import ConfigError, CreditShuffleError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics, executor_row
-from ..protocol import PipelinedResultPartition, SingleInputGate
+from ..protocol import BufferOrEvent, PipelinedResultPartition, SingleInputGate
 from ..transport.tls import TlsIdentity
 from .locked_partition import LockedPartition
 from .metrics_report import IN_BAND, MetricsReport
@@ -38,7 +38,6 @@ from .resources import rss_bytes, thread_cpu_seconds
 from .wiring import TaskWiring
 
 if TYPE_CHECKING:
-    from ..protocol import BufferOrEvent
     from .plan import ExchangePlan
 
 __all__ = ["PipelinedTask", "TaskOptions"]
@@ -455,44 +454,59 @@ class PipelinedTask:
     def _consume(self, consumer: ConsumerEngine) -> Iterator[pa.RecordBatch]:
         """The consumer loop. Returning a buffer may send credit (or, on a local channel, the producer's
         segment): this thread writes it itself, once for every buffer it returned since it last did, just
-        before it waits for data or hands rows to Spark (one write per burst instead of one per buffer)."""
+        before it waits for data or hands rows to Spark (one write per burst instead of one per buffer).
+        The buffers a burst decoded go back together there too, under one taking of the task's lock instead of
+        one per buffer (the lock the I/O and producer threads contend for): their credit is announced at that
+        moment either way, and none is held over a wait, so the senders see the same credit as before."""
         delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
         lock = self.lock
         data = self.report.data
         output = consumer.output
         transport = self.wiring.transport
         assert transport is not None
-        flush = transport.flush
+        write = transport.flush
+        returned: list[Callable[[], None]] = []  # the recycles of the buffers decoded since the last flush
+        give_back = returned.append
 
-        def locked_recycle(recycle: Callable[[], None]) -> None:
-            with lock:
-                recycle()
+        def recycle_returned() -> None:
+            if returned:
+                with lock:
+                    for recycle in returned:
+                        recycle()
+                returned.clear()
+
+        def flush() -> None:
+            recycle_returned()
+            write()
 
         with self._sending():  # what the recycles make sendable waits for flush(), not for the I/O thread
-            while True:
-                polled = self._next_buffer(consumer, output.linger_until, flush)
-                if isinstance(polled, LingerOver):  # nothing more came while the pending rows waited: hand them on
-                    flush()
-                    yield data(output.take())
-                    continue
-                if polled is None:
-                    break
-                batches, resume = consumer.take(polled, time.time_ns(), partial(locked_recycle, polled.buffer.recycle))
-                if resume:
-                    self._resume(consumer, resume)
-                    flush()
-                for batch in batches:
-                    if delay:  # a slow consumer (injected): what it returned goes out before it works
+            try:
+                while True:
+                    polled = self._next_buffer(consumer, output.linger_until, flush)
+                    if isinstance(polled, LingerOver):  # nothing more came while the pending rows waited: hand them on
                         flush()
-                        time.sleep(delay * batch.num_rows)
-                    output.add(batch)
-                ready = output.ready(polled.more_available, time.monotonic())
-                if ready is not None:
-                    flush()
-                    yield data(ready)
-            flush()
-            if output.pending:
-                yield data(output.take())
+                        yield data(output.take())
+                        continue
+                    if polled is None:
+                        break
+                    batches, resume = consumer.take(polled, time.time_ns(), partial(give_back, polled.buffer.recycle))
+                    if resume:
+                        self._resume(consumer, resume)
+                        flush()
+                    for batch in batches:
+                        if delay:  # a slow consumer (injected): what it returned goes out before it works
+                            flush()
+                            time.sleep(delay * batch.num_rows)
+                        output.add(batch)
+                    ready = output.ready(polled.more_available, time.monotonic())
+                    if ready is not None:
+                        flush()
+                        yield data(ready)
+                flush()
+                if output.pending:
+                    yield data(output.take())
+            finally:  # a failure or an early close: no buffer stays out of its pool
+                recycle_returned()
 
     def _resume(self, consumer: ConsumerEngine, channels: tuple[int, ...]) -> None:
         """ResumeConsumption on ``channels`` (their subpartitions blocked themselves after an aligned barrier)."""
@@ -509,6 +523,15 @@ class PipelinedTask:
         """The gate's next buffer or event, waiting as long as the engine says; None once every channel
         ended; ``LINGER_OVER`` if ``linger_until`` (a ``time.monotonic()`` deadline) passed first.
         ``before_wait`` runs before the first wait."""
+        wiring = self.wiring
+        with self.lock:  # the common case, data is there: one look, no wait machinery
+            wiring.raise_if_failed()
+            try:
+                step = consumer.next(time.monotonic(), linger_until)
+            except Exception as exc:
+                raise wiring.channel_error(exc) from exc
+            if type(step) is BufferOrEvent:
+                return step
         waited_since: float | None = None
         with self.consumer_cond:
             try:
