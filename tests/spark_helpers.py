@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -66,3 +70,18 @@ def session_conf(spark, key: str, value: str) -> Iterator[None]:
                 spark.conf.unset(k)
             else:
                 spark.conf.set(k, before[k])
+
+
+def run_job_script(tmp_path, text: str, timeout_s: float) -> dict:
+    """Run ``text`` as a Python script of its own (a Spark application with a session of its own, e.g. on
+    ``local-cluster``), classic Spark, with this interpreter as the workers' Python; its last stdout line is a
+    JSON object, returned. A non-zero exit fails the test with the end of its stderr."""
+    script = tmp_path / "job.py"
+    script.write_text(text)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout_s, check=False, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

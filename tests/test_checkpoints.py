@@ -4,16 +4,13 @@ state), rows out stay exactly rows in, and the checkpoints show in the metrics, 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
+from spark_helpers import run_job_script
 from test_blocking_runtime import SCHEMA as BLOCKING_SCHEMA
 from test_blocking_runtime import producer_batches
 from test_blocking_runtime import run as run_blocking
@@ -270,15 +267,7 @@ def test_unaligned_barriers_behind_a_slow_consumer_on_two_executors_local_and_re
     """On ``local-cluster`` (two executors of two slots: channels between executors remote, within one local or,
     with ``local_channels="task"``, remote too), consumer 0 at 30 us per row and unaligned barriers every
     25 ms: at least 90% of its checkpoints complete and its barriers reach it within milliseconds."""
-    script = tmp_path / "job.py"
-    script.write_text(_LOCAL_CLUSTER_UNALIGNED_JOB)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=230, check=False, env=env
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    out = run_job_script(tmp_path, _LOCAL_CLUSTER_UNALIGNED_JOB, 230)
     for channels, run in out.items():
         assert run["rows"] == 100_000 and run["sum"] == sum(range(100_000)), (channels, run)
         completed, failed = run["completed"], run["failed"]

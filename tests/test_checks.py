@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pandas as pd
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
-from spark_helpers import job_group, no_spark_jobs
+from spark_helpers import job_group, no_spark_jobs, run_job_script
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import ConfigError, PartitionerError
@@ -287,15 +283,7 @@ _DYNAMIC_ALLOCATION_JOB = textwrap.dedent(
 
 
 def test_pipelined_mode_under_dynamic_allocation_is_refused_before_any_job_and_blocking_runs(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(_DYNAMIC_ALLOCATION_JOB)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, check=False, env=env
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    out = run_job_script(tmp_path, _DYNAMIC_ALLOCATION_JOB, 240)
     assert out["refused"] is not None and "spark.dynamicAllocation.enabled" in out["refused"]
     assert "mode='blocking'" in out["refused"] and "spark.executor.instances" in out["refused"]
     assert out["jobs"] == 0, "the refusal came after a Spark job"

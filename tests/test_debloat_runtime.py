@@ -38,15 +38,21 @@ def test_settings_are_flinks_and_off_by_default():
         NetworkConfig(buffer_debloat_threshold_percentages=120)
 
 
-def test_the_writer_cuts_new_buffers_at_the_size_the_consumer_announced():
-    # given a subpartition whose consumer asked for 1 KiB buffers (NewBufferSize)
+def _writer_with_buffer_size(size: int):
+    """(the view of the one subpartition, a RecordWriter, the rows' schema) of a partition of 32 KiB segments
+    whose consumer announced ``size``-byte buffers (NewBufferSize)."""
     config = NetworkConfig(segment_size=32768)
     network = NetworkBufferPool(1024, config.segment_size)
     partition = PipelinedResultPartition.create(network, 1, config)
     view = partition.create_subpartition_view(0, Listener())
-    partition.subpartitions[0].set_buffer_size(1024)
+    partition.subpartitions[0].set_buffer_size(size)
     writer = RecordWriter(partition, RoundRobinSelector(1, -1), config.segment_size)
-    schema = pa.schema([("id", pa.int64()), ("s", pa.string())])
+    return view, writer, pa.schema([("id", pa.int64()), ("s", pa.string())])
+
+
+def test_the_writer_cuts_new_buffers_at_the_size_the_consumer_announced():
+    # given a subpartition whose consumer asked for 1 KiB buffers (NewBufferSize)
+    view, writer, schema = _writer_with_buffer_size(1024)
     ids = list(range(3000))
     strings = ["x" * (5000 if i == 1500 else 8) for i in ids]  # one row larger than 1 KiB
     writer.emit(pa.record_batch({"id": ids, "s": strings}, schema=schema))
@@ -126,13 +132,7 @@ def test_debloating_bounds_the_start_delay_of_a_slow_consumers_checkpoints_in_th
 
 def test_a_debloated_buffer_grows_to_a_record_it_cannot_hold_and_no_further():
     # given a subpartition whose consumer asked for 512-byte buffers, and rows of about 2 KB each
-    config = NetworkConfig(segment_size=32768)
-    network = NetworkBufferPool(1024, config.segment_size)
-    partition = PipelinedResultPartition.create(network, 1, config)
-    view = partition.create_subpartition_view(0, Listener())
-    partition.subpartitions[0].set_buffer_size(512)
-    writer = RecordWriter(partition, RoundRobinSelector(1, -1), config.segment_size)
-    schema = pa.schema([("id", pa.int64()), ("s", pa.string())])
+    view, writer, schema = _writer_with_buffer_size(512)
     writer.emit(pa.record_batch({"id": [0], "s": ["x"]}, schema=schema))  # the first buffer learns the size
     writer.flush_all()
     ids = list(range(1, 41))

@@ -9,13 +9,10 @@ executors' processes too.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from spark_helpers import run_job_script
 from test_pipelined import expected_placement, inputs, make_plan, table
 
 import spark_credit_shuffle as scs
@@ -141,14 +138,7 @@ _LOCAL_CLUSTER_JOB = textwrap.dedent(
 def test_on_local_cluster_channels_between_executors_are_remote_run_tls_and_backpressure_is_found(
     tmp_path,
 ):
-    script = tmp_path / "job.py"
-    script.write_text(_LOCAL_CLUSTER_JOB)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=170, check=False, env=env
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    out = run_job_script(tmp_path, _LOCAL_CLUSTER_JOB, 170)
     assert out["rows"] == 100000 and out["sum"] == sum(range(100000))
     assert out["tls"]  # spark.network.crypto.enabled: the exchange's connections run TLS without being asked
     # two executors of two slots run the four tasks: each consumer reads the two producers of the other

@@ -15,7 +15,7 @@ task (a Python worker) or, in the simulation, whatever the model says: three kin
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["DIRECT", "LOCAL", "REMOTE", "ChannelRoute", "Endpoint", "channel_route"]
@@ -33,6 +33,12 @@ class Endpoint:
     task: int
     host: Hashable | None
     process: Hashable
+
+    @classmethod
+    def pipelined_task(cls, task: int, placement: Sequence[Hashable] | None) -> Endpoint:
+        """Pipelined task ``task``, where producer and consumer subtask ``task`` share one process, on the
+        executor ``placement[task]`` (None: an executor of its own)."""
+        return cls(task, None if placement is None else placement[task], task)
 
 
 @dataclass(frozen=True)

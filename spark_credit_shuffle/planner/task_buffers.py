@@ -96,11 +96,9 @@ def local_channel_count(channels: Sequence[int], subtask: int, mode: str, config
     (``placement[i]`` is the executor of task *i*; None: every task its own executor)."""
     if mode != "pipelined":  # a blocking consumer reads every producer from Spark's shuffle
         return 0
-
-    def at(task: int) -> Endpoint:  # producer and consumer subtask i share pipelined task i
-        return Endpoint(task, None if placement is None else placement[task], task)
-
-    return sum(1 for p in channels if channel_route(at(p), at(subtask), config.local_channels).is_local)
+    at = Endpoint.pipelined_task
+    mine = at(subtask, placement)
+    return sum(1 for p in channels if channel_route(at(p, placement), mine, config.local_channels).is_local)
 
 
 def task_buffers(

@@ -118,12 +118,8 @@ class TaskWiring:
         """The route of the channel from producer task ``producer`` to this task
         (:func:`~spark_credit_shuffle.planner.channels.channel_route`: its own, another of its executor, or
         remote)."""
-        executors = self.executors
-
-        def at(task: int) -> Endpoint:
-            return Endpoint(task, None if executors is None else executors[task], task)
-
-        return channel_route(at(producer), at(self.index), self.config.local_channels)
+        at, executors = Endpoint.pipelined_task, self.executors
+        return channel_route(at(producer, executors), at(self.index, executors), self.config.local_channels)
 
     def is_local(self, task: int) -> bool:
         """Whether the channel from task ``task`` to this task is local (no exclusive buffers, no credit)."""
