@@ -326,6 +326,11 @@ class NetworkConfig:
         "barriers are unaligned: priority events that overtake the queued buffers, which consumers capture as "
         "channel state, instead of aligned barriers that block each channel until every channel delivered one",
     )  # fmt: skip
+    checkpoint_timeout_ms: int = _setting(
+        600_000, "execution.checkpointing.timeout", parse_duration_ms,
+        "how long a pipelined producer waits for every consumer to acknowledge a checkpoint before it injects "
+        "the next one anyway (which makes the consumers still aligning the late one abort it)",
+    )  # fmt: skip
     aligned_checkpoint_timeout_ms: int = _setting(
         0, "execution.checkpointing.aligned-checkpoint-timeout", parse_duration_ms,
         "with unaligned checkpoints: barriers start aligned and switch to unaligned once alignment took longer "
@@ -459,6 +464,8 @@ class NetworkConfig:
         for name in ("checkpoint_interval_ms", "aligned_checkpoint_timeout_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, getattr(self, name), "0 (off) or a duration > 0 ms")
+        if self.checkpoint_timeout_ms <= 0:
+            raise ConfigError("checkpoint_timeout_ms", self.checkpoint_timeout_ms, "a duration > 0 ms")
         if self.buffer_debloat_period_ms <= 0:
             raise ConfigError("buffer_debloat_period_ms", self.buffer_debloat_period_ms, "a duration > 0 ms")
         if self.buffer_debloat_samples < 1:

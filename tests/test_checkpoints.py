@@ -151,19 +151,64 @@ def test_producers_armed_with_the_same_start_agree_on_their_first_checkpoint():
     # then neither fires before the instant of their first checkpoint, the second after the last start
     assert not first.is_due() and not second.is_due()
     assert first.seconds_until_next() > 60 and second.seconds_until_next() > 60
-    # and both name it alike: late timers inject the checkpoint they woke for
-    assert first.next_barrier().id == second.next_barrier().id == started_ms // 60_000 + 2
+    assert first.instant == second.instant == started_ms // 60_000 + 1
+    # and both name it alike: checkpoint ids count from 1
+    assert first.next_barrier().id == second.next_barrier().id == 1
 
 
-def test_a_late_timer_injects_the_checkpoint_it_is_late_for_then_catches_up_one_by_one():
+class _Clock:
+    """A wall clock (epoch ms) and a monotonic one (s) that move only when told."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now_ms = now_ms
+
+    def wall_ns(self) -> int:
+        return self.now_ms * 1_000_000
+
+    def monotonic(self) -> float:
+        return self.now_ms / 1000.0
+
+
+def test_a_producer_injects_the_next_checkpoint_only_once_every_consumer_ended_the_last():
+    # given a trigger every 10 ms whose consumers acknowledged checkpoints up to `acked`, armed at 1,000,000 ms
+    clock, acked = _Clock(1_000_000), [0]
+    trigger = CheckpointTrigger(
+        0, 10, CheckpointOptions(), clock.wall_ns, clock.monotonic, lambda i: acked[0] >= i, timeout_ms=1000
+    )
+    trigger.arm(clock.now_ms - 200)
+    # the first checkpoint waits for no one
+    assert trigger.is_due() and trigger.next_barrier().id == 1
+    # at the next instant, with checkpoint 1 still aligning somewhere, the second is held back, and looked for
+    # again a tenth of the interval later
+    clock.now_ms += 10
+    assert not trigger.is_due() and trigger.seconds_until_next() == pytest.approx(0.001)
+    # once every consumer ended checkpoint 1 (42 ms later), checkpoint 2 goes at once: no id is skipped, and
+    # the instants missed meanwhile are not caught up one by one
+    clock.now_ms += 42
+    acked[0] = 1
+    assert trigger.is_due() and trigger.next_barrier().id == 2
+    acked[0] = 2
+    assert not trigger.is_due() and 0 < trigger.seconds_until_next() <= 0.010
+    clock.now_ms += 10
+    assert trigger.is_due() and trigger.next_barrier().id == 3
+    # a checkpoint no consumer acknowledges within the checkpoint timeout is given up: the next one goes anyway
+    clock.now_ms += 999
+    assert not trigger.is_due()
+    clock.now_ms += 1
+    assert trigger.is_due() and trigger.next_barrier().id == 4
+
+
+def test_a_late_timer_injects_the_next_checkpoint_at_once_and_does_not_burst_to_catch_up():
     # given a trigger armed long ago (its timer woke far behind the instants of several checkpoints)
-    trigger = CheckpointTrigger(0, 10, CheckpointOptions(), time.time_ns, time.monotonic)
-    trigger.arm(time.time_ns() // 1_000_000 - 10_000)
-    # then it injects consecutive checkpoints, one per wake-up, without skipping an id
+    clock = _Clock(1_000_000)
+    trigger = CheckpointTrigger(0, 10, CheckpointOptions(), clock.wall_ns, clock.monotonic)
+    trigger.arm(clock.now_ms - 10_000)
+    # then it injects the next checkpoint at once, and the one after at the next instant
     assert trigger.is_due() and trigger.seconds_until_next() == 0
-    ids = [trigger.next_barrier().id for _ in range(5)]
-    assert ids == list(range(ids[0], ids[0] + 5))
-    assert trigger.is_due()  # still behind: the timer fires again at once
+    assert trigger.next_barrier().id == 1
+    assert not trigger.is_due() and trigger.seconds_until_next() == pytest.approx(0.010)
+    clock.now_ms += 10
+    assert trigger.next_barrier().id == 2
 
 
 def _checkpoint_counts(ex, subtask: int) -> tuple[float, float]:
@@ -245,7 +290,8 @@ _LOCAL_CLUSTER_UNALIGNED_JOB = textwrap.dedent(
     df = spark.range(0, 100000, 1, 4).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
     slow = scs.Injection(consumer_delay_s=((0, 3e-5),))
     out = {}
-    for channels in ("executor",):  # local between the tasks of an executor (the default), remote between executors
+    # local between the tasks of an executor (the default), remote between executors; then every channel remote
+    for channels in ("executor", "task"):
         ex = scs.exchange(df, scs.rebalance(), parallelism=4, mode="pipelined", injection=slow, segment_size=4096,
                           checkpoint_interval_ms=25, unaligned_checkpoints=True, local_channels=channels)
         rows = ex.df.agg(F.count("*").alias("n"), F.sum("id").alias("s")).first()
@@ -266,9 +312,10 @@ _LOCAL_CLUSTER_UNALIGNED_JOB = textwrap.dedent(
 def test_unaligned_barriers_behind_a_slow_consumer_on_two_executors_local_and_remote_channels(tmp_path):
     """On ``local-cluster`` (two executors of two slots: channels between executors remote, within one local),
     consumer 0 at 30 us per row and unaligned barriers every 25 ms: at least 90% of its checkpoints complete
-    and its barriers reach it within milliseconds. (With every channel remote, ``local_channels="task"``,
-    it does not hold yet: 19 of 33 in one run, a producer stalled past the interval makes the consumer abort
-    the checkpoints in between.)"""
+    and its barriers reach it within milliseconds; with the default channels and with every channel remote
+    (``local_channels="task"``). A producer whose timer woke late delays the next checkpoint: the others wait
+    for every consumer to acknowledge the last one before they inject theirs (``AcknowledgeCheckpoint``), so
+    no consumer sees a later barrier while it still aligns an earlier one (which would abort it)."""
     out = run_job_script(tmp_path, _LOCAL_CLUSTER_UNALIGNED_JOB, 230)
     for channels, run in out.items():
         assert run["rows"] == 100_000 and run["sum"] == sum(range(100_000)), (channels, run)

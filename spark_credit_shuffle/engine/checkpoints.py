@@ -44,20 +44,27 @@ _MAX_BARRIER_ROWS = 20_000
 class CheckpointTrigger:
     """A producer's checkpoint schedule (``interval_ms = 0`` never fires).
 
-    Flink's checkpoint coordinator triggers every source at once; here each producer's timer fires at the
-    same wall-clock instants, the multiples of ``interval_ms`` since the epoch, and names the checkpoint
-    after the instant (id = epoch ms // interval), so that all producers' barrier *n* start together.
+    Flink's checkpoint coordinator triggers every source at once, and, with its default of one concurrent
+    checkpoint (``execution.checkpointing.max-concurrent-checkpoints``), only once no checkpoint is pending:
+    a checkpoint whose interval passed while the last one was still aligning is triggered when that one
+    ends. There is no coordinator between the tasks here, so each producer's timer plays it for its own
+    barriers: it fires at the multiples of ``interval_ms`` since the epoch, the same wall-clock instants in
+    every producer, so that all producers' barrier *n* start together; and only once every consumer it feeds
+    acknowledged (or declined) the last checkpoint, ``acknowledged(last id)`` (``AcknowledgeCheckpoint``, see
+    :class:`ConsumerCheckpoints`). Since a consumer ends checkpoint *n* only after barrier *n* arrived from
+    every producer, no producer starts *n + 1* before every producer started *n*: a producer whose timer
+    woke late (a busy machine) delays the checkpoint it is late for, it does not make every consumer abort
+    it on seeing the next one. Checkpoint ids count from 1, with no gaps. A checkpoint not acknowledged
+    within ``timeout_ms`` (``execution.checkpointing.timeout``) is given up: the next one is injected anyway,
+    and consumers still aligning the late one abort it, as Flink's coordinator expires it.
 
     Like Flink's coordinator, which triggers a checkpoint only once every task runs, a trigger fires only
     once armed (:meth:`arm`): the runtime arms it when the address exchange returned, i.e. every task of the
     exchange has started, with the latest start any task announced, so that all producers agree on the
-    first checkpoint: the one of the second instant after that start. Without that, barriers of producers
-    that started early would block their channels at every consumer until the last producer started and
-    injected its first barrier. A timer that wakes late (a busy machine, or a writer that held the task's
-    writer lock through a long batch) injects the checkpoint it is late for, never a later one: a
-    producer that skipped an id would make every consumer abort that checkpoint (its barrier missing on
-    one channel, the next one's arriving). Later instants that passed meanwhile are injected right after,
-    one by one, as the timer catches up.
+    first checkpoint's instant: the second after that start. Without that, barriers of producers that started
+    early would block their channels at every consumer until the last producer started and injected its
+    first barrier. A timer that wakes late injects the next checkpoint at once, and the one after at the
+    next instant: it does not catch up on the instants it missed.
     """
 
     def __init__(
@@ -67,16 +74,24 @@ class CheckpointTrigger:
         options: CheckpointOptions,
         wall_ns: Callable[[], int],
         monotonic: Callable[[], float],
+        acknowledged: Callable[[int], bool] | None = None,
+        timeout_ms: int = 600_000,
     ) -> None:
         self.subtask = subtask
         #: Epoch nanoseconds (the instants every producer agrees on) and seconds on the caller's monotonic
-        #: clock (the alignment timeout, compared with the caller's timer).
+        #: clock (the alignment and checkpoint timeouts, compared with the caller's timer).
         self.wall_ns = wall_ns
         self.monotonic = monotonic
         self.interval_ms = interval_ms
         self.interval = interval_ms / 1000.0
         self.options = options
+        #: Whether every consumer ended a checkpoint (None: do not wait for consumers; tests and tools).
+        self.acknowledged = acknowledged
+        self.timeout = timeout_ms / 1000.0
         self.last_id = 0
+        #: The instant (multiple of the interval since the epoch) of the last barrier; the next is due at the one after.
+        self.instant = 0
+        self.injected_at = float("-inf")
         self.armed = False
         self.num_barriers = 0
         self.rows: list[MetricRow] = []
@@ -94,32 +109,42 @@ class CheckpointTrigger:
         """Every task runs, the last started at ``started_ms`` (epoch ms): fire from the second instant
         after that on, and not before :data:`ARM_GRACE_MS` after it (the tasks learn that every task runs
         at slightly different times, after the address exchange: a first instant already past when a task
-        arms would make it catch up with a burst of barriers the others do not send at the same time)."""
+        arms would make some producers inject their first barrier an interval before the others)."""
         if self.enabled:
             first = max(started_ms // self.interval_ms + 2, (started_ms + ARM_GRACE_MS) // self.interval_ms + 1)
-            self.last_id = max(self.last_id, first - 1)
+            self.instant = max(self.instant, first - 1)
         self.armed = True
 
     def is_due(self) -> bool:
-        """The timer woke at an instant: inject a barrier now? Only once armed, and at the instant of the next
-        checkpoint (half an interval early at most: a timer may wake a little early), not at an earlier one."""
+        """Inject a barrier now? Once armed, at the next checkpoint's instant (half an interval early at most: a
+        timer may wake a little early) or later, once no consumer still aligns the last checkpoint."""
         if not (self.armed and self.enabled):
             return False
-        return self.wall_ns() / 1e6 >= (self.last_id + 0.5) * self.interval_ms
+        if self.wall_ns() / 1e6 < (self.instant + 0.5) * self.interval_ms:
+            return False
+        return self.last_id == 0 or self.acknowledged is None or self.acknowledged(self.last_id) or self._expired()
+
+    def _expired(self) -> bool:
+        return self.monotonic() - self.injected_at >= self.timeout
 
     def seconds_until_next(self) -> float:
-        """Wall-clock seconds until the instant of the next checkpoint not yet injected (0 if it passed: a
-        late timer catches up one checkpoint at a time)."""
+        """Wall-clock seconds until the timer should look again: the next checkpoint's instant, or, past it and
+        waiting for consumers to acknowledge the last one, a tenth of the interval (at least 1 ms)."""
         now_ms = self.wall_ns() / 1e6
         if not self.armed:
             return max(0.0, (int(now_ms // self.interval_ms) + 1) * self.interval_ms - now_ms) / 1000.0
-        return max(0.0, ((self.last_id + 1) * self.interval_ms - now_ms) / 1000.0)
+        until = ((self.instant + 1) * self.interval_ms - now_ms) / 1000.0
+        if until > 0:
+            return until
+        return 0.0 if self.is_due() else max(0.001, self.interval / 10)
 
     def next_barrier(self) -> CheckpointBarrier:
-        """The barrier of the next checkpoint (the one after the last injected, however late), stamped now;
-        a timeline row records it."""
+        """The barrier of the next checkpoint (the one after the last injected), stamped now; a timeline row
+        records it."""
         now_ms = self.wall_ns() // 1_000_000
         self.last_id += 1
+        self.instant = max(self.instant + 1, round(now_ms / self.interval_ms))
+        self.injected_at = self.monotonic()
         self.num_barriers += 1
         if self.options.is_timeoutable:
             self.timeout_at = self.monotonic() + self.options.aligned_checkpoint_timeout_ms / 1000.0
@@ -156,15 +181,27 @@ class CheckpointTrigger:
 
 
 class ConsumerCheckpoints:
-    """A consumer subtask's barrier handler with its records; ``producers[c]`` is channel ``c``'s producer."""
+    """A consumer subtask's barrier handler with its records; ``producers[c]`` is channel ``c``'s producer.
 
-    def __init__(self, subtask: int, producers: list[int], clock_ns: Callable[[], int]) -> None:
+    ``acknowledge(checkpoint_id, declined)``, if given, is told of every checkpoint the handler ends
+    (completes, or aborts): the runtime sends it to every producer (``AcknowledgeCheckpoint``), whose
+    trigger holds its next barrier until then (see :class:`CheckpointTrigger`)."""
+
+    def __init__(
+        self,
+        subtask: int,
+        producers: list[int],
+        clock_ns: Callable[[], int],
+        acknowledge: Callable[[int, bool], None] | None = None,
+    ) -> None:
         self.subtask = subtask
         self.producers = producers
         #: The clock the records are stamped with: the wall clock, or the simulation's virtual one.
         self.clock_ns = clock_ns
         self.handler = SingleCheckpointBarrierHandler(max(1, len(producers)))
         self.barrier_rows: list[MetricRow] = []
+        self.acknowledge = acknowledge
+        self._completed = self._aborted = 0  # the handler's ended checkpoints acknowledged so far
 
     def on_event(self, channel: int, event: Event, sequence_number: int) -> tuple[int, ...]:
         """Hand a barrier, cancel marker or end of partition to the handler; the channels to resume."""
@@ -183,12 +220,28 @@ class ConsumerCheckpoints:
                         now_ns / 1e6,
                     )
                 )
-            return handler.process_barrier(channel, event, now_ns, sequence_number)
-        if isinstance(event, CancelCheckpointMarker):
-            return handler.process_cancellation_barrier(channel, event, now_ns)
-        if isinstance(event, EndOfPartition):
-            return handler.process_end_of_partition(channel, now_ns)
-        return ()
+            resume = handler.process_barrier(channel, event, now_ns, sequence_number)
+        elif isinstance(event, CancelCheckpointMarker):
+            resume = handler.process_cancellation_barrier(channel, event, now_ns)
+        elif isinstance(event, EndOfPartition):
+            resume = handler.process_end_of_partition(channel, now_ns)
+        else:
+            return ()
+        if self.acknowledge is not None and (
+            len(handler.completed) > self._completed or len(handler.aborted) > self._aborted
+        ):
+            self._acknowledge_ended()
+        return resume
+
+    def _acknowledge_ended(self) -> None:
+        """Acknowledge (or decline) the checkpoints the handler ended since the last call, in id order."""
+        handler = self.handler
+        fresh = [(c.checkpoint_id, False) for c in handler.completed[self._completed :]]
+        fresh += [(a.checkpoint_id, True) for a in handler.aborted[self._aborted :]]
+        self._completed, self._aborted = len(handler.completed), len(handler.aborted)
+        assert self.acknowledge is not None
+        for checkpoint_id, declined in sorted(fresh):
+            self.acknowledge(checkpoint_id, declined)
 
     def check_timeout(self) -> tuple[int, ...]:
         """Channels to resume if an aligned-with-timeout checkpoint just switched to unaligned."""

@@ -39,6 +39,7 @@ from .handshake import ClientHandshake, ServerHandshake
 from .local_channel import LocalInputChannel, LocalPartitionRequestClient, LocalSubpartitionView
 from .messages import (
     AckAllUserRecordsProcessed,
+    AcknowledgeCheckpoint,
     AddCredit,
     AuthChallenge,
     AuthResponse,
@@ -86,6 +87,7 @@ __all__ = [
     "NEED_DATA",
     "AbortedCheckpoint",
     "AckAllUserRecordsProcessed",
+    "AcknowledgeCheckpoint",
     "AddCredit",
     "AuthChallenge",
     "AuthResponse",

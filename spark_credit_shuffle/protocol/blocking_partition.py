@@ -246,6 +246,9 @@ class BoundedBlockingSubpartitionReader:
     def acknowledge_all_data_processed(self) -> None:
         """Nothing waits for it in blocking mode."""
 
+    def acknowledge_checkpoint(self, checkpoint_id: int, declined: bool) -> None:
+        """The stored result was written whole before any consumer ran: no producer waits for it."""
+
     def release_all_resources(self) -> None:
         self._released = True
         self._next = None

@@ -78,6 +78,8 @@ class InputChannel(Protocol):
 
     def announce_buffer_size(self, size: int) -> None: ...
 
+    def acknowledge_checkpoint(self, checkpoint_id: int, declined: bool) -> None: ...
+
     def release_all_resources(self) -> None: ...
 
     def queue_length(self) -> int: ...
@@ -111,6 +113,8 @@ class PartitionRequestClient(Protocol):
     def acknowledge_all_records_processed(self, channel: RemoteInputChannel) -> None: ...
 
     def notify_new_buffer_size(self, channel: RemoteInputChannel, size: int) -> None: ...
+
+    def acknowledge_checkpoint(self, channel: RemoteInputChannel, checkpoint_id: int, declined: bool) -> None: ...
 
     def close_channel(self, channel: RemoteInputChannel) -> None: ...
 
@@ -429,6 +433,10 @@ class RemoteInputChannel:
     def announce_buffer_size(self, size: int) -> None:
         if self.connection is not None and not self.is_released:
             self.connection.notify_new_buffer_size(self, size)
+
+    def acknowledge_checkpoint(self, checkpoint_id: int, declined: bool) -> None:
+        if self.connection is not None and not self.is_released:
+            self.connection.acknowledge_checkpoint(self, checkpoint_id, declined)
 
     def release_all_resources(self) -> None:
         """Release every buffer (queued ones too) and cancel the request (or close the connection)."""

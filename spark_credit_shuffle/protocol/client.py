@@ -29,6 +29,7 @@ from .handshake import ClientHandshake
 from .local_channel import LocalInputChannel
 from .messages import (
     AckAllUserRecordsProcessed,
+    AcknowledgeCheckpoint,
     AddCredit,
     AuthResponse,
     BacklogAnnouncement,
@@ -169,6 +170,10 @@ class ConnectionSubpartitionView:
         if not self.is_released:
             self.connection._enqueue(NewBufferSize(self.receiver_id, size))
 
+    def acknowledge_checkpoint(self, checkpoint_id: int, declined: bool) -> None:
+        if not self.is_released:
+            self.connection._enqueue(AcknowledgeCheckpoint(self.receiver_id, checkpoint_id, declined))
+
     def release_all_resources(self) -> None:
         """Drop what is queued and cancel the request (the producer then returns every held segment)."""
         if self.is_released:
@@ -296,6 +301,9 @@ class CreditBasedPartitionRequestClientHandler:
 
     def notify_new_buffer_size(self, channel: RemoteInputChannel, size: int) -> None:
         self._enqueue(NewBufferSize(channel.receiver_id, size))
+
+    def acknowledge_checkpoint(self, channel: RemoteInputChannel, checkpoint_id: int, declined: bool) -> None:
+        self._enqueue(AcknowledgeCheckpoint(channel.receiver_id, checkpoint_id, declined))
 
     def close_channel(self, channel: RemoteInputChannel) -> None:
         """The channel is released: cancel its request, or close the connection if it was the last."""

@@ -11,6 +11,7 @@ BufferResponse (0)      receiver id:u64, subpartition:u32, sequence number:u32, 
                         compressed:u8, payload size:u32, payload
 ErrorResponse (1)       has receiver id:u8, receiver id:u64, message size:u32, message (UTF-8)
 PartitionRequest (2)    partition id:u64, subpartition:u32, receiver id:u64, credit:u32, local:u8
+AckCheckpoint (3)       checkpoint id:u64 (> 0), receiver id:u64, declined:u8
 CancelPartition (4)     receiver id:u64
 CloseRequest (5)        (empty)
 AddCredit (6)           credit:u32 (> 0), receiver id:u64
@@ -51,6 +52,7 @@ from ..errors import ProtocolError
 from .handshake import NONCE_BYTES, PROOF_BYTES
 from .messages import (
     AckAllUserRecordsProcessed,
+    AcknowledgeCheckpoint,
     AddCredit,
     AuthChallenge,
     AuthResponse,
@@ -97,6 +99,7 @@ _ERROR = struct.Struct(">BQI")
 _PARTITION_REQUEST = struct.Struct(">QIQIB")
 _RECEIVER = struct.Struct(">Q")
 _INT_RECEIVER = struct.Struct(">IQ")
+_ACK_CHECKPOINT = struct.Struct(">QQB")
 
 
 class _NeedData:
@@ -193,6 +196,8 @@ def _encode(m: Message) -> list[Payload]:
             return _frame(10, _INT_RECEIVER.pack(m.buffer_size, m.receiver_id))
         case RecycleBuffers():
             return _frame(13, _INT_RECEIVER.pack(m.count, m.receiver_id))
+        case AcknowledgeCheckpoint():
+            return _frame(3, _ACK_CHECKPOINT.pack(m.checkpoint_id, m.receiver_id, 1 if m.declined else 0))
         case Hello():
             return _encode_hello(m)
         case AuthChallenge():
@@ -318,6 +323,16 @@ def _decode_new_buffer_size(body: memoryview) -> NewBufferSize:
     return NewBufferSize(receiver_id, size)
 
 
+def _decode_acknowledge_checkpoint(body: memoryview) -> AcknowledgeCheckpoint:
+    _expect(body, _ACK_CHECKPOINT.size, "AcknowledgeCheckpoint")
+    checkpoint_id, receiver_id, declined = _ACK_CHECKPOINT.unpack_from(body)
+    if checkpoint_id == 0:
+        raise ProtocolError("AcknowledgeCheckpoint names checkpoint 0; checkpoint ids start at 1")
+    if declined > 1:
+        raise ProtocolError(f"AcknowledgeCheckpoint has declined flag {declined}, allowed is 0 or 1")
+    return AcknowledgeCheckpoint(receiver_id, checkpoint_id, declined == 1)
+
+
 def _decode_hello(body: memoryview) -> Hello:
     _expect(body, NONCE_BYTES, "Hello")
     return Hello(bytes(body))
@@ -337,6 +352,7 @@ _DECODERS: dict[int, Callable[[memoryview], Message]] = {
     0: _decode_buffer_response,
     1: _decode_error,
     2: _decode_partition_request,
+    3: _decode_acknowledge_checkpoint,
     4: _receiver_only(CancelPartitionRequest, "CancelPartitionRequest"),
     5: _decode_close,
     6: _decode_add_credit,

@@ -225,6 +225,12 @@ class SingleInputGate:
             if channel is not None:
                 channel.announce_buffer_size(size)
 
+    def acknowledge_checkpoint(self, checkpoint_id: int, declined: bool = False) -> None:
+        """Tell every producer this consumer ended checkpoint ``checkpoint_id`` (``AcknowledgeCheckpoint``)."""
+        for channel in self.channels:
+            if channel is not None:
+                channel.acknowledge_checkpoint(checkpoint_id, declined)
+
     def close(self) -> None:
         """Release every channel and destroy the floating pool (buffers in use return when recycled)."""
         if self.is_closed:

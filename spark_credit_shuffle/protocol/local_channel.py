@@ -41,6 +41,8 @@ class LocalSubpartitionView(Protocol):
 
     def notify_new_buffer_size(self, size: int) -> None: ...
 
+    def acknowledge_checkpoint(self, checkpoint_id: int, declined: bool) -> None: ...
+
     def release_all_resources(self) -> None: ...
 
     def queue_length(self) -> int: ...
@@ -159,6 +161,10 @@ class LocalInputChannel:
     def announce_buffer_size(self, size: int) -> None:
         if self.view is not None:
             self.view.notify_new_buffer_size(size)
+
+    def acknowledge_checkpoint(self, checkpoint_id: int, declined: bool) -> None:
+        if self.view is not None and not self.is_released:
+            self.view.acknowledge_checkpoint(checkpoint_id, declined)
 
     def release_all_resources(self) -> None:
         if self.is_released:

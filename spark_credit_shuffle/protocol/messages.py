@@ -4,7 +4,8 @@
 Server to client: :class:`BufferResponse`, :class:`ErrorResponse`, :class:`BacklogAnnouncement`.
 Client to server: :class:`PartitionRequest`, :class:`CancelPartitionRequest`, :class:`CloseRequest`,
 :class:`AddCredit`, :class:`ResumeConsumption`, :class:`AckAllUserRecordsProcessed`,
-:class:`NewBufferSize`, :class:`RecycleBuffers`, and the handshake that proves both sides know the
+:class:`NewBufferSize`, :class:`RecycleBuffers`, :class:`AcknowledgeCheckpoint`, and the handshake that proves
+both sides know the
 exchange's secret without sending it: :class:`Hello` (client, a fresh nonce), :class:`AuthChallenge` (server,
 its own nonce and its proof) and :class:`AuthResponse` (client, its proof), the first messages of every
 connection whose server expects a secret (Flink has no such messages; its connections are authenticated by
@@ -32,6 +33,7 @@ from ..buffers.buffer import DataType, Payload
 __all__ = [
     "MAX_RECEIVER_ID",
     "AckAllUserRecordsProcessed",
+    "AcknowledgeCheckpoint",
     "AddCredit",
     "AuthChallenge",
     "AuthResponse",
@@ -162,6 +164,21 @@ class NewBufferSize:
 
 
 @dataclass(frozen=True, slots=True)
+class AcknowledgeCheckpoint:
+    """The consumer behind ``receiver_id`` ended checkpoint ``checkpoint_id``: completed it, or ``declined``
+    it (aborted). Flink's tasks acknowledge or decline a checkpoint to the JobManager's checkpoint
+    coordinator (``AcknowledgeCheckpoint``, ``DeclineCheckpoint``), which triggers the next one only once no
+    checkpoint is pending (``execution.checkpointing.max-concurrent-checkpoints``, 1 by default). Here there is
+    no coordinator between the tasks: each producer triggers its own barriers, and holds the next one back
+    until every consumer it feeds acknowledged the last (see :class:`~spark_credit_shuffle.engine.checkpoints.
+    CheckpointTrigger`). The message goes upstream on the channel, as Flink's ``TaskEventRequest`` does."""
+
+    receiver_id: int
+    checkpoint_id: int
+    declined: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class RecycleBuffers:
     """The consumer of local channel ``receiver_id`` recycled its next ``count`` data buffers (always > 0):
     the producer returns their segments to its pool, in the order it sent them."""
@@ -205,6 +222,7 @@ ClientMessage = (
     | AckAllUserRecordsProcessed
     | NewBufferSize
     | RecycleBuffers
+    | AcknowledgeCheckpoint
     | Hello
     | AuthResponse
 )

@@ -157,6 +157,10 @@ class PipelinedResultPartition(ResultPartition):
         self.is_available: Callable[[], bool] = buffer_pool.is_available
         self._consumed = [False] * num_subpartitions
         self._all_data_processed = [False] * num_subpartitions
+        #: The last checkpoint each subpartition's consumer acknowledged or declined (AcknowledgeCheckpoint).
+        self.acknowledged_checkpoints = [0] * num_subpartitions
+        #: Called on every acknowledgement (the runtime wakes its checkpoint trigger).
+        self.checkpoint_listener: Callable[[], None] | None = None
         self.num_events_out = 0
         self._unicast_builders: list[ByteBufferBuilder | None] = [None] * num_subpartitions
         #: The rest of a record emit_record could not write, and whether part of it went out already.
@@ -357,6 +361,20 @@ class PipelinedResultPartition(ResultPartition):
 
     def on_subpartition_all_data_processed(self, subpartition: int) -> None:
         self._all_data_processed[subpartition] = True
+
+    def on_checkpoint_acknowledged(self, subpartition: int, checkpoint_id: int, declined: bool) -> None:
+        acknowledged = self.acknowledged_checkpoints
+        if checkpoint_id > acknowledged[subpartition]:
+            acknowledged[subpartition] = checkpoint_id
+        if self.checkpoint_listener is not None:
+            self.checkpoint_listener()
+
+    def checkpoint_acknowledged(self, checkpoint_id: int) -> bool:
+        """Every consumer ended checkpoint ``checkpoint_id`` (acknowledged or declined it, or a later one), or
+        consumed its subpartition to the end: no consumer still aligns it (the condition under which Flink's
+        checkpoint coordinator, with one concurrent checkpoint, triggers the next)."""
+        consumed = self._consumed
+        return all(a >= checkpoint_id or consumed[i] for i, a in enumerate(self.acknowledged_checkpoints))
 
     @property
     def all_data_processed(self) -> bool:

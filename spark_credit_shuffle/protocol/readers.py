@@ -125,6 +125,10 @@ class CreditBasedSequenceNumberingViewReader:
         if self.view is not None:
             self.view.notify_new_buffer_size(size)
 
+    def acknowledge_checkpoint(self, checkpoint_id: int, declined: bool) -> None:
+        if self.view is not None:
+            self.view.acknowledge_checkpoint(checkpoint_id, declined)
+
     # -- sending --
 
     def get_availability_and_backlog(self) -> AvailabilityWithBacklog:

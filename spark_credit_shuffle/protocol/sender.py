@@ -27,6 +27,7 @@ from .codec import FrameDecoder, default_max_frame_length, encode
 from .handshake import ServerHandshake
 from .messages import (
     AckAllUserRecordsProcessed,
+    AcknowledgeCheckpoint,
     AddCredit,
     AuthChallenge,
     BacklogAnnouncement,
@@ -291,6 +292,11 @@ class PartitionRequestServerHandler:
                     reader.notify_new_buffer_size(message.buffer_size)
             case RecycleBuffers():
                 self._on_recycle_buffers(message)
+            case AcknowledgeCheckpoint():
+                # a consumer acknowledges to every upstream, whose reader may be gone already: ignored then
+                reader = queue.all_readers.get(message.receiver_id)
+                if reader is not None:
+                    reader.acknowledge_checkpoint(message.checkpoint_id, message.declined)
             case _:
                 raise ProtocolError(f"unexpected {type(message).__name__} from a client")
 

@@ -107,6 +107,8 @@ class ResultSubpartitionView(Protocol):
 
     def acknowledge_all_data_processed(self) -> None: ...
 
+    def acknowledge_checkpoint(self, checkpoint_id: int, declined: bool) -> None: ...
+
     def queue_length(self) -> int: ...
 
 
@@ -116,6 +118,8 @@ class SubpartitionParent(Protocol):
     def on_consumed_subpartition(self, subpartition: int) -> None: ...
 
     def on_subpartition_all_data_processed(self, subpartition: int) -> None: ...
+
+    def on_checkpoint_acknowledged(self, subpartition: int, checkpoint_id: int, declined: bool) -> None: ...
 
 
 def end_of_partition() -> Buffer:
@@ -530,6 +534,10 @@ class PipelinedSubpartitionView:
     def acknowledge_all_data_processed(self) -> None:
         if self.parent.parent is not None:
             self.parent.parent.on_subpartition_all_data_processed(self.parent.index)
+
+    def acknowledge_checkpoint(self, checkpoint_id: int, declined: bool) -> None:
+        if self.parent.parent is not None:
+            self.parent.parent.on_checkpoint_acknowledged(self.parent.index, checkpoint_id, declined)
 
     def release_all_resources(self) -> None:
         """The consumer is done (or gone): counts as consumption; releases the subpartition."""

@@ -179,7 +179,9 @@ class PipelinedTask:
         self.wiring.gate = SingleInputGate(self.wiring.network, len(producers), self.config, num_remote_channels=remote)
         self.wiring.gate.listener = self.wiring.notify_consumer
         checkpoints = (
-            ConsumerCheckpoints(index, producers, time.time_ns) if self.config.checkpoint_interval_ms > 0 else None
+            ConsumerCheckpoints(index, producers, time.time_ns, acknowledge=self.wiring.gate.acknowledge_checkpoint)
+            if self.config.checkpoint_interval_ms > 0
+            else None
         )
         readers = [RecordReader(plan.schema, channel=p, validate=p != index) for p in producers]
         self.consumer = ConsumerEngine(

@@ -109,10 +109,21 @@ class TaskWiring:
         self.client_connections: dict[int, Connection] = {}
         self.consumer: ConsumerEngine | None = None  # the consumer half's engine, once set up
         self.checkpoint_trigger = CheckpointTrigger(
-            index, config.checkpoint_interval_ms, config.checkpoint_options, time.time_ns, time.monotonic
+            index,
+            config.checkpoint_interval_ms,
+            config.checkpoint_options,
+            time.time_ns,
+            time.monotonic,
+            acknowledged=self._checkpoint_acknowledged,
+            timeout_ms=config.checkpoint_timeout_ms,
         )
         self.producer_done = True
         self.consumer_done = True
+
+    def _checkpoint_acknowledged(self, checkpoint_id: int) -> bool:
+        """Every consumer of this task's partition ended checkpoint ``checkpoint_id`` (none to wait for without
+        a partition)."""
+        return self.partition is None or self.partition.checkpoint_acknowledged(checkpoint_id)
 
     def route(self, producer: int) -> ChannelRoute:
         """The route of the channel from producer task ``producer`` to this task

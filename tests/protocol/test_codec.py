@@ -13,6 +13,7 @@ from spark_credit_shuffle.errors import ProtocolError
 from spark_credit_shuffle.protocol import (
     NEED_DATA,
     AckAllUserRecordsProcessed,
+    AcknowledgeCheckpoint,
     AddCredit,
     AuthChallenge,
     AuthResponse,
@@ -50,6 +51,7 @@ messages = st.one_of(
     st.builds(AckAllUserRecordsProcessed, u64),
     st.builds(BacklogAnnouncement, u64, u32),
     st.builds(NewBufferSize, u64, u32),
+    st.builds(AcknowledgeCheckpoint, u64, st.integers(1, (1 << 64) - 1), st.booleans()),
     st.builds(Hello, st.binary(min_size=32, max_size=32)),
     st.builds(AuthChallenge, st.binary(min_size=32, max_size=32), st.binary(min_size=32, max_size=32)),
     st.builds(AuthResponse, st.binary(min_size=32, max_size=32)),
@@ -122,7 +124,7 @@ def _frame(msg_id: int, body: bytes, *, magic: int = MAGIC_NUMBER, version: int 
     [
         (_frame(5, b"", magic=0xBADC0FFE), "magic"),
         (_frame(5, b"", version=9), "version"),
-        (_frame(3, b""), "unknown message id"),
+        (_frame(11, b""), "unknown message id"),
         (_frame(200, b""), "unknown message id"),
         (struct.pack(">I", 1 << 31), "exceeds the maximum frame length"),
         (struct.pack(">I", 3), "shorter than"),
@@ -231,6 +233,15 @@ def test_a_partition_request_with_a_local_flag_other_than_0_or_1_is_refused():
     frame[-1] = 2
     with pytest.raises(ProtocolError, match="local flag 2"):
         FrameDecoder(MAX_FRAME).receive_data(bytes(frame))
+    ack = bytearray(encode_to_bytes(AcknowledgeCheckpoint(3, 5, True)))
+    assert FrameDecoder(MAX_FRAME).receive_data(bytes(ack)) == [AcknowledgeCheckpoint(3, 5, True)]
+    ack[-1] = 2
+    with pytest.raises(ProtocolError, match="declined flag 2"):
+        FrameDecoder(MAX_FRAME).receive_data(bytes(ack))
+    ack = bytearray(encode_to_bytes(AcknowledgeCheckpoint(3, 5)))
+    ack[FRAME_HEADER_LENGTH : FRAME_HEADER_LENGTH + 8] = bytes(8)
+    with pytest.raises(ProtocolError, match="checkpoint 0"):
+        FrameDecoder(MAX_FRAME).receive_data(bytes(ack))
     zero = bytearray(encode_to_bytes(RecycleBuffers(9, 1)))
     zero[FRAME_HEADER_LENGTH : FRAME_HEADER_LENGTH + 4] = b"\0\0\0\0"
     with pytest.raises(ProtocolError, match="recycles 0 buffers"):

@@ -11,6 +11,7 @@ from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ProtocolError
 from spark_credit_shuffle.protocol import (
     AckAllUserRecordsProcessed,
+    AcknowledgeCheckpoint,
     AddCredit,
     AuthChallenge,
     BacklogAnnouncement,
@@ -164,6 +165,29 @@ def test_notify_new_buffer_size_cuts_the_next_buffers():
             sizes.append(message.size)
     assert sizes[:2] == [128, 65]
     assert sum(sizes) == 128 + 10 + 60
+
+
+def test_a_checkpoint_is_acknowledged_once_every_consumer_ended_it():
+    """AcknowledgeCheckpoint reaches the partition: a checkpoint counts as ended there once every subpartition's
+    consumer acknowledged or declined it (or a later one), or went away; the producer's trigger waits for that."""
+    config = NetworkConfig(segment_size=4096)
+    partition = PipelinedResultPartition.create(NetworkBufferPool(100, 4096), 3, config, partition_id=0)
+    woken = []
+    partition.checkpoint_listener = lambda: woken.append(1)
+    manager = ResultPartitionManager()
+    manager.register_partition(partition)
+    handler = PartitionRequestServerHandler(manager)
+    for receiver, subpartition in ((7, 0), (8, 1), (9, 2)):
+        handler.receive_message(PartitionRequest(receiver, subpartition, 2))
+    handler.receive_message(AcknowledgeCheckpoint(7, 1))
+    handler.receive_message(AcknowledgeCheckpoint(8, 2, declined=True))  # a later one ends the earlier too
+    handler.receive_message(AcknowledgeCheckpoint(99, 5))  # an unknown receiver: ignored
+    assert not partition.checkpoint_acknowledged(1)  # consumer 2 still aligns it
+    handler.receive_message(CancelPartitionRequest(9))  # consumer 2 goes away: it no longer holds any back
+    assert partition.checkpoint_acknowledged(1) and not partition.checkpoint_acknowledged(2)
+    handler.receive_message(AcknowledgeCheckpoint(7, 2))
+    assert partition.checkpoint_acknowledged(2) and not partition.checkpoint_acknowledged(3)
+    assert len(woken) == 3
 
 
 def test_emit_record_spans_segments_and_keeps_bytes_in_order():
