@@ -19,13 +19,12 @@ run: $(STAMP)
 	$(PY) jobs/demo.py
 
 # Two test processes, each with its own SparkSession: the suite waits on Spark's scheduling and on
-# subprocesses as much as it computes, so two processes share two cores well. The few tests marked
-# serial assert timing (checkpoints behind a slow consumer) and run alone afterwards.
+# subprocesses as much as it computes, so two processes share two cores well. Tests of one xdist_group
+# (the local-cluster application's) run in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial"
-	$(PY) -m pytest -q -m serial
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The quick loop: every test that needs no JVM (no SparkSession, spark-submit or java).
 test-fast: $(STAMP)

@@ -4,13 +4,11 @@ state), rows out stay exactly rows in, and the checkpoints show in the metrics, 
 
 from __future__ import annotations
 
-import textwrap
 import time
 
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
-from spark_helpers import run_job_script
 from test_blocking_runtime import SCHEMA as BLOCKING_SCHEMA
 from test_blocking_runtime import producer_batches
 from test_blocking_runtime import run as run_blocking
@@ -222,7 +220,6 @@ def _checkpoint_counts(ex, subtask: int) -> tuple[float, float]:
     return counts.get("numberOfCompletedCheckpoints", 0.0), counts.get("numberOfFailedCheckpoints", 0.0)
 
 
-@pytest.mark.serial  # barriers on time: not beside another test process competing for the cores
 @pytest.mark.parametrize("local_channels", ["executor", "task"])
 def test_unaligned_barriers_overtake_what_a_slow_consumer_has_not_consumed_on_spark(spark, local_channels):
     # given consumer 0 sleeping 30 us per row (about 10 ms per 4 KiB buffer, so it lags for about a second),
@@ -261,7 +258,6 @@ def test_unaligned_barriers_overtake_what_a_slow_consumer_has_not_consumed_on_sp
     assert start_delays[len(start_delays) // 2] < 2 * ms_per_buffer, (start_delays, ms_per_buffer)
 
 
-@pytest.mark.serial
 def test_a_healthy_aligned_run_fails_no_checkpoint_on_spark(spark):
     df = spark.range(0, 600_000, 1, 3).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
     ex = scs.exchange(df, scs.key_by("k"), parallelism=3, mode="pipelined", checkpoint_interval_ms=25)
@@ -269,56 +265,3 @@ def test_a_healthy_aligned_run_fails_no_checkpoint_on_spark(spark):
     counts = [_checkpoint_counts(ex, c) for c in range(3)]
     assert all(failed == 0 for _, failed in counts), counts
     assert sum(completed for completed, _ in counts) > 0
-
-
-_LOCAL_CLUSTER_UNALIGNED_JOB = textwrap.dedent(
-    """
-    import json, os, sys
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession, functions as F
-    import spark_credit_shuffle as scs
-
-    spark = (
-        SparkSession.builder.master("local-cluster[2,2,1024]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.executor.memory", "512m")
-        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "3")
-        .getOrCreate()
-    )
-    df = spark.range(0, 100000, 1, 4).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
-    slow = scs.Injection(consumer_delay_s=((0, 3e-5),))
-    out = {}
-    # local between the tasks of an executor (the default), remote between executors; then every channel remote
-    for channels in ("executor", "task"):
-        ex = scs.exchange(df, scs.rebalance(), parallelism=4, mode="pipelined", injection=slow, segment_size=4096,
-                          checkpoint_interval_ms=25, unaligned_checkpoints=True, local_channels=channels)
-        rows = ex.df.agg(F.count("*").alias("n"), F.sum("id").alias("s")).first()
-        counts = {r.metric: r.value for r in ex.metric_rows() if r.side == "consumer" and r.subtask == 0
-                  and r.metric in ("numberOfCompletedCheckpoints", "numberOfFailedCheckpoints")}
-        delays = sorted(c.start_delay_ms for c in ex.checkpoint_records() if c.subtask == 0)
-        out[channels] = {"rows": rows["n"], "sum": rows["s"], "completed": counts["numberOfCompletedCheckpoints"],
-                         "failed": counts["numberOfFailedCheckpoints"], "median_delay_ms": delays[len(delays) // 2]}
-    spark.stop()
-    print(json.dumps(out))
-    """
-)
-
-
-@pytest.mark.serial
-@pytest.mark.spark
-@pytest.mark.timeout(240)
-def test_unaligned_barriers_behind_a_slow_consumer_on_two_executors_local_and_remote_channels(tmp_path):
-    """On ``local-cluster`` (two executors of two slots: channels between executors remote, within one local),
-    consumer 0 at 30 us per row and unaligned barriers every 25 ms: at least 90% of its checkpoints complete
-    and its barriers reach it within milliseconds; with the default channels and with every channel remote
-    (``local_channels="task"``). A producer whose timer woke late delays the next checkpoint: the others wait
-    for every consumer to acknowledge the last one before they inject theirs (``AcknowledgeCheckpoint``), so
-    no consumer sees a later barrier while it still aligns an earlier one (which would abort it)."""
-    out = run_job_script(tmp_path, _LOCAL_CLUSTER_UNALIGNED_JOB, 230)
-    for channels, run in out.items():
-        assert run["rows"] == 100_000 and run["sum"] == sum(range(100_000)), (channels, run)
-        completed, failed = run["completed"], run["failed"]
-        assert completed >= 10 and completed / (completed + failed) >= 0.9, (channels, run)
-        assert run["median_delay_ms"] < 20, (channels, run)  # a 4 KiB buffer's work is about 10 ms
