@@ -131,14 +131,16 @@ def test_a_slow_consumer_is_where_backpressure_starts(spark):
 
 @pytest.mark.spark
 def test_a_slow_consumer_in_blocking_mode_is_the_straggler(spark):
+    # consumer 0 sleeps 0.5 ms per row (1.5 s for its 3,000), far above what the other consumer's rows cost
+    # even when the machine is busy
     ex = scs.exchange(
-        rows_df(spark, 20_000),
+        rows_df(spark, 6_000),
         scs.rebalance(),
         2,
         mode="blocking",
-        injection=scs.Injection(consumer_delay_s=((0, 0.0001),)),
+        injection=scs.Injection(consumer_delay_s=((0, 0.0005),)),
     )
-    assert ex.df.count() == 20_000
+    assert ex.df.count() == 6_000
     diagnosis = ex.diagnose()
     assert (diagnosis.verdict, diagnosis.origin) == ("straggler", 0), diagnosis
 
