@@ -90,7 +90,7 @@ def second_half_throughput(report: Any, subtask: int, duration: float) -> float:
     time): steady state, without the first seconds, in which the fast consumers take what the producers write
     while the slow consumer's in-flight data builds up (more of it without debloating)."""
     at_half = report.value_at("consumer", subtask, "numBytesIn", duration / 2)
-    return (report.consumers[subtask].bytes_consumed - at_half) / (duration / 2)
+    return (report.value("consumer", subtask, "numBytesIn") - at_half) / (duration / 2)
 
 
 def simulate_case(
@@ -104,13 +104,14 @@ def simulate_case(
     """One simulated run: mean alignment time and start delay (ms) per checkpoint of the slow consumer
     (subtask 0) and of the others, and how many checkpoints each side completed."""
     report = slow_consumer_report(credit, unaligned, interval_ms, slow_rate, duration, socket_buffer_bytes)
-    slow = report.consumers[0].checkpoints
-    rest = [c for s in report.consumers[1:] for c in s.checkpoints]
+    records = report.checkpoint_records()
+    slow = [c for c in records if c.subtask == 0]
+    rest = [c for c in records if c.subtask != 0]
     return {
-        "slow_ms": _mean([c.alignment_time_ns / 1e6 for c in slow]),
-        "others_ms": _mean([c.alignment_time_ns / 1e6 for c in rest]),
-        "all_ms": _mean([c.alignment_time_ns / 1e6 for c in (*slow, *rest)]),
-        "slow_start_delay_ms": _mean([c.start_delay_ns / 1e6 for c in slow]),
+        "slow_ms": _mean([c.alignment_time_ms for c in slow]),
+        "others_ms": _mean([c.alignment_time_ms for c in rest]),
+        "all_ms": _mean([c.alignment_time_ms for c in (*slow, *rest)]),
+        "slow_start_delay_ms": _mean([c.start_delay_ms for c in slow]),
         "slow_checkpoints": len(slow),
         "connection_pauses": report.connection_pauses,
     }
@@ -134,12 +135,12 @@ def debloat_cases(interval_ms: int, slow_rate: float, duration: float) -> dict[i
         report = slow_consumer_report(
             True, False, interval_ms, slow_rate, duration, debloat_ms=target, sample_interval=duration / 2
         )
-        late = [c.start_delay_ns / 1e6 for c in report.consumers[0].checkpoints if c.end_ns > duration / 2 * 1e9]
-        fast = range(1, len(report.consumers))
+        late = [c.start_delay_ms for c in report.checkpoint_records(0) if c.end_ms > duration / 2 * 1e3]
+        fast = range(1, len(report.hosts["consumer"]))
         out[target] = {
             "start_delay_mean_ms": _mean(late),
             "start_delay_median_ms": statistics.median(late) if late else 0.0,
-            "fast_throughput": _mean([report.consumer_throughput(c) for c in fast]),
+            "fast_throughput": _mean([report.value("consumer", c, "numBytesInPerSecond", stat="mean") for c in fast]),
             "fast_throughput_late": _mean([second_half_throughput(report, c, duration) for c in fast]),
         }
     return out

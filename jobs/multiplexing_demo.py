@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--duration: allowed is a number of virtual seconds > 0")
 
     from spark_credit_shuffle.config import NetworkConfig
-    from spark_credit_shuffle.simulation import simulate
+    from spark_credit_shuffle.simulation import SimulationReport, simulate
 
     runs = [
         ("without credits", False, args.slow_rate),
@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
+    def throughput(report: SimulationReport, consumer: int) -> float:  # bytes per virtual second over the run
+        return report.value("consumer", consumer, "numBytesInPerSecond", stat="mean")
+
+    def back_pressured(report: SimulationReport, producer: int) -> float:  # share of the run spent back-pressured
+        return report.value("producer", producer, "accumulateBackPressuredTimeMs") / 1000.0 / report.window
+
     print()
     header = (
         f"{'flow control':<16} {'consumer 0':<16} {'c0 MB/s':>9} {'c1 MB/s':>9} {'pauses':>7} {'p0 bp':>6} {'p1 bp':>6}"
@@ -86,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     for (label, scenario), r in results.items():
         print(
-            f"{label:<16} {scenario.removeprefix('consumer 0 '):<16} {r.consumer_throughput(0) / MB:>9.2f} "
-            f"{r.consumer_throughput(1) / MB:>9.2f} {r.connection_pauses:>7} "
-            f"{r.back_pressure_ratio(0):>6.0%} {r.back_pressure_ratio(1):>6.0%}"
+            f"{label:<16} {scenario.removeprefix('consumer 0 '):<16} {throughput(r, 0) / MB:>9.2f} "
+            f"{throughput(r, 1) / MB:>9.2f} {r.connection_pauses:>7} "
+            f"{back_pressured(r, 0):>6.0%} {back_pressured(r, 1):>6.0%}"
         )
     print("(c0, c1: consumer throughput; pauses: times the shared connection stopped reading; p0, p1 bp: share of")
     print(" the time each producer was back-pressured)")
@@ -96,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     without = results[("without credits", "consumer 0 slow")]
     with_credits = results[("with credits", "consumer 0 slow")]
     alone = results[("with credits", "consumer 0 fast")]
-    neighbour_without = without.consumer_throughput(1)
-    neighbour_with = with_credits.consumer_throughput(1)
-    neighbour_alone = alone.consumer_throughput(1)
+    neighbour_without = throughput(without, 1)
+    neighbour_with = throughput(with_credits, 1)
+    neighbour_alone = throughput(alone, 1)
     print()
     print(
         f"the neighbour of a slow receiver gets {neighbour_without / neighbour_alone:.0%} of its own rate without "
@@ -114,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             bar_chart(
                 ["consumer 0", "consumer 1 (its neighbour)"],
                 {
-                    "consumer 0 slow, without credits": [without.consumer_throughput(c) / MB for c in (0, 1)],
-                    "consumer 0 slow, with credits": [with_credits.consumer_throughput(c) / MB for c in (0, 1)],
-                    "consumer 0 fast (reference)": [alone.consumer_throughput(c) / MB for c in (0, 1)],
+                    "consumer 0 slow, without credits": [throughput(without, c) / MB for c in (0, 1)],
+                    "consumer 0 slow, with credits": [throughput(with_credits, c) / MB for c in (0, 1)],
+                    "consumer 0 fast (reference)": [throughput(alone, c) / MB for c in (0, 1)],
                 },
                 ylabel="MB per virtual second",
                 title="Two channels on one connection, one slow receiver",

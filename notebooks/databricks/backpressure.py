@@ -249,9 +249,11 @@ report = simulate(
     sample_interval=0.02,
     bandwidth=100 * MB,
 )
+throughput = [report.value("consumer", c, "numBytesInPerSecond", stat="mean") / MB for c in (0, 1)]
+back_pressured = report.value("producer", 0, "accumulateBackPressuredTimeMs") / 1000 / report.window
 print(
-    f"consumer 0: {report.consumer_throughput(0) / MB:.2f} MB/s, consumer 1: {report.consumer_throughput(1) / MB:.2f}"
-    f" MB/s, producer back-pressured {report.back_pressure_ratio(0):.0%} of the time"
+    f"consumer 0: {throughput[0]:.2f} MB/s, consumer 1: {throughput[1]:.2f}"
+    f" MB/s, producer back-pressured {back_pressured:.0%} of the time"
 )
 plot.plot_timeline(
     plot.timeline_from_simulation(report),
@@ -316,7 +318,7 @@ for credit in (True, False):
         bandwidth=1.25e9,
         socket_buffer_bytes=1 << 20,
     )
-    times = [c.alignment_time_ns / 1e6 for c in report.consumers[0].checkpoints]
+    times = [c.alignment_time_ms for c in report.checkpoint_records(0)]
     label = "credits" if credit else "no credits"
     alignment[f"virtual, {label}"] = sum(times) / len(times) if times else 0.0
     print(f"virtual clock, aligned, {label}: consumer 0's mean alignment {alignment[f'virtual, {label}']:.2f} ms")
@@ -366,9 +368,9 @@ def debloat_run(target_ms, duration=16.0):
         socket_buffer_bytes=1 << 20,
         sample_interval=duration / 2,
     )
-    late = sorted(c.start_delay_ns / 1e6 for c in report.consumers[0].checkpoints if c.end_ns > duration / 2 * 1e9)
+    late = sorted(c.start_delay_ms for c in report.checkpoint_records(0) if c.end_ms > duration / 2 * 1e3)
     half = {c: report.value_at("consumer", c, "numBytesIn", duration / 2) for c in (1, 2, 3)}
-    fast = sum(report.consumers[c].bytes_consumed - half[c] for c in (1, 2, 3)) / 3 / (duration / 2)
+    fast = sum(report.value("consumer", c, "numBytesIn") - half[c] for c in (1, 2, 3)) / 3 / (duration / 2)
     return late[len(late) // 2], fast
 
 

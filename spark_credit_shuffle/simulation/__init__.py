@@ -20,14 +20,19 @@ on virtual time, so results are deterministic and independent of the machine, wh
 usable for what-if questions ("what does one slow consumer do to the others, with and without credits?")
 and for tests.
 
-The report gives per-channel and per-subtask bytes and throughput, the time producers spent back-pressured,
-samples over virtual time of the Flink metrics (outPoolUsage, inPoolUsage, exclusive and floating buffer
-usage, backlog, queue lengths; as the runtimes' timeline rows) and the engine's metric rows.
+The report (:class:`SimulationReport`) holds what the run measured as the runtimes report it, as metric rows: the
+task engine's rows of every subtask (per channel bytes, buffers and records in and out, pool usages, the time
+producers spent back-pressured, ...) with the run's own measurements beside them (finish times, each
+consumer's throughput over the window), and samples over virtual time of the Flink metrics (outPoolUsage,
+inPoolUsage, exclusive and floating buffer usage, backlog, queue lengths) as the runtimes' timeline rows.
+The topology (hosts, where each channel reads from) and the run's checks (every row delivered in order,
+every buffer returned) are plain attributes.
 
 With ``checkpoint_interval_ms`` > 0 a coordinator triggers checkpoint barriers in every producer, one
 checkpoint at a time, and each consumer aligns them with :class:`SingleCheckpointBarrierHandler` (its
-completed checkpoints are in :attr:`ConsumerStats.checkpoints`), stamped on the virtual clock; without
-credits the alignment is the old model's (see :mod:`.checkpoints`).
+completed checkpoints, stamped on the virtual clock, are the runtimes' records:
+:meth:`SimulationReport.checkpoint_records`); without credits the alignment is the old model's (see
+:mod:`.checkpoints`).
 
 Modules: :mod:`.clock` (the virtual clock), :mod:`.model` (the topology and the run), :mod:`.producer` and
 :mod:`.consumer` (the subtasks), :mod:`.checkpoints`, :mod:`.observe` (samples, invariants),
@@ -36,12 +41,10 @@ Modules: :mod:`.clock` (the virtual clock), :mod:`.model` (the topology and the 
 
 from .clock import VirtualClock
 from .model import Simulation, simulate
-from .report import ChannelStats, ConsumerStats, ProducerStats, SimulationReport
+from .report import ChannelOrigin, SimulationReport
 
 __all__ = [
-    "ChannelStats",
-    "ConsumerStats",
-    "ProducerStats",
+    "ChannelOrigin",
     "Simulation",
     "SimulationReport",
     "VirtualClock",

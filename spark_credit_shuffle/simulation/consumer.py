@@ -57,15 +57,14 @@ class SimulatedConsumer:
         self.rate = rate
         self.producers = producers
         n = len(producers)
+        #: Bytes of the data buffers each channel delivered (the report's ``numDataBytesIn``).
         self.bytes_per_channel = [0] * n
-        self.buffers_per_channel = [0] * n
         self.records_per_channel = [0] * n
         self.in_order = [True] * n
         self._next_seq = list(subpartitions)
         self._step = list(fan_out)
         self._payload_size = max(0, record_size - RECORD_OVERHEAD)
         self._record_size = record_size
-        self.channel_finish_time: list[float | None] = [None] * n
         self.busy = False
         self.finished = False
         self.finish_time: float | None = None
@@ -115,10 +114,6 @@ class SimulatedConsumer:
         handler = self.checkpoints
         return handler.current_checkpoint_id - (1 if handler.is_checkpoint_pending else 0)
 
-    @property
-    def bytes_consumed(self) -> int:
-        return sum(self.bytes_per_channel)
-
     def _on_data(self) -> None:
         if not self.busy and not self.finished and not self.scheduled:
             self.scheduled = True
@@ -158,7 +153,6 @@ class SimulatedConsumer:
             if buffer.data_type.is_buffer:
                 size = buffer.size
                 self.bytes_per_channel[channel] += size
-                self.buffers_per_channel[channel] += 1
                 batches, resume = engine.take(polled, round(now * 1e9), _keep)  # recycled once processed
                 rows = self._check(channel, batches)
                 self._resume(resume, now)
@@ -166,9 +160,7 @@ class SimulatedConsumer:
                 cost = rows * self._record_size / self.rate + self.sim.buffer_cost
                 self.sim.clock.schedule(now + cost, functools.partial(self._done, buffer=buffer))
                 return
-            if buffer.data_type is DataType.END_OF_PARTITION:
-                self.channel_finish_time[channel] = now
-            elif (
+            if (
                 self.aligns_by_spilling and buffer.data_type is DataType.EVENT_BUFFER and self._is_barrier(buffer)
             ):  # an aligned barrier travels as a plain event here: the handler sees it as what it is
                 polled = polled._replace(buffer=Buffer(self.barrier_data_type, buffer.data))

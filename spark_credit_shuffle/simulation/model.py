@@ -10,7 +10,7 @@ from collections.abc import Callable, Hashable, Sequence
 from ..config import NetworkConfig
 from ..engine import Settings
 from ..errors import ConfigError, SimulationStalledError
-from ..metrics import MetricRow
+from ..metrics import CONSUMER, PRODUCER, MetricRow
 from ..planner import consumer_buffers, producer_buffers
 from ..planner.channels import DIRECT, LOCAL, Endpoint, channel_route
 from ..protocol.channels import RemoteInputChannel
@@ -25,7 +25,7 @@ from .clock import VirtualClock, per_subtask
 from .consumer import SimulatedConsumer
 from .observe import check_invariants, sample
 from .producer import SimulatedProducer
-from .report import ChannelStats, ConsumerStats, ProducerStats, SimulationReport
+from .report import BYTES_IN_PER_SECOND, DATA_BYTES_IN, FINISH_TIME, ChannelOrigin, SimulationReport
 
 __all__ = ["Simulation", "simulate"]
 
@@ -117,6 +117,9 @@ class Simulation:
             wiring = [[p] for p in range(num_producers)]
         elif callable(consumers_of):
             wiring = [list(consumers_of(p)) for p in range(num_producers)]
+            if any(len(set(consumers)) != len(consumers) for consumers in wiring):
+                # the runtimes' rows name a channel by the subtask at its other end: one channel per pair
+                raise ConfigError("consumers_of", consumers_of, "each consumer at most once per producer")
         else:
             raise ConfigError("consumers_of", consumers_of, "'all_to_all', 'forward' or a function")
         producers_of: list[list[tuple[int, int]]] = [[] for _ in range(num_consumers)]
@@ -321,66 +324,44 @@ class Simulation:
     def _report(self, finished: bool) -> SimulationReport:
         end = self.clock.now
         window = self.duration if self.duration is not None else end
-        producers = [
-            ProducerStats(
-                p.index,
-                self.producer_hosts[p.index],
-                sum(p.bytes_written),
-                p.back_pressured_time + ((end - p.waiting_since) if p.waiting_since is not None else 0.0),
-                p.finish_time,
-            )
-            for p in self.producers
-        ]
-        consumers = []
-        channels = []
+        rows: list[MetricRow] = []
+        for producer in self.producers:
+            rows.extend(producer.metric_rows(end))
+            if producer.finish_time is not None:
+                rows.append(MetricRow(PRODUCER, producer.index, None, FINISH_TIME, "total", producer.finish_time * 1e3))
+        intact = True
+        origins: dict[tuple[int, int], ChannelOrigin] = {}
         for consumer in self.consumers:
-            consumed = consumer.bytes_consumed
-            consumers.append(
-                ConsumerStats(
-                    consumer.index,
-                    self.consumer_hosts[consumer.index],
-                    consumed,
-                    sum(consumer.buffers_per_channel),
-                    consumer.finish_time,
-                    consumed / window if window else 0.0,
-                    tuple(consumer.checkpoints.completed),
+            c = consumer.index
+            rows.extend(consumer.metric_rows(end))
+            for index, (p, sp, local) in enumerate(self._channel_origin[c]):
+                origins[(c, p)] = ChannelOrigin(sp, local)
+                rows.append(MetricRow(CONSUMER, c, p, DATA_BYTES_IN, "total", float(consumer.bytes_per_channel[index])))
+                intact = (
+                    intact
+                    and consumer.in_order[index]
+                    and consumer.records_per_channel[index] == self.producers[p].records_written[sp]
                 )
-            )
-            for index, (p, sp, local) in enumerate(self._channel_origin[consumer.index]):
-                producer = self.producers[p]
-                channels.append(
-                    ChannelStats(
-                        consumer.index,
-                        index,
-                        p,
-                        sp,
-                        local,
-                        producer.bytes_written[sp],
-                        consumer.bytes_per_channel[index],
-                        consumer.buffers_per_channel[index],
-                        consumer.in_order[index]
-                        and consumer.records_per_channel[index] == producer.records_written[sp],
-                        consumer.channel_finish_time[index],
-                    )
-                )
+            if consumer.finish_time is not None:
+                rows.append(MetricRow(CONSUMER, c, None, FINISH_TIME, "total", consumer.finish_time * 1e3))
+            bytes_in = sum(r.num_bytes_in for r in consumer.engine.readers)
+            rows.append(MetricRow(CONSUMER, c, None, BYTES_IN_PER_SECOND, "mean", bytes_in / window if window else 0.0))
         returned = finished and all(
             pool.num_available == pool.total and pool.num_total_required_buffers == 0 and not pool.buffer_pools
             for pool in self.network_pools.values()
         )
-        rows = [row for p in self.producers for row in p.metric_rows(end)]
-        rows.extend(row for c in self.consumers for row in c.metric_rows(end))
         return SimulationReport(
             end_time=end,
             window=window,
             steps=self.steps,
             finished=finished,
-            producers=producers,
-            consumers=consumers,
-            channels=channels,
+            data_intact=intact,
+            hosts={PRODUCER: list(self.producer_hosts), CONSUMER: list(self.consumer_hosts)},
+            channel_origins=origins,
+            rows=rows,
             timeline=self.timeline,
             buffers_returned=returned,
             connection_pauses=sum(c.client.num_times_paused for c in self.connections.values()),
-            rows=rows,
             messages=sum(c.upstream.messages_sent + c.downstream.messages_sent for c in self.connections.values()),
         )
 

@@ -29,9 +29,8 @@ def sample(sim: Any, now: float) -> None:
         else:
             gauges = consumer.engine.gauges(now)
         rows.extend(MetricRow(CONSUMER, consumer.index, ch, m, SAMPLE, float(v), stamp) for m, ch, v in gauges)
-        rows.append(
-            MetricRow(CONSUMER, consumer.index, None, "numBytesIn", SAMPLE, float(consumer.bytes_consumed), stamp)
-        )
+        bytes_in = sum(r.num_bytes_in for r in consumer.engine.readers)  # the summary's numBytesIn so far
+        rows.append(MetricRow(CONSUMER, consumer.index, None, "numBytesIn", SAMPLE, float(bytes_in), stamp))
 
 
 def check_invariants(sim: Any) -> None:

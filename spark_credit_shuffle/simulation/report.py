@@ -1,91 +1,121 @@
-"""What a simulation run measured: per channel, per producer and per consumer, with the runtimes' rows."""
+"""What a simulation run measured, as the runtimes' metric rows, with the topology it ran on and its checks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from ..engine.checkpoints import CheckpointRecord
 from ..metrics import MetricRow
-from ..protocol.checkpointing import CompletedCheckpoint
 
-__all__ = ["ChannelStats", "ConsumerStats", "ProducerStats", "SimulationReport"]
+__all__ = [
+    "BYTES_IN_PER_SECOND",
+    "DATA_BYTES_IN",
+    "FINISH_TIME",
+    "ChannelOrigin",
+    "SimulationReport",
+]
+
+#: A subtask's finish time in virtual milliseconds (``channel`` null, ``stat = "total"``): when a producer
+#: wrote its last record, when a consumer read the end of partition of its last channel.
+FINISH_TIME = "finishTimeMs"
+#: The bytes of the data buffers one channel of a consumer delivered (``channel`` the producer): Flink's
+#: ``numBytesIn`` without the events (schema, barriers, end of partition), so the counterpart of the
+#: producer's ``numBytesOut`` of that subpartition, which counts finished data buffers only.
+DATA_BYTES_IN = "numDataBytesIn"
+#: A consumer's throughput over the measured window (``stat = "mean"``): its ``numBytesIn`` over all channels
+#: divided by the window, in bytes per virtual second (Flink's meter of ``numBytesIn``, averaged over the run).
+BYTES_IN_PER_SECOND = "numBytesInPerSecond"
 
 
-@dataclass(frozen=True)
-class ChannelStats:
-    """One channel: producer ``producer``'s subpartition ``subpartition`` read by consumer ``consumer``."""
+class ChannelOrigin(NamedTuple):
+    """Where a consumer's channel reads from: a fact of the topology, not a measurement."""
 
-    consumer: int
-    channel: int
-    producer: int
+    #: The producer's subpartition the channel reads.
     subpartition: int
+    #: Read from the producer's host (a local input channel), not over the network.
     local: bool
-    bytes_sent: int
-    bytes_received: int
-    buffers_received: int
-    intact: bool  # the bytes received equal the bytes written, in order
-    finish_time: float | None
-
-
-@dataclass(frozen=True)
-class ProducerStats:
-    subtask: int
-    host: int
-    bytes_written: int
-    back_pressured_time: float
-    finish_time: float | None
-
-
-@dataclass(frozen=True)
-class ConsumerStats:
-    subtask: int
-    host: int
-    bytes_consumed: int
-    buffers_consumed: int
-    finish_time: float | None
-    throughput: float  # bytes per virtual second over the measured window
-    #: Checkpoints this subtask aligned (``checkpoint_interval_ms`` > 0), times in virtual nanoseconds.
-    checkpoints: tuple[CompletedCheckpoint, ...] = ()
 
 
 @dataclass
 class SimulationReport:
-    """What a simulation run measured. Times are virtual seconds, throughputs bytes per virtual second."""
+    """What a simulation run measured, in the runtimes' form: :class:`~spark_credit_shuffle.metrics.MetricRow`.
 
+    ``rows`` are the summary rows at the end of the run (``Exchange.metric_rows()``'s form): the task engine's
+    rows of every subtask (per channel ``numRecordsOut``/``numBytesOut``/``numBuffersOut`` and
+    ``outputQueueLength``, per producer ``outPoolUsage`` and the time metrics, ``accumulateBackPressuredTimeMs``
+    and the rest; per channel ``numRecordsIn``/``numBytesIn``/``numBuffersIn``, per consumer the pool usages,
+    time metrics and, with checkpoints, the per-checkpoint rows that :meth:`checkpoint_records` reads), then
+    the run's own measurements, named in the same style, times in virtual milliseconds as the timeline
+    stamps them:
+
+    - ``finishTimeMs`` (:data:`FINISH_TIME`), each subtask that finished: when, in virtual ms;
+    - ``numDataBytesIn`` (:data:`DATA_BYTES_IN`), per consumer channel: the data buffers' bytes, equal to
+      the producer's ``numBytesOut`` of the subpartition once the channel delivered everything;
+    - ``numBytesInPerSecond`` (:data:`BYTES_IN_PER_SECOND`, ``stat = "mean"``), per consumer: its
+      ``numBytesIn`` over the measured ``window``, bytes per virtual second.
+
+    ``timeline`` holds the samples over virtual time (``time_ms``: virtual milliseconds). A producer's share of
+    the window spent back-pressured is ``value("producer", p, "accumulateBackPressuredTimeMs") / 1000 /
+    window``. What is no measurement stays out of the rows: the hosts of the subtasks, where each channel
+    reads from (:meth:`channel_origin`) and the run's checks (``data_intact``, ``buffers_returned``).
+    """
+
+    #: Virtual seconds at the end of the run, and the window the throughputs are measured over (the
+    #: ``duration``, or the end of a run that ended when everything was consumed).
     end_time: float
     window: float
     steps: int
     finished: bool
-    producers: list[ProducerStats]
-    consumers: list[ConsumerStats]
-    channels: list[ChannelStats]
+    #: Every channel delivered exactly the records written to it, in order, each with its whole payload.
+    data_intact: bool
+    #: The host of each subtask, by side (``"producer"``, ``"consumer"``): ``hosts[side][subtask]``.
+    hosts: dict[str, list[int]]
+    #: Each channel's origin by (consumer, producer): a consumer's channel is named by its producer, as in
+    #: the metric rows.
+    channel_origins: dict[tuple[int, int], ChannelOrigin]
+    #: The summary rows (see above).
+    rows: list[MetricRow] = field(default_factory=list)
     #: The samples over virtual time, as the runtimes' timeline rows (``time_ms``: virtual milliseconds).
     timeline: list[MetricRow] = field(default_factory=list)
     buffers_returned: bool = False
     connection_pauses: int = 0
     messages: int = 0
-    #: The engine's metric rows of every subtask at the end of the run.
-    rows: list[MetricRow] = field(default_factory=list)
 
-    @property
-    def data_intact(self) -> bool:
-        """Every channel received exactly what was written to it, in order."""
-        return all(c.intact for c in self.channels)
+    def channel_origin(self, consumer: int, channel: int) -> ChannelOrigin:
+        """The subpartition and locality of consumer ``consumer``'s channel ``channel`` (its producer, as the
+        metric rows name a consumer's channel); KeyError if the producer does not feed that consumer."""
+        return self.channel_origins[(consumer, channel)]
 
-    def consumer_throughput(self, subtask: int) -> float:
-        return self.consumers[subtask].throughput
+    def value(self, side: str, subtask: int, metric: str, channel: int | None = None, stat: str = "total") -> float:
+        """One summary row's value: ``metric`` of ``side``'s ``subtask`` (of its ``channel``), e.g.
+        ``value("producer", 0, "accumulateBackPressuredTimeMs")``. With ``channel`` None and no subtask-level
+        row, the sum of the channels' rows: a counter the engine reports per channel only (``numBytesIn``,
+        ``numDataBytesIn``...), summed as Flink's task-level counter sums its channels. KeyError if no row
+        matches."""
+        total, found = 0.0, False
+        for r in self.rows:
+            if r.side == side and r.subtask == subtask and r.metric == metric and r.stat == stat:
+                if r.channel == channel:
+                    return r.value
+                if channel is None:
+                    total += r.value
+                    found = True
+        if not found:
+            raise KeyError(f"no {side} {subtask} row of {metric} ({stat}) on channel {channel}")
+        return total
 
-    def back_pressure_ratio(self, subtask: int) -> float:
-        """Share of the window producer ``subtask`` spent waiting for buffers (backPressuredTime / time)."""
-        return self.producers[subtask].back_pressured_time / self.window if self.window else 0.0
-
-    def channel_rows(self) -> list[dict]:
-        return [dict(c.__dict__) for c in self.channels]
+    def checkpoint_records(self, subtask: int | None = None) -> list[CheckpointRecord]:
+        """The checkpoints the consumers completed (of consumer ``subtask`` only, if given), read from the
+        per-checkpoint rows as ``Exchange.checkpoint_records()`` reads them; times in virtual ms."""
+        records = CheckpointRecord.from_rows(self.rows)
+        return records if subtask is None else [c for c in records if c.subtask == subtask]
 
     def timeline_rows(self) -> list[MetricRow]:
         """Every sample as the runtimes' timeline rows (``Exchange.timeline()``'s form; virtual ms): producers'
         ``outPoolUsage``, ``isBackPressured``, per channel ``backlog`` and ``outputQueueLength``; consumers'
         pool usages and per channel ``credit``, ``unannouncedCredit``, ``backlog`` (remote channels) and
-        ``inputQueueLength``."""
+        ``inputQueueLength``; the counters so far, ``numBytesOut`` and ``numBytesIn`` (channel null)."""
         return list(self.timeline)
 
     def value_at(self, side: str, subtask: int, metric: str, time_s: float) -> float:
@@ -104,9 +134,5 @@ class SimulationReport:
         raise KeyError(f"no {side} {subtask} sample of {metric} at {time_s} virtual s")
 
     def metric_rows(self) -> list[MetricRow]:
-        """The run summed up as the runtimes' metric rows, from the task engine's halves (virtual times):
-        per channel ``numRecordsOut``/``numBytesOut``/``numBuffersOut`` and ``outputQueueLength``, per producer
-        ``outPoolUsage`` and the time metrics (``accumulateBackPressuredTimeMs``...); per channel
-        ``numRecordsIn``/``numBytesIn``/``numBuffersIn``, per consumer the pool usages, time metrics and, with
-        checkpoints, the checkpoint rows."""
+        """The summary rows (``Exchange.metric_rows()``'s form; see the class documentation)."""
         return list(self.rows)

@@ -65,8 +65,10 @@ def _check_run(scenario: dict) -> None:
     report = Simulation(config, check_invariants=True, max_steps=200_000, **scenario).run()
     assert report.finished  # no deadlock within the step budget
     assert report.data_intact  # every channel got its bytes, in order
-    for channel in report.channels:
-        assert channel.bytes_received == channel.bytes_sent
+    for consumer, producer in report.channel_origins:  # a channel's data bytes in equal its producer's bytes out
+        assert report.value("consumer", consumer, "numDataBytesIn", channel=producer) == report.value(
+            "producer", producer, "numBytesOut", channel=consumer
+        )
     assert report.buffers_returned  # every segment back in its executor's pool, every pool destroyed
 
 
@@ -96,6 +98,16 @@ def test_random_topologies_without_credits(scenario):
     _check_run(scenario)
 
 
+def throughput(report, consumer: int) -> float:
+    """A consumer's bytes per virtual second over the run (its ``numBytesInPerSecond`` row)."""
+    return report.value("consumer", consumer, "numBytesInPerSecond", stat="mean")
+
+
+def back_pressured_share(report, producer: int) -> float:
+    """The share of the run a producer spent back-pressured (``accumulateBackPressuredTimeMs`` / window)."""
+    return report.value("producer", producer, "accumulateBackPressuredTimeMs") / 1000.0 / report.window
+
+
 def _two_receivers(credit_based: bool, slow_rate: float):
     """Two producers on one host, two consumers on another, one multiplexed connection (forward edges)."""
     return simulate(
@@ -115,22 +127,22 @@ def _two_receivers(credit_based: bool, slow_rate: float):
 def test_without_credits_a_slow_receiver_cuts_its_neighbours_to_its_pace():
     slow = _two_receivers(credit_based=False, slow_rate=2 * MB)
     alone = _two_receivers(credit_based=False, slow_rate=40 * MB)
-    assert alone.consumer_throughput(1) > 35 * MB
+    assert throughput(alone, 1) > 35 * MB
     # the neighbour shares the connection, which stops whenever the slow receiver has no buffer
-    assert slow.consumer_throughput(1) < 1.5 * slow.consumer_throughput(0)
-    assert slow.consumer_throughput(1) < 0.1 * alone.consumer_throughput(1)
+    assert throughput(slow, 1) < 1.5 * throughput(slow, 0)
+    assert throughput(slow, 1) < 0.1 * throughput(alone, 1)
     assert slow.connection_pauses > 0
 
 
 def test_with_credits_the_other_receivers_keep_their_throughput():
     slow = _two_receivers(credit_based=True, slow_rate=2 * MB)
     alone = _two_receivers(credit_based=True, slow_rate=40 * MB)
-    assert slow.consumer_throughput(0) == pytest.approx(2 * MB, rel=0.05)
-    assert slow.consumer_throughput(1) >= 0.9 * alone.consumer_throughput(1)
+    assert throughput(slow, 0) == pytest.approx(2 * MB, rel=0.05)
+    assert throughput(slow, 1) >= 0.9 * throughput(alone, 1)
     assert slow.connection_pauses == 0
     # the slow receiver back-pressures its own producer only
-    assert slow.back_pressure_ratio(0) > 0.5
-    assert slow.back_pressure_ratio(1) < alone.back_pressure_ratio(1) + 0.05
+    assert back_pressured_share(slow, 0) > 0.5
+    assert back_pressured_share(slow, 1) < back_pressured_share(alone, 1) + 0.05
 
 
 def test_samples_report_flink_metrics_over_virtual_time():
@@ -167,7 +179,7 @@ def test_samples_report_flink_metrics_over_virtual_time():
         bytes_per_producer=2 * MB,
         bandwidth=100 * MB,
     )
-    assert report.back_pressure_ratio(0) > unthrottled.back_pressure_ratio(0) + 0.2
+    assert back_pressured_share(report, 0) > back_pressured_share(unthrottled, 0) + 0.2
 
 
 def test_virtual_time_runs_are_deterministic():
@@ -185,8 +197,45 @@ def test_virtual_time_runs_are_deterministic():
     first = simulate(NetworkConfig(segment_size=4096), **kwargs)
     second = simulate(NetworkConfig(segment_size=4096), **kwargs)
     assert first.end_time == second.end_time
-    assert first.channels == second.channels
+    assert first.rows == second.rows  # every channel's and subtask's measurements
+    assert first.channel_origins == second.channel_origins
     assert first.steps == second.steps
+
+
+def test_the_report_is_the_runtimes_metric_rows_with_the_topology_beside_them():
+    """Given 2 producers on hosts 0 and 1 all-to-all to 2 consumers on host 1, the report's measurements are
+    metric rows: the engine's per-channel counters, each subtask's finish time in virtual ms, each consumer's
+    throughput over the run; the hosts and the channels' origins are plain facts of the topology."""
+    report = simulate(
+        NetworkConfig(segment_size=4096),
+        num_producers=2,
+        num_consumers=2,
+        producer_rate=2 * MB,
+        consumer_rate=[1 * MB, 4 * MB],
+        bytes_per_producer=200_000,
+        producer_hosts=[0, 1],
+        consumer_hosts=[1, 1],
+    )
+    assert report.finished and report.data_intact
+    assert all(r.time_ms is None for r in report.metric_rows())
+    finish = {(side, s): report.value(side, s, "finishTimeMs") for side in ("producer", "consumer") for s in (0, 1)}
+    # the run ends when the last consumer read its last end of partition; no producer finishes after it
+    assert max(finish["consumer", c] for c in (0, 1)) == pytest.approx(report.end_time * 1000.0)
+    assert all(finish["producer", p] <= finish["consumer", c] for p in (0, 1) for c in (0, 1))
+    for c in (0, 1):
+        bytes_in = report.value("consumer", c, "numBytesIn")  # no subtask-level row: the channels' sum
+        assert bytes_in == sum(report.value("consumer", c, "numBytesIn", channel=p) for p in (0, 1))
+        rate = report.value("consumer", c, "numBytesInPerSecond", stat="mean")
+        assert rate == pytest.approx(bytes_in / report.window)
+        for p in (0, 1):  # numBytesIn counts the events too (schema, end of partition), numDataBytesIn not
+            assert report.value("consumer", c, "numDataBytesIn", channel=p) < report.value(
+                "consumer", c, "numBytesIn", channel=p
+            )
+            assert report.channel_origin(c, p).local == (report.hosts["producer"][p] == report.hosts["consumer"][c])
+    assert report.hosts == {"producer": [0, 1], "consumer": [1, 1]}
+    assert report.checkpoint_records() == []  # no checkpoints without checkpoint_interval_ms
+    with pytest.raises(KeyError, match="numBytesOut"):
+        report.value("producer", 0, "numBytesOut", channel=5)
 
 
 def test_one_buffer_per_channel_with_timeout_minus_one_does_not_stall_the_producer():
@@ -214,6 +263,15 @@ def test_bad_simulation_settings_are_rejected():
     with pytest.raises(ConfigError, match="forward"):
         simulate(
             num_producers=1, num_consumers=2, producer_rate=1.0, consumer_rate=1.0, consumers_of="forward", duration=1
+        )
+    with pytest.raises(ConfigError, match="each consumer at most once per producer"):  # one channel per pair
+        simulate(
+            num_producers=1,
+            num_consumers=1,
+            producer_rate=1.0,
+            consumer_rate=1.0,
+            consumers_of=lambda p: [0, 0],
+            duration=1,
         )
 
 
