@@ -66,6 +66,13 @@ def test_pipelined_rows_are_conserved_and_checkpoints_complete_behind_a_slow_con
     assert barriers_out > 0
     completed = {r.subtask: r.value for r in metric(rows, CONSUMER, "numberOfCompletedCheckpoints")}
     assert set(completed) == {0, 1, 2} and sum(completed.values()) > 0
+    # one checkpoint at a time: no consumer fails one, each completes 1, 2, 3... in turn, and no producer ran
+    # more than one checkpoint ahead of its consumers (a consumer that finished holds no producer back)
+    assert all(r.value == 0 for r in metric(rows, CONSUMER, "numberOfFailedCheckpoints"))
+    ids = metric(rows, CONSUMER, "checkpointId", stat="checkpoint")
+    for c in range(3):
+        assert sorted(r.value for r in ids if r.subtask == c) == list(range(1, int(completed[c]) + 1))
+    assert all(r.value <= max(completed.values()) + 1 for r in metric(rows, PRODUCER, "numCheckpointBarriersOut"))
     per_checkpoint = metric(rows, CONSUMER, stat="checkpoint")
     unaligned = [r.value for r in per_checkpoint if r.metric == "unalignedCheckpoint"]
     persisted = sum(r.value for r in metric(rows, CONSUMER, "bytesPersistedDuringAlignment", "total"))
@@ -111,9 +118,7 @@ def test_blocking_mode_aligns_one_barrier_at_the_end_of_each_producer(mode):
 def test_rows_out_are_rows_in_with_checkpoints_on_spark(spark, mode):
     df = spark.range(0, 20_000, 1, 3).select(F.col("id"), (F.col("id") % 13).cast("int").alias("k"))
     # consumer 0 reads its ~7000 rows in about 0.7 s and back-pressures the producers (4 KiB buffers), so
-    # they are still writing at dozens of checkpoint instants (on a loaded machine, where the three tasks'
-    # timers fire milliseconds apart and a barrier n+1 overtaking n aborts n, 0.2 s at 5 ms once saw none
-    # completed)
+    # they are still writing at dozens of checkpoint instants
     slow = Injection(consumer_delay_s=((0, 1e-4),))
     ex = scs.exchange(
         df,

@@ -159,8 +159,6 @@ class PipelinedResultPartition(ResultPartition):
         self._all_data_processed = [False] * num_subpartitions
         #: The last checkpoint each subpartition's consumer acknowledged or declined (AcknowledgeCheckpoint).
         self.acknowledged_checkpoints = [0] * num_subpartitions
-        #: Called on every acknowledgement (the runtime wakes its checkpoint trigger).
-        self.checkpoint_listener: Callable[[], None] | None = None
         self.num_events_out = 0
         self._unicast_builders: list[ByteBufferBuilder | None] = [None] * num_subpartitions
         #: The rest of a record emit_record could not write, and whether part of it went out already.
@@ -366,8 +364,6 @@ class PipelinedResultPartition(ResultPartition):
         acknowledged = self.acknowledged_checkpoints
         if checkpoint_id > acknowledged[subpartition]:
             acknowledged[subpartition] = checkpoint_id
-        if self.checkpoint_listener is not None:
-            self.checkpoint_listener()
 
     def checkpoint_acknowledged(self, checkpoint_id: int) -> bool:
         """Every consumer ended checkpoint ``checkpoint_id`` (acknowledged or declined it, or a later one), or
