@@ -199,6 +199,9 @@ def test_metrics_are_flinks_and_add_up():
         else:
             assert not any(subtask == c for subtask, _ in latencies)
     assert all(r.value > 0 for r in metric(rows, None, "taskRssBytes", "max"))
+    # the network buffers each task held, within its network memory
+    held = metric(rows, None, "usedMemorySegments", "max")
+    assert len(held) == 3 and all(0 < r.value <= plan.config.network_memory // plan.config.segment_size for r in held)
 
 
 def test_a_slow_consumer_backpressures_its_producers_and_loses_nothing():

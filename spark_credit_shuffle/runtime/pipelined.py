@@ -83,8 +83,9 @@ soft before it takes its next input batch, hard in the middle of one it could no
 while it waits for its next input batch; a consumer is idle while its gate has nothing.
 Producers also report ``outputQueueLength`` per channel (max, mean); consumers report ``latencyMs`` of the
 latency markers they received (p50, p99, max, mean) and ``numLatencyMarkersIn``; each task reports its
-resident memory ``taskRssBytes`` and Arrow memory ``taskArrowAllocatedBytes`` (max, mean), sampled by the
-timer thread, and its CPU time (``taskCpuTimeMs``; ``producerThreadCpuTimeMs``, ``consumerThreadCpuTimeMs``,
+resident memory ``taskRssBytes``, Arrow memory ``taskArrowAllocatedBytes`` and the network buffers it holds,
+``usedMemorySegments`` (Flink's ``Status.Shuffle.Netty.UsedMemorySegments``, of each task's own pool here;
+max, mean), sampled by the timer thread, and its CPU time (``taskCpuTimeMs``; ``producerThreadCpuTimeMs``, ``consumerThreadCpuTimeMs``,
 ``ioThreadCpuTimeMs`` per thread) next to its wall-clock time ``taskWallTimeMs``. The producer half hands its
 rows to the consumer half of the same task, whose last output row carries both.
 

@@ -450,6 +450,8 @@ class PipelinedTask:
         if rss:
             self._task_metrics.sample("taskRssBytes", float(rss))
         self._task_metrics.sample("taskArrowAllocatedBytes", float(pa.total_allocated_bytes()))
+        # the task's network buffers in use: Flink's Status.Shuffle.Netty.UsedMemorySegments, per task here
+        self._task_metrics.sample("usedMemorySegments", float(self.wiring.network.num_used))
 
     # -- consumer half (the task thread) --
 
