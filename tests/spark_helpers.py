@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import uuid
 from collections.abc import Iterator
 
@@ -85,3 +86,21 @@ def run_job_script(tmp_path, text: str, timeout_s: float) -> dict:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def cluster_job(master: str, conf: dict[str, str], body: str) -> str:
+    """The text of a Spark application of its own for :func:`run_job_script`: a classic session on ``master``
+    (e.g. ``local-cluster[2,2,1024]``, executors of 512 MiB, no UI) with ``conf``, then ``body``, which has
+    ``spark``, ``F`` and ``scs`` at hand and leaves its report in the dict ``out``; the application then stops
+    and prints ``out`` as its last line."""
+    settings = {"spark.ui.enabled": "false", "spark.executor.memory": "512m", **conf}
+    builder = "".join(f"\n    .config({k!r}, {v!r})" for k, v in settings.items())
+    prologue = (
+        "import json, os, sys, time\n"
+        'os.environ["PYSPARK_PYTHON"] = sys.executable\n'
+        'os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"\n'
+        "from pyspark.sql import SparkSession, functions as F\n"
+        "import spark_credit_shuffle as scs\n\n"
+        f"spark = (\n    SparkSession.builder.master({master!r}){builder}\n    .getOrCreate()\n)\n"
+    )
+    return prologue + textwrap.dedent(body) + "\nspark.stop()\nprint(json.dumps(out))\n"

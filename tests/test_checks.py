@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pandas as pd
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
-from spark_helpers import job_group, no_spark_jobs, run_job_script
+from spark_helpers import cluster_job, job_group, no_spark_jobs, run_job_script
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import ConfigError, PartitionerError
@@ -251,22 +249,10 @@ def test_typed_errors_leaves_other_errors_alone(spark):
     assert scs.task_error(RuntimeError("no typed error in here")) is None
 
 
-_DYNAMIC_ALLOCATION_JOB = textwrap.dedent(
+_DYNAMIC_ALLOCATION_JOB = cluster_job(
+    "local-cluster[1,2,1024]",
+    {"spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true"},
     """
-    import json, os, sys
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-    import spark_credit_shuffle as scs
-
-    spark = (
-        SparkSession.builder.master("local-cluster[1,2,1024]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.executor.memory", "512m")
-        .config("spark.dynamicAllocation.enabled", "true")
-        .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
-        .getOrCreate()
-    )
     tracker = spark.sparkContext.statusTracker()
     df = spark.range(0, 2000, 1, 2)
     try:
@@ -276,9 +262,8 @@ _DYNAMIC_ALLOCATION_JOB = textwrap.dedent(
         refused = str(exc)
     jobs_before_blocking = len(tracker.getJobIdsForGroup(None))
     rows = scs.exchange(df, scs.rebalance(), 2, "blocking").df.count()
-    spark.stop()
-    print(json.dumps({"refused": refused, "jobs": jobs_before_blocking, "rows": rows}))
-    """
+    out = {"refused": refused, "jobs": jobs_before_blocking, "rows": rows}
+    """,
 )
 
 

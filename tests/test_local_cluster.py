@@ -6,33 +6,25 @@ the exchange's connections run TLS.
 
 from __future__ import annotations
 
-import textwrap
+import os
 
 import pytest
-from spark_helpers import run_job_script
+from spark_helpers import cluster_job, run_job_script
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("local-cluster")]
 
-_LOCAL_CLUSTER_JOB = textwrap.dedent(
+_LOCAL_CLUSTER_JOB = cluster_job(
+    "local-cluster[2,2,1024]",
+    {
+        "spark.sql.shuffle.partitions": "4",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
+        # a cluster that encrypts its own traffic (crypto needs authentication)
+        "spark.authenticate": "true",
+        "spark.authenticate.secret": os.urandom(16).hex(),
+        "spark.network.crypto.enabled": "true",
+    },
     """
-    import json, os, sys, time
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession, functions as F
-    import spark_credit_shuffle as scs
-
-    spark = (
-        SparkSession.builder.master("local-cluster[2,2,1024]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.executor.memory", "512m")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "3")
-        .config("spark.authenticate", "true")  # a cluster that encrypts its own traffic (crypto needs auth)
-        .config("spark.authenticate.secret", os.urandom(16).hex())
-        .config("spark.network.crypto.enabled", "true")
-        .getOrCreate()
-    )
     df = spark.range(0, 100000, 1, 4).select(F.col("id"), (F.col("id") % 97).cast("int").alias("k"))
     # consumer 0: 0.2 ms per row, about 5 s for its quarter of the rows (long against the producers' own
     # work even on a busy machine), each producer's share of which is several times what 4 KiB buffers in
@@ -74,9 +66,7 @@ _LOCAL_CLUSTER_JOB = textwrap.dedent(
         out["checkpoints"][channels] = {
             "rows": rows["n"], "sum": rows["s"], "completed": counts["numberOfCompletedCheckpoints"],
             "failed": counts["numberOfFailedCheckpoints"], "median_delay_ms": delays[len(delays) // 2]}
-    spark.stop()
-    print(json.dumps(out))
-    """
+    """,
 )
 
 

@@ -85,9 +85,9 @@ Producers also report ``outputQueueLength`` per channel (max, mean); consumers r
 latency markers they received (p50, p99, max, mean) and ``numLatencyMarkersIn``; each task reports its
 resident memory ``taskRssBytes``, Arrow memory ``taskArrowAllocatedBytes`` and the network buffers it holds,
 ``usedMemorySegments`` (Flink's ``Status.Shuffle.Netty.UsedMemorySegments``, of each task's own pool here;
-max, mean), sampled by the timer thread, and its CPU time (``taskCpuTimeMs``; ``producerThreadCpuTimeMs``, ``consumerThreadCpuTimeMs``,
-``ioThreadCpuTimeMs`` per thread) next to its wall-clock time ``taskWallTimeMs``. The producer half hands its
-rows to the consumer half of the same task, whose last output row carries both.
+max, mean), sampled by the timer thread, and its CPU time (``taskCpuTimeMs``; ``producerThreadCpuTimeMs``,
+``consumerThreadCpuTimeMs``, ``ioThreadCpuTimeMs`` per thread) next to its wall-clock time ``taskWallTimeMs``.
+The producer half hands its rows to the consumer half of the same task, whose last output row carries both.
 
 **Timeline.** Every ``metrics_sample_interval_ms`` the timer thread samples both sides of its task (pool
 usage, backpressure, rates, and per channel backlog, queue length and credits; the list is in
