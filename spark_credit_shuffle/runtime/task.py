@@ -432,7 +432,9 @@ class PipelinedTask:
                     next_timeline = max(next_timeline + self._sample_timeline(now), now)
                 if debloat is not None and now >= debloat.next_at and self.wiring.gate is not None:
                     with self._sending(), self.lock:  # the size goes to every producer (NewBufferSize)
-                        debloat.on_timer(now)
+                        # the time read under the lock: the consumer may have measured data after ``now`` while
+                        # this thread waited for the lock, and a throughput measured backwards is refused
+                        debloat.on_timer(max(now, time.monotonic()))
                 if finishing and producer is not None and now >= next_checkpoint:
                     with self._sending(), self.lock:
                         if trigger.is_due():
