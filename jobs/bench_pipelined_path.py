@@ -200,11 +200,13 @@ def install_timers(timers: StageTimers) -> None:
     wrap(tcp.TcpTransport, "_ready", "notify: transport ready")
     wrap(event_loop.EventLoop, "wakeup", "notify: I/O thread wakeup (socket)")
     wrap(wiring.TaskWiring, "notify_consumer", "notify: consumer condition")
+    wrap(wiring.TaskWiring, "deliver_consumer_wakeup", "notify: consumer condition")
     wrap(wiring.TaskWiring, "notify_producer", "notify: producer condition")
     wrap(wiring.TaskWiring, "_on_transport_event", "notify: transport event")
     wrap(sender.PartitionRequestQueue, "next_message", "sender: poll (reader, credit)")
     wrap(client.CreditBasedPartitionRequestClientHandler, "next_message", "credit/recycle out: poll")
     wrap(connection, "encode", data_or_control)
+    wrap(connection, "buffer_response_header", "sender: encode data")
     wrap(connection.Connection, "fill", fill_side)
     wrap(connection.Connection, "write", write_side)
     wrap(tcp.TcpTransport, "flush", "transport: flush (dirty connections)")
@@ -219,7 +221,7 @@ def install_timers(timers: StageTimers) -> None:
     wrap(gate.SingleInputGate, "notify_channel_non_empty", "receiver: enqueue (gate)")
     wrap(sender.PartitionRequestServerHandler, "receive_data", "credit/recycle in: decode")
     wrap(sender.PartitionRequestServerHandler, "receive_message", "credit/recycle in: dispatch")
-    wrap(task.PipelinedTask, "_next_buffer", "consumer: poll (wait, lock)")
+    wrap(task.PipelinedTask, "_next_burst", "consumer: poll (wait, lock)")
     wrap(ConsumerEngine, "next", "consumer: poll (gate)")
     wrap(ConsumerEngine, "take", "consumer: take")
     wrap(RecordReader, "feed", "consumer: decode (RecordReader)")
@@ -242,6 +244,22 @@ def _count_calls(counts: dict[str, int]) -> None:
     sys.setprofile(counter)
 
 
+def _count_thread_switches() -> dict[str, int]:
+    """Count each ending thread's voluntary context switches (waits: a lock, a condition, the interpreter
+    lock, a socket) by thread role, from now on in this process (``getrusage(RUSAGE_THREAD)`` at its end)."""
+    counts: dict[str, int] = defaultdict(int)
+    run = threading.Thread.run
+
+    def counted_run(self: threading.Thread) -> None:
+        try:
+            run(self)
+        finally:
+            counts[StageTimers.role()] += resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+
+    threading.Thread.run = counted_run  # type: ignore[method-assign]
+    return counts
+
+
 def _task_process(index: int, tasks: int, rows: int, local: bool, profile: str, to_parent: Any, to_child: Any) -> None:
     """Run pipelined task ``index`` (a process of its own), report its CPU figures to the parent.
     ``profile``: "" (plain), "stages" (stage timers) or "calls" (Python calls per thread)."""
@@ -258,12 +276,14 @@ def _task_process(index: int, tasks: int, rows: int, local: bool, profile: str, 
         to_parent.put(("gather", index, message))
         return list(to_child.get(timeout=60))
 
+    switches = _count_thread_switches()
     executors = ["executor"] * tasks if local else None
     task = PipelinedTask(plan, index, b"s" * 32, "127.0.0.1", TaskOptions(), attempt_id=index, executors=executors)
     received_rows = 0
     received: list[pa.Array] = []
     metrics: dict[str, float] = defaultdict(float)
     before = resource.getrusage(resource.RUSAGE_SELF)  # every thread of the process, ended ones too
+    main_before = resource.getrusage(resource.RUSAGE_THREAD)
     if profile == "calls":
         _count_calls(calls)
     for batch in task.run(iter(data), all_gather):
@@ -278,6 +298,8 @@ def _task_process(index: int, tasks: int, rows: int, local: bool, profile: str, 
                     metrics[row["metric"]] += row["value"]
     sys.setprofile(None)
     after = resource.getrusage(resource.RUSAGE_SELF)
+    main_after = resource.getrusage(resource.RUSAGE_THREAD)
+    switches["consumer"] += main_after.ru_nvcsw - main_before.ru_nvcsw
     received_sum = sum(pc.sum(a).as_py() or 0 for a in received)
     metrics["voluntarySwitches"] = float(after.ru_nvcsw - before.ru_nvcsw)
     metrics["involuntarySwitches"] = float(after.ru_nivcsw - before.ru_nivcsw)
@@ -290,6 +312,7 @@ def _task_process(index: int, tasks: int, rows: int, local: bool, profile: str, 
         "calls": {f"{r}|{label}": c for (r, label), c in timers.calls.items()},
         "overhead_s": timers.overhead_s() if profile == "stages" else 0.0,
         "python_calls": dict(calls),
+        "switches": dict(switches),
     }
     to_parent.put(("result", index, result))
 
@@ -511,6 +534,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     vol, invol = (statistics.median(switches[k]) for k in ("voluntary", "involuntary"))
     print(f"  context switches per data buffer, all threads: {vol:.2f} voluntary (waits), {invol:.2f} involuntary")
+    by_thread = {
+        role: statistics.median(
+            sum(t["switches"].get(role, 0) for t in run["tasks"]) / buffers_of(run)[0] for run in plain_runs
+        )
+        for role in ("producer", "io", "consumer", "timer")
+    }
+    print("    voluntary, by thread: " + ", ".join(f"{role} {value:.2f}" for role, value in by_thread.items()))
     beyond = med["total"] - core_us
     print(f"  beyond the core in place: {beyond:.1f} us per buffer; wall {statistics.median(walls):.2f} s")
     headline: dict[str, Any] = {
@@ -529,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         "us_per_buffer_beyond_core": round(beyond, 1),
         "wall_s": round(statistics.median(walls), 2),
         "voluntary_switches_per_buffer": round(vol, 2),
+        **{f"voluntary_switches_per_buffer_{role}": round(value, 2) for role, value in by_thread.items()},
     }
     if not args.no_profile:
         run = run_exchange(args.tasks, args.rows, args.local, profile="stages")

@@ -77,6 +77,7 @@ __all__ = [
     "NEED_DATA",
     "PROTOCOL_VERSION",
     "FrameDecoder",
+    "buffer_response_header",
     "default_max_frame_length",
     "encode",
     "encode_to_bytes",
@@ -113,6 +114,10 @@ class _NeedData:
 NEED_DATA: Final = _NeedData()
 
 _DATA_TYPES = {int(t): t for t in DataType}
+#: The data types by their byte, for the decoder's hot path (every value below the length is one).
+_DATA_TYPE_OF = tuple(DataType(i) for i in range(len(DataType)))
+_NUM_DATA_TYPES = len(_DATA_TYPE_OF)
+_new_tuple = tuple.__new__  # NamedTuples without their Python-level __new__ on the hot path
 
 
 def default_max_frame_length(segment_size: int) -> int:
@@ -143,6 +148,30 @@ def _encode_buffer_response(m: BufferResponse) -> list[Payload]:
         size,
     )
     return [header, m.payload] if size else [header]
+
+
+def buffer_response_header(
+    receiver_id: int, subpartition: int, sequence_number: int, backlog: int, data_type: int, size: int
+) -> bytes:
+    """The frame header and BufferResponse header of an uncompressed buffer of ``size`` payload bytes: what a
+    transport sends before the payload itself (header-only encoding, no message object). A field out of its
+    wire range raises :class:`ProtocolError`."""
+    try:
+        return _BUFFER_RESPONSE.pack(
+            FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size + size,
+            MAGIC_NUMBER,
+            PROTOCOL_VERSION,
+            0,
+            receiver_id,
+            subpartition,
+            sequence_number,
+            backlog,
+            data_type,
+            0,
+            size,
+        )
+    except struct.error as exc:
+        raise ProtocolError(f"cannot encode a BufferResponse: a field is out of its wire range ({exc})") from None
 
 
 def _encode_error(m: ErrorResponse) -> list[Payload]:
@@ -407,12 +436,48 @@ class FrameDecoder:
         if pos == size:
             return out
         view = memoryview(data)  # not released: the payloads are views of it
+        unpack_buffer_response = _BUFFER_RESPONSE.unpack_from
+        header_size = _BUFFER_RESPONSE.size
+        max_length = self.max_frame_length
+        append = out.append
         while True:
+            # the common frame, a whole BufferResponse of a known data type that passes every check: one unpack,
+            # no message decoder; anything else (or any check failing) takes the general path, which raises
+            available = size - pos
+            if available >= header_size and data[pos + 9] == 0:
+                length, magic, version, _, receiver_id, sub, seq, backlog, data_type, compressed, payload_size = (
+                    unpack_buffer_response(data, pos)
+                )
+                if (
+                    header_size <= length <= available
+                    and length <= max_length
+                    and magic == MAGIC_NUMBER
+                    and version == PROTOCOL_VERSION
+                    and payload_size == length - header_size
+                    and compressed <= 1
+                    and 0 < data_type < _NUM_DATA_TYPES
+                ):
+                    append(
+                        _new_tuple(
+                            BufferResponse,
+                            (
+                                receiver_id,
+                                sub,
+                                seq,
+                                backlog,
+                                _DATA_TYPE_OF[data_type],
+                                compressed == 1,
+                                view[pos + header_size : pos + length],
+                            ),
+                        )
+                    )
+                    pos += length
+                    continue
             parsed = self._parse_one(view, pos, size, copy=False)
             if parsed is None:
                 break
             message, pos = parsed
-            out.append(message)
+            append(message)
         if pos < size:  # the start of the next frame: its header was checked as far as it came
             self._partial += data[pos:]
         return out

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -40,7 +40,12 @@ from .wiring import TaskWiring
 if TYPE_CHECKING:
     from .plan import ExchangePlan
 
-__all__ = ["PipelinedTask", "TaskOptions"]
+__all__ = ["BURST", "PipelinedTask", "TaskOptions"]
+
+#: The most buffers and events the consumer takes from its gate under one taking of the task's lock. With
+#: unaligned (or timeoutable) checkpoints it takes one at a time: a priority barrier overtakes only what is
+#: still in the gate, and a burst already taken would hold it back behind a slow consumer's work.
+BURST = 64
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,10 @@ class PipelinedTask:
         self.wiring.producer_done = not self.is_producer
         self.producer: ProducerEngine | None = None
         self.consumer: ConsumerEngine | None = None
+        trigger = wiring.checkpoint_trigger
+        #: The most buffers the consumer takes from its gate at once (see :data:`BURST`).
+        unaligned = trigger.options.is_unaligned or trigger.options.is_timeoutable
+        self._burst = 1 if trigger.enabled and unaligned else BURST
         if self.is_producer:
             self._setup_producer()
         if self.is_consumer:
@@ -265,6 +274,7 @@ class PipelinedTask:
         assert producer is not None and self.wiring.transport is not None and self.wiring.partition is not None
         clock = producer.time
         sending = self.wiring.transport.sending
+        deferred = self.wiring.consumer_wakeups_deferred  # one wake-up of the consumer per input batch written
         thread_cpu = time.thread_time()
         trigger = self.wiring.checkpoint_trigger
         barrier_due = trigger.is_due if trigger.enabled else (lambda: False)
@@ -288,7 +298,7 @@ class PipelinedTask:
                     continue
                 # the writer stops at the first buffer its pool cannot give; wait, then write on from there
                 self._await_buffer(producer)
-                with sending(), self.writer_lock:
+                with sending(), self.writer_lock, deferred():
                     done = producer.write(batch)
                     while not done and barrier_due():  # stopped between two runs: the barrier goes in now
                         self._inject_due_checkpoint(producer)
@@ -297,7 +307,7 @@ class PipelinedTask:
                     with self.lock:
                         producer.sample_output()
                     self._await_buffer(producer, hard=True)  # in the middle of an input: hard back-pressure
-                    with sending(), self.writer_lock:
+                    with sending(), self.writer_lock, deferred():
                         done = producer.resume()
                         while not done and barrier_due():
                             self._inject_due_checkpoint(producer)
@@ -422,7 +432,9 @@ class PipelinedTask:
                     next_timeline = max(next_timeline + self._sample_timeline(now), now)
                 if debloat is not None and now >= debloat.next_at and self.wiring.gate is not None:
                     with self._sending(), self.lock:  # the size goes to every producer (NewBufferSize)
-                        debloat.on_timer(now)
+                        # the time read under the lock: the consumer may have measured data after ``now`` while
+                        # this thread waited for the lock, and a throughput measured backwards is refused
+                        debloat.on_timer(max(now, time.monotonic()))
                 if finishing and producer is not None and now >= next_checkpoint:
                     with self._sending(), self.lock:
                         if trigger.is_due():
@@ -456,21 +468,29 @@ class PipelinedTask:
     # -- consumer half (the task thread) --
 
     def _consume(self, consumer: ConsumerEngine) -> Iterator[pa.RecordBatch]:
-        """The consumer loop. Returning a buffer may send credit (or, on a local channel, the producer's
-        segment): this thread writes it itself, once for every buffer it returned since it last did, just
-        before it waits for data or hands rows to Spark (one write per burst instead of one per buffer).
-        The buffers a burst decoded go back together there too, under one taking of the task's lock instead of
-        one per buffer (the lock the I/O and producer threads contend for): their credit is announced at that
-        moment either way, and none is held over a wait, so the senders see the same credit as before."""
+        """The consumer loop. It takes what the gate holds in bursts (every buffer and event there, up to
+        :data:`BURST`, under one taking of the task's lock: the lock the I/O and producer threads contend for)
+        and decodes them in order outside the lock. Returning a buffer may send credit (or, on a local
+        channel, the producer's segment): the buffers decoded since the last time go back together, under one
+        taking of the lock, and this thread writes what that made sendable itself, just before it waits for
+        data or hands rows to Spark (one write per burst instead of one per buffer). Their credit is announced
+        at that moment either way, and none is held over a wait, so the senders see the same credit as
+        before. A burst polled but not decoded when the loop ends (a failure, an early close) goes back too."""
         delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
         lock = self.lock
         data = self.report.data
         output = consumer.output
+        add, ready_now = output.add, output.ready
+        take = consumer.take
         transport = self.wiring.transport
         assert transport is not None
         write = transport.flush
         returned: list[Callable[[], None]] = []  # the recycles of the buffers decoded since the last flush
         give_back = returned.append
+        burst: deque[BufferOrEvent] = deque()  # polled from the gate, not yet decoded
+        next_of_burst = burst.popleft
+        monotonic, time_ns = time.monotonic, time.time_ns
+        wall_ns = 0
 
         def recycle_returned() -> None:
             if returned:
@@ -486,14 +506,21 @@ class PipelinedTask:
         with self._sending():  # what the recycles make sendable waits for flush(), not for the I/O thread
             try:
                 while True:
-                    polled = self._next_buffer(consumer, output.linger_until, flush)
-                    if isinstance(polled, LingerOver):  # nothing more came while the pending rows waited: hand them on
-                        flush()
-                        yield data(output.take())
-                        continue
-                    if polled is None:
-                        break
-                    batches, resume = consumer.take(polled, time.time_ns(), partial(give_back, polled.buffer.recycle))
+                    if not burst:
+                        polled_burst = self._next_burst(consumer, output.linger_until, flush)
+                        if type(polled_burst) is not list:
+                            if polled_burst is None:
+                                break
+                            flush()  # nothing more came while the pending rows waited: hand them on
+                            yield data(output.take())
+                            continue
+                        burst.extend(polled_burst)
+                        wall_ns = time_ns()
+                    polled = next_of_burst()
+                    recycler = polled.buffer.detach_recycler()  # returned with the others, at the next flush
+                    if recycler is not None:
+                        give_back(recycler)
+                    batches, resume = take(polled, wall_ns)
                     if resume:
                         self._resume(consumer, resume)
                         flush()
@@ -501,8 +528,8 @@ class PipelinedTask:
                         if delay:  # a slow consumer (injected): what it returned goes out before it works
                             flush()
                             time.sleep(delay * batch.num_rows)
-                        output.add(batch)
-                    ready = output.ready(polled.more_available, time.monotonic())
+                        add(batch)
+                    ready = ready_now(polled.more_available, monotonic())
                     if ready is not None:
                         flush()
                         yield data(ready)
@@ -510,6 +537,10 @@ class PipelinedTask:
                 if output.pending:
                     yield data(output.take())
             finally:  # a failure or an early close: no buffer stays out of its pool
+                for polled in burst:
+                    recycler = polled.buffer.detach_recycler()
+                    if recycler is not None:
+                        give_back(recycler)
                 recycle_returned()
 
     def _resume(self, consumer: ConsumerEngine, channels: tuple[int, ...]) -> None:
@@ -521,31 +552,35 @@ class PipelinedTask:
                 consumer.gate.resume_consumption(channel)
             consumer.resumed(channels, time.monotonic())
 
-    def _next_buffer(
+    def _next_burst(
         self, consumer: ConsumerEngine, linger_until: float | None, before_wait: Callable[[], None]
-    ) -> BufferOrEvent | LingerOver | None:
-        """The gate's next buffer or event, waiting as long as the engine says; None once every channel
-        ended; ``LINGER_OVER`` if ``linger_until`` (a ``time.monotonic()`` deadline) passed first.
-        ``before_wait`` runs before the first wait."""
+    ) -> list[BufferOrEvent] | LingerOver | None:
+        """The gate's next buffers and events, in order: every one it holds now, up to :data:`BURST`, waiting
+        for the first as long as the engine says; None once every channel ended; ``LINGER_OVER`` if
+        ``linger_until`` (a ``time.monotonic()`` deadline) passed first. ``before_wait`` runs before the first
+        wait."""
         wiring = self.wiring
         with self.lock:  # the common case, data is there: one look, no wait machinery
             wiring.raise_if_failed()
+            now = time.monotonic()
             try:
-                step = consumer.next(time.monotonic(), linger_until)
+                step = consumer.next(now, linger_until)
+                if type(step) is BufferOrEvent:
+                    return self._more_of_burst(consumer, step, now, self._burst)
             except Exception as exc:
                 raise wiring.channel_error(exc) from exc
-            if type(step) is BufferOrEvent:
-                return step
         waited_since: float | None = None
         with self.consumer_cond:
             try:
                 while True:
-                    self.wiring.raise_if_failed()
+                    wiring.raise_if_failed()
                     now = time.monotonic()
                     try:
                         step = consumer.next(now, linger_until)
+                        if type(step) is BufferOrEvent:
+                            return self._more_of_burst(consumer, step, now, self._burst)
                     except Exception as exc:
-                        raise self.wiring.channel_error(exc) from exc
+                        raise wiring.channel_error(exc) from exc
                     if isinstance(step, Wait):
                         if waited_since is None:
                             waited_since = consumer.time.idle_since = now
@@ -555,11 +590,26 @@ class PipelinedTask:
                         continue
                     if isinstance(step, Fail):
                         raise step.error
-                    return step
+                    return step  # type: ignore[return-value]  # None or LINGER_OVER
             finally:
                 if waited_since is not None:
                     consumer.time.idle_since = None
                     consumer.time.idle += time.monotonic() - waited_since
+
+    @staticmethod
+    def _more_of_burst(consumer: ConsumerEngine, first: BufferOrEvent, now: float, limit: int) -> list[BufferOrEvent]:
+        """``first`` and what else the gate holds now, up to ``limit`` in all (lock held)."""
+        burst = [first]
+        if first.more_available and limit > 1:
+            poll = consumer.next
+            while len(burst) < limit:
+                step = poll(now)
+                if type(step) is not BufferOrEvent:
+                    break
+                burst.append(step)
+                if not step.more_available:
+                    break
+        return burst
 
     # -- the end --
 

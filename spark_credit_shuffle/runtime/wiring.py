@@ -11,6 +11,7 @@ threads around it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,7 +27,6 @@ from ..metrics import PRODUCER
 from ..planner.channels import DIRECT, LOCAL, ChannelRoute, Endpoint, channel_route
 from ..protocol import (
     AddCredit,
-    BufferResponse,
     CreditBasedPartitionRequestClientHandler,
     NetworkBufferPool,
     PartitionRequestServerHandler,
@@ -89,6 +89,10 @@ class TaskWiring:
         self.consumer_cond = threading.Condition(self.lock)
         self.producer_cond = threading.Condition(self.lock)
         self.writer_lock = threading.Lock()
+        #: The threads that wake the consumer at the end of their burst (:meth:`notify_consumer`), and whether a
+        #: wake-up is owed.
+        self._deferring_threads: set[int] = set()
+        self._consumer_wakeup_pending = False
         self.max_frame_length = default_max_frame_length(config.segment_size)
         self._failure: BaseException | None = None
         self.failed_at: float | None = None  # monotonic time this task first failed (its peers fail after it)
@@ -155,9 +159,37 @@ class TaskWiring:
             self.cond.notify_all()
 
     def notify_consumer(self) -> None:
-        """The gate has data (the consumer thread's wait)."""
+        """The gate has data (the consumer thread's wait). A thread inside :meth:`consumer_wakeups_deferred`
+        (the producer writing an input batch) or the I/O thread within one of its rounds leaves the wake-up for
+        the end of its burst: one hand-off to the consumer per burst of buffers, not per buffer."""
+        deferring = self._deferring_threads
+        if deferring and threading.get_ident() in deferring:
+            self._consumer_wakeup_pending = True
+            return
         with self.lock:
             self.consumer_cond.notify()
+
+    def deliver_consumer_wakeup(self) -> None:
+        """Wake the consumer thread if a deferred notification is owed (the end of a burst)."""
+        if self._consumer_wakeup_pending:
+            with self.lock:
+                if self._consumer_wakeup_pending:
+                    self._consumer_wakeup_pending = False
+                    self.consumer_cond.notify()
+
+    @contextlib.contextmanager
+    def consumer_wakeups_deferred(self) -> Iterator[None]:
+        """Within this block the data the calling thread makes available on this task's own gate wakes the
+        consumer thread once, at the block's end, instead of at every buffer that finds the gate empty: a
+        thread hand-off (and the interpreter lock's) per burst, not per buffer. The block must not wait for the
+        consumer (the producer leaves it before it waits for a buffer of its pool)."""
+        ident = threading.get_ident()
+        self._deferring_threads.add(ident)
+        try:
+            yield
+        finally:
+            self._deferring_threads.discard(ident)
+            self.deliver_consumer_wakeup()
 
     def notify_producer(self) -> None:
         """The partition's pool has a buffer (the producer thread's wait)."""
@@ -192,12 +224,15 @@ class TaskWiring:
             handshake_timeout_setting=f"min(partition_request_timeout_ms, {AUTHENTICATION_TIMEOUT_S * 1000:.0f} ms)",
             max_unauthenticated=unauthenticated_cap(len(remote_consumers)),
             on_event=self._on_transport_event,
-            on_send=self._on_send,
+            on_data_sent=self._on_data_sent,
             on_closed=self._on_connection_closed,
+            on_round_end=self.deliver_consumer_wakeup,
             name=f"{self.plan.name} task {self.index}",
             tls=self.tls,
         )
         self.transport.start()
+        if self.is_consumer:  # what the I/O thread receives in one round wakes the consumer once, at the round's end
+            self._deferring_threads.add(self.transport.thread_ident)
         directory = self.announce_address_dir
         if directory:
             host, port = self.transport.address
@@ -357,9 +392,9 @@ class TaskWiring:
             f"its consumers are not reading: {names}"
         )
 
-    def _on_send(self, conn: Connection, message: Message) -> None:
-        if type(message) is BufferResponse and message.data_type.is_buffer:
-            self.last_progress = time.monotonic()  # data moved (events, such as keep-alives, do not count)
+    def _on_data_sent(self, conn: Connection, buffers: int) -> None:
+        """Data buffers went out (lock held): progress (events, such as keep-alives, do not count)."""
+        self.last_progress = time.monotonic()
 
     def _on_connection_closed(self, conn: Connection) -> None:
         """A connection ended (lock held): a client connection that fails channels fails the task."""

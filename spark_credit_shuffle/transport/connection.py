@@ -18,13 +18,17 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..protocol.codec import encode
-from ..protocol.messages import Message
+from ..buffers.buffer import Payload
+from ..protocol._flags import IS_BUFFER as _IS_BUFFER
+from ..protocol.codec import FRAME_HEADER_LENGTH, buffer_response_header, encode
+from ..protocol.messages import BufferResponse, Message
 
 __all__ = ["Connection", "SansIOConnection", "resolve_host"]
 
 #: The most buffers one ``sendmsg`` call is given.
 _MAX_IOV = 64
+#: Bytes of a BufferResponse's frame and message header, before its payload.
+_BUFFER_RESPONSE_HEADER = FRAME_HEADER_LENGTH + 26
 #: The most bytes one write to a TLS socket is given (four TLS records of 16 KiB).
 TLS_WRITE_BYTES = 64 * 1024
 
@@ -90,7 +94,7 @@ class Connection:
         self.role = role
         self.peer = peer
         self.id = conn_id
-        self.out: deque[memoryview] = deque()
+        self.out: deque[Payload] = deque()
         self.out_bytes = 0
         self.closed = False
         self.write_shut = False
@@ -107,40 +111,64 @@ class Connection:
         self.tls = isinstance(sock, ssl.SSLSocket)
         self.tls_handshaking = False
         self.tls_want_write = False
-        self.tls_retry: tuple[bytes | memoryview, int] | None = None
+        self.tls_retry: tuple[Payload, int] | None = None
         #: An SSL object must not be read and written by two threads at once (OpenSSL's rule): the I/O
         #: thread's reads and any thread's writes take this lock (writes inside the transport's lock).
         self.tls_lock = threading.Lock() if self.tls else None
 
-    def fill(self, high_water: int, on_send: Callable[[Connection, Message], None] | None) -> None:
+    def fill(self, high_water: int, on_data_sent: Callable[[Connection, int], None] | None) -> None:
         """Pull messages from the handler, encoded without copying their payloads, while fewer than
-        ``high_water`` bytes wait in the output (Netty's write-buffer high watermark); ``on_send`` sees each."""
+        ``high_water`` bytes wait in the output (Netty's write-buffer high watermark). A BufferResponse is
+        encoded as its header alone, packed in one step, followed by its payload as it is (no message object
+        beyond the handler's, no view per chunk). ``on_data_sent(connection, n)`` runs once if ``n`` > 0 data
+        buffers were pulled."""
         handler = self.handler
         out = self.out
-        while self.out_bytes < high_water:
-            message = handler.next_message()
-            if message is None:
-                return
-            for chunk in encode(message):
-                view = memoryview(chunk)
-                if view.nbytes:
-                    out.append(view)
-                    self.out_bytes += view.nbytes
-            self.messages_out += 1
-            if on_send is not None:
-                on_send(self, message)
+        append = out.append
+        next_message = handler.next_message
+        out_bytes = self.out_bytes
+        messages = data_buffers = 0
+        try:
+            while out_bytes < high_water:
+                message = next_message()
+                if message is None:
+                    break
+                messages += 1
+                if type(message) is BufferResponse:
+                    receiver_id, subpartition, sequence_number, backlog, data_type, compressed, payload = message
+                    if not compressed:
+                        size = len(payload)
+                        append(
+                            buffer_response_header(receiver_id, subpartition, sequence_number, backlog, data_type, size)
+                        )
+                        out_bytes += _BUFFER_RESPONSE_HEADER + size
+                        if size:
+                            append(payload)
+                        if _IS_BUFFER[data_type]:
+                            data_buffers += 1
+                        continue
+                for chunk in encode(message):
+                    n = len(chunk)
+                    if n:
+                        append(chunk)
+                        out_bytes += n
+        finally:
+            self.out_bytes = out_bytes
+            self.messages_out += messages
+        if data_buffers and on_data_sent is not None:
+            on_data_sent(self, data_buffers)
 
     def write(self) -> None:
-        """Write what the socket takes now (the transport's ``lock`` held; any thread). A failure is
-        recorded in ``write_error`` for the I/O thread, which drops the connection."""
+        """Write what the socket takes now (the transport's ``lock`` held; any thread): up to :data:`_MAX_IOV`
+        chunks per ``sendmsg``. A failure is recorded in ``write_error`` for the I/O thread, which drops the
+        connection."""
         if self.tls:
             self._write_tls()
             return
         out = self.out
         sock = self.sock
         while out:
-            chunks = list(itertools.islice(out, _MAX_IOV))
-            wanted = sum(c.nbytes for c in chunks)
+            chunks = list(itertools.islice(out, _MAX_IOV)) if len(out) > _MAX_IOV else list(out)
             try:
                 sent = sock.sendmsg(chunks)
             except (BlockingIOError, InterruptedError):
@@ -153,16 +181,16 @@ class Connection:
             self.bytes_out += sent
             self.out_bytes -= sent
             remaining = sent
+            popleft = out.popleft
             while remaining:
                 head = out[0]
-                if head.nbytes <= remaining:
-                    remaining -= head.nbytes
-                    out.popleft()
+                n = len(head) if type(head) is bytes else memoryview(head).nbytes
+                if n <= remaining:
+                    remaining -= n
+                    popleft()
                 else:
-                    out[0] = head[remaining:]
-                    remaining = 0
-            if sent < wanted:
-                return  # the socket is full: wait for EVENT_WRITE
+                    out[0] = memoryview(head).cast("B")[remaining:]
+                    return  # the socket took part of a chunk: it is full, wait for EVENT_WRITE
 
     def _write_tls(self) -> None:
         """:meth:`write` on a TLS socket: whole chunks joined into writes of at most :data:`TLS_WRITE_BYTES`."""
@@ -177,10 +205,11 @@ class Connection:
             else:
                 count, size = 0, 0
                 for chunk in out:
-                    if count and size + chunk.nbytes > TLS_WRITE_BYTES:
+                    n = len(chunk) if type(chunk) is bytes else memoryview(chunk).nbytes
+                    if count and size + n > TLS_WRITE_BYTES:
                         break
                     count += 1
-                    size += chunk.nbytes
+                    size += n
                 data = out[0] if count == 1 else b"".join(itertools.islice(out, count))
             lock = self.tls_lock
             assert lock is not None

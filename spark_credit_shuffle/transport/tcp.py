@@ -68,7 +68,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ExchangeTimeoutError, ProtocolError
-from ..protocol.messages import Message
 from .authentication import (
     ACCEPTS_PER_ROUND,
     AUTHENTICATION_TIMEOUT_S,
@@ -133,9 +132,10 @@ class TcpTransport:
     (pass the runtime's).
     ``server_handler_factory(wakeup)`` builds the handler of an accepted connection (None: accept nothing).
     ``on_event()`` runs, with ``lock`` held, after input was processed or a connection closed, so waiting
-    threads can look again; ``on_send(connection, message)`` runs, with ``lock`` held, for every message
-    pulled from a handler (metrics). ``on_closed(connection)`` runs, with ``lock`` held, when a connection
-    ends (its ``error`` tells why, None for a clean close).
+    threads can look again; ``on_data_sent(connection, n)`` runs, with ``lock`` held, whenever ``n`` data
+    buffers were pulled from a handler (progress). ``on_closed(connection)`` runs, with ``lock`` held, when a connection
+    ends (its ``error`` tells why, None for a clean close). ``on_round_end()`` runs, without ``lock``, at the end
+    of every round of the I/O thread (what the round's input made ready can be announced once there).
     ``handshake_timeout_s`` is the authentication deadline of an accepted connection and
     ``max_unauthenticated`` how many may wait for it at once (:func:`unauthenticated_cap`);
     ``handshake_timeout_setting`` names where the deadline comes from in logs. ``tls``: the exchange's key
@@ -153,8 +153,9 @@ class TcpTransport:
         handshake_timeout_setting: str = "handshake_timeout_s",
         max_unauthenticated: int = MIN_UNAUTHENTICATED,
         on_event: Callable[[], None] | None = None,
-        on_send: Callable[[Connection, Message], None] | None = None,
+        on_data_sent: Callable[[Connection, int], None] | None = None,
         on_closed: Callable[[Connection], None] | None = None,
+        on_round_end: Callable[[], None] | None = None,
         name: str = "",
         port: int = 0,
         tls: TlsIdentity | None = None,
@@ -173,8 +174,9 @@ class TcpTransport:
         self._high_water = high_water
         self._max_unauthenticated = max_unauthenticated
         self._on_event = on_event
-        self._on_send = on_send
+        self._on_data_sent = on_data_sent
         self._on_closed = on_closed
+        self._on_round_end = on_round_end
         self._ids = itertools.count(1)
         self._loop = EventLoop(host, port, backlog=64)
         self._selector = self._loop.selector
@@ -239,6 +241,13 @@ class TcpTransport:
         self._thread = threading.Thread(target=self._run, name=f"credit-shuffle-io-{self.name}", daemon=True)
         self._thread.start()
 
+    @property
+    def thread_ident(self) -> int:
+        """The I/O thread's identifier (``threading.get_ident()`` in it); the transport must be started."""
+        if self._thread is None or self._thread.ident is None:
+            raise RuntimeError("transport not started")
+        return self._thread.ident
+
     def wakeup(self) -> None:
         """Wake the I/O thread for a round: it writes the dirty connections and looks at the ones marked for
         its attention (thread-safe, cheap when already woken)."""
@@ -279,7 +288,7 @@ class TcpTransport:
         """Pull the handler's messages and write them until it has none left or the socket is full (then
         ``conn.out`` keeps the rest for EVENT_WRITE); ``lock`` held."""
         while True:
-            conn.fill(self._high_water, self._on_send)
+            conn.fill(self._high_water, self._on_data_sent)
             if not conn.out:
                 return
             conn.write()
@@ -331,7 +340,7 @@ class TcpTransport:
         # oldest connections waiting to authenticate, and this one must not wait for the I/O thread's turn
         # to present the secret.
         with self.lock:
-            conn.fill(self._high_water, self._on_send)
+            conn.fill(self._high_water, self._on_data_sent)
             conn.write()
         with self._pending_lock:
             self._pending.append(conn)
@@ -412,6 +421,8 @@ class TcpTransport:
                 self._pump()
                 if self._unauthenticated:
                     self._expire_handshakes()
+                if self._on_round_end is not None:
+                    self._on_round_end()
         except BaseException as exc:  # a bug or an OS failure: make it visible to the runtime
             self.error = exc
             log.exception("I/O thread of %s failed", self.name)

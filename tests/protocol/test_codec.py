@@ -32,7 +32,12 @@ from spark_credit_shuffle.protocol import (
     encode_to_bytes,
     encoded_size,
 )
-from spark_credit_shuffle.protocol.codec import FRAME_HEADER_LENGTH, MAGIC_NUMBER, PROTOCOL_VERSION
+from spark_credit_shuffle.protocol.codec import (
+    FRAME_HEADER_LENGTH,
+    MAGIC_NUMBER,
+    PROTOCOL_VERSION,
+    buffer_response_header,
+)
 
 MAX_FRAME = 32 * 1024 + 1024
 u64 = st.integers(0, (1 << 64) - 1)
@@ -80,6 +85,27 @@ def test_buffer_response_payload_is_not_copied_when_encoding():
     chunks = encode(BufferResponse(1, 2, 3, 4, DataType.DATA_BUFFER, False, payload))
     assert len(chunks) == 2 and chunks[1] is payload
     assert len(chunks[0]) == FRAME_HEADER_LENGTH + 26
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(0, (1 << 64) - 1),
+    st.integers(0, (1 << 32) - 1),
+    st.integers(0, (1 << 32) - 1),
+    st.integers(0, (1 << 32) - 1),
+    st.sampled_from([t for t in DataType if t is not DataType.NONE]),
+    st.binary(max_size=64),
+)
+def test_the_header_only_encoding_is_the_message_encoding(receiver, subpartition, seq, backlog, data_type, payload):
+    # given a BufferResponse as a transport sends it: its header alone, then its payload as it is
+    header = buffer_response_header(receiver, subpartition, seq, backlog, data_type, len(payload))
+    message = BufferResponse(receiver, subpartition, seq, backlog, data_type, False, payload)
+    # then the bytes are those of the message's own encoding, and they decode to the message
+    assert header + payload == encode_to_bytes(message)
+    (decoded,) = FrameDecoder(MAX_FRAME).receive_data(header + payload)
+    assert decoded[:6] == message[:6] and bytes(decoded.payload) == payload
+    with pytest.raises(ProtocolError, match="out of its wire range"):
+        buffer_response_header(-1, subpartition, seq, backlog, data_type, len(payload))
 
 
 def test_next_message_returns_need_data_until_a_frame_is_complete():
