@@ -50,6 +50,17 @@ def _writer_with_buffer_size(size: int):
     return view, writer, pa.schema([("id", pa.int64()), ("s", pa.string())])
 
 
+def _read_all(view, schema: pa.Schema) -> tuple[list[int], list[pa.RecordBatch]]:
+    """(the sizes of the data buffers in the view, in order; the batches they decode to)."""
+    reader = RecordReader(schema)
+    sizes, got = [], []
+    while (nxt := view.get_next_buffer()) is not None:
+        if nxt.buffer.data_type is DataType.DATA_BUFFER:
+            sizes.append(nxt.buffer.size)
+        got += [b for b in reader.feed(nxt.buffer, nxt.sequence_number) if isinstance(b, pa.RecordBatch)]
+    return sizes, got
+
+
 def test_the_writer_cuts_new_buffers_at_the_size_the_consumer_announced():
     # given a subpartition whose consumer asked for 1 KiB buffers (NewBufferSize)
     view, writer, schema = _writer_with_buffer_size(1024)
@@ -57,12 +68,7 @@ def test_the_writer_cuts_new_buffers_at_the_size_the_consumer_announced():
     strings = ["x" * (5000 if i == 1500 else 8) for i in ids]  # one row larger than 1 KiB
     writer.emit(pa.record_batch({"id": ids, "s": strings}, schema=schema))
     writer.finish()
-    reader = RecordReader(schema)
-    sizes, got = [], []
-    while (nxt := view.get_next_buffer()) is not None:
-        if nxt.buffer.data_type is DataType.DATA_BUFFER:
-            sizes.append(nxt.buffer.size)
-        got += [b for b in reader.feed(nxt.buffer, nxt.sequence_number) if isinstance(b, pa.RecordBatch)]
+    sizes, got = _read_all(view, schema)
     # then the buffers are about 1 KiB (the first may still be a full one: the size applies from the next
     # buffer on), the large row's buffer grew to hold it, and every row arrived in order
     assert sum(1 for s in sizes if s <= 1024) >= len(sizes) - 3
@@ -138,12 +144,7 @@ def test_a_debloated_buffer_grows_to_a_record_it_cannot_hold_and_no_further():
     ids = list(range(1, 41))
     writer.emit(pa.record_batch({"id": ids, "s": ["y" * 2000] * len(ids)}, schema=schema))
     writer.finish()
-    reader = RecordReader(schema)
-    sizes, got = [], []
-    while (nxt := view.get_next_buffer()) is not None:
-        if nxt.buffer.data_type is DataType.DATA_BUFFER:
-            sizes.append(nxt.buffer.size)
-        got += [b for b in reader.feed(nxt.buffer, nxt.sequence_number) if isinstance(b, pa.RecordBatch)]
+    sizes, got = _read_all(view, schema)
     # then after the first buffer (opened before the size was known) each row gets a buffer of its own size
     # (Flink trims a new buffer to the larger of the record and the desired size), not a segment that the
     # rows behind it would fill, and every row arrived in order

@@ -138,20 +138,27 @@ def test_calculate_throughput_without_elapsed_time_returns_previous_value():
     assert calculator.calculate_throughput(now_ms=200) == 100_000  # paused: no measured time
 
 
-def test_gate_announces_debloated_size_to_its_producers():
-    """A gate that consumes slowly with much data in flight announces a smaller size; the producer's
-    subpartition returns it from ``add`` (the size its writer cuts the next buffers at)."""
-    config = NetworkConfig(segment_size=32 * 1024)
+def _one_remote_channel(config: NetworkConfig):
+    """(partition, gate, channel, connection): a producer's one-subpartition partition read by a gate's one
+    remote channel over an in-memory connection, requested."""
     network = NetworkBufferPool.from_config(config)
     manager = ResultPartitionManager()
     partition = PipelinedResultPartition.create(network, 1, config, partition_id=0)
     manager.register_partition(partition)
     gate = SingleInputGate(network, 1, config)
     client = CreditBasedPartitionRequestClientHandler()
-    gate.remote_channel(0, 1, client, partition_id=0, subpartition=0)
+    channel = gate.remote_channel(0, 1, client, partition_id=0, subpartition=0)
     connection = MemoryConnection(client, PartitionRequestServerHandler(manager))
     gate.request_partitions()
     connection.pump()
+    return partition, gate, channel, connection
+
+
+def test_gate_announces_debloated_size_to_its_producers():
+    """A gate that consumes slowly with much data in flight announces a smaller size; the producer's
+    subpartition returns it from ``add`` (the size its writer cuts the next buffers at)."""
+    config = NetworkConfig(segment_size=32 * 1024)
+    partition, gate, _, connection = _one_remote_channel(config)
     for _ in range(6):
         partition.add_consumer(0, filled_finished_consumer(32 * 1024))
     connection.pump()
@@ -170,16 +177,7 @@ def test_a_channel_blocked_behind_an_aligned_barrier_still_counts_the_senders_ba
     """A sender blocked behind an aligned barrier announces a backlog of 0 with it, though its queue stays;
     for debloating the channel counts the backlog announced before the barrier until consumption resumes."""
     config = NetworkConfig(segment_size=32 * 1024)
-    network = NetworkBufferPool.from_config(config)
-    manager = ResultPartitionManager()
-    partition = PipelinedResultPartition.create(network, 1, config, partition_id=0)
-    manager.register_partition(partition)
-    gate = SingleInputGate(network, 1, config)
-    client = CreditBasedPartitionRequestClientHandler()
-    channel = gate.remote_channel(0, 1, client, partition_id=0, subpartition=0)
-    connection = MemoryConnection(client, PartitionRequestServerHandler(manager))
-    gate.request_partitions()
-    connection.pump()
+    partition, gate, channel, connection = _one_remote_channel(config)
     # given 3 buffers, an aligned barrier and 4 buffers behind it, all received up to the barrier
     for _ in range(3):
         partition.add_consumer(0, filled_finished_consumer(1024))
