@@ -19,12 +19,12 @@ run: $(STAMP)
 	$(PY) jobs/demo.py
 
 # Two test processes, each with its own SparkSession: the suite waits on Spark's scheduling and on
-# subprocesses as much as it computes, so two processes share two cores well. Tests of one xdist_group
-# (the local-cluster application's) run in one process.
+# subprocesses as much as it computes, so two processes share two cores well. An application several
+# tests assert on runs once per test run, whichever process asks first (tests/spark_helpers.run_job_once).
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The quick loop: every test that needs no JVM (no SparkSession, spark-submit or java).
 test-fast: $(STAMP)

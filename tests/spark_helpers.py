@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -86,6 +87,23 @@ def run_job_script(tmp_path, text: str, timeout_s: float) -> dict:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_job_once(tmp_path_factory, name: str, text: str, timeout_s: float) -> dict:
+    """:func:`run_job_script` once per test run, whichever test process asks first: the others wait for its
+    report (a lock and the report in the run's shared temporary directory). For an application several tests
+    assert on, when those tests may run in different test processes (pytest-xdist)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's directory, above each test process's own
+    report = shared / f"{name}.json"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the holder's run is bounded by timeout_s
+        if not report.exists():
+            work = shared / name
+            work.mkdir(exist_ok=True)
+            report.write_text(json.dumps(run_job_script(work, text, timeout_s)))
+    return json.loads(report.read_text())
 
 
 def cluster_job(master: str, conf: dict[str, str], body: str) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from spark_helpers import cluster_job, run_job_script
+from spark_helpers import cluster_job, run_job_once
 
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("local-cluster")]
+pytestmark = pytest.mark.spark
 
 _LOCAL_CLUSTER_JOB = cluster_job(
     "local-cluster[2,2,1024]",
@@ -72,8 +72,9 @@ _LOCAL_CLUSTER_JOB = cluster_job(
 
 @pytest.fixture(scope="module")
 def cluster_run(tmp_path_factory) -> dict:
-    """What the one application on ``local-cluster`` reported."""
-    return run_job_script(tmp_path_factory.mktemp("local-cluster"), _LOCAL_CLUSTER_JOB, 300)
+    """What the one application on ``local-cluster`` reported (one run for both tests, in whichever test
+    process asks first)."""
+    return run_job_once(tmp_path_factory, "local-cluster", _LOCAL_CLUSTER_JOB, 300)
 
 
 @pytest.mark.timeout(360)
