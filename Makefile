@@ -19,12 +19,12 @@ run: $(STAMP)
 	$(PY) jobs/demo.py
 
 # Two test processes, each with its own SparkSession: the suite waits on Spark's scheduling and on
-# subprocesses as much as it computes, so two processes share two cores well. An application several
-# tests assert on runs once per test run, whichever process asks first (tests/spark_helpers.run_job_once).
+# subprocesses as much as it computes, so two processes share two cores well. Each test module runs in one
+# process (--dist loadscope): its module fixtures, such as the local-cluster application, are built once.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 # The quick loop: every test that needs no JVM (no SparkSession, spark-submit or java).
 test-fast: $(STAMP)

