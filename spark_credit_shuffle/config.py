@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, SupportsIndex
 
-from ._pyspark import spark_context
+from ._pyspark import session_conf
 from .errors import ConfigError, UnknownSettingError
 
 __all__ = [
@@ -517,22 +517,10 @@ class NetworkConfig:
     def from_spark(cls, spark: Any, **overrides: Any) -> NetworkConfig:
         """Settings from a SparkSession's conf (``spark.creditShuffle.*``), then keyword arguments.
 
-        Reads the conf on the driver only, through ``spark.conf``, so it works on Spark Connect too.
+        Reads the session's conf on the driver only (:func:`~._pyspark.session_conf`), so it works on Spark
+        Connect too.
         """
-        conf = {}
-        for name in cls.settings():
-            key = cls.conf_key(name)
-            value = spark.conf.get(key, None)
-            if value is not None:
-                conf[key] = value
-        try:  # every key of the session, also those set with spark.conf.set (Spark 4: a property, also on Connect)
-            all_conf = list(dict(spark.conf.getAll).items())
-        except Exception:
-            sc = spark_context(spark)  # older sessions: the SparkContext's conf (classic only)
-            all_conf = sc.getConf().getAll() if sc is not None else []
-        for key, value in all_conf:
-            if has_conf_prefix(key):
-                conf.setdefault(key, value)
+        conf = {key: value for key, value in session_conf(spark).items() if has_conf_prefix(key)}
         return cls.from_conf(conf, **overrides)
 
     def replace(self, **changes: Any) -> NetworkConfig:
