@@ -273,8 +273,10 @@ class LocalBufferPool:
     whenever it is below its size (taking it from the global pool proactively). It is *available*, which
     lets a producer take its next input, iff it holds a free segment, no subpartition holds
     ``max_buffers_per_channel`` buffers and it is not overdrafted. Requests beyond the size may take up to
-    ``max_overdraft_buffers`` extra segments, never more: a pool holds at most its size plus the overdraft,
-    and all pools together at most the network buffer pool's total. A recycled segment is offered first to
+    ``max_overdraft_buffers`` extra segments, never more: a pool takes no segment beyond its size plus the
+    overdraft, and all pools together hold at most the network buffer pool's total. A pool the redistribution
+    shrank gives its free segments back at once and its used ones as they are recycled, so until then it may
+    hold more than its new size (as Flink's). A recycled segment is offered first to
     the FIFO of buffer listeners (input channels waiting for floating buffers), then kept.
     """
 

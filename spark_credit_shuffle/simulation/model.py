@@ -246,6 +246,8 @@ class Simulation:
         self.coordinator = CheckpointCoordinator(config.checkpoint_interval_ms / 1000.0)
         self.steps = 0
         self.invariant_checks = 0
+        #: Per producer: (segments held, pool size) at the last invariant check.
+        self.pool_seen: dict[int, tuple[int, int]] = {}
 
     # -- driving --
 

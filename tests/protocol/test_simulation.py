@@ -80,6 +80,38 @@ def test_random_topologies_with_credits(scenario):
     _check_run(scenario)
 
 
+def test_a_pool_the_redistribution_shrinks_keeps_its_used_segments_until_they_come_back():
+    """Found by the property test above: three tasks of one executor in processes of their own, two network
+    buffers to spare. The global pool's redistribution shrinks producer 2's pool to 2 while 3 of its segments
+    are in use; they come back as they are recycled (as with Flink's ``setNumBuffers``), and the producer takes
+    no new one until it is below its size again."""
+    config = NetworkConfig(
+        segment_size=4096, buffers_per_channel=0, floating_buffers_per_gate=4, max_buffers_per_channel=3,
+        max_overdraft_buffers_per_gate=0, buffer_timeout_ms=-1,
+    )  # fmt: skip
+    _check_run(
+        {
+            "config": config,
+            "num_producers": 3,
+            "num_consumers": 3,
+            "consumers_of": "forward",
+            "producer_rate": [200_000.0, 200_000.0, 841_069.0],
+            "consumer_rate": [200_000.0, 5_279_725.0, 1_230_416.0],
+            "bytes_per_producer": [100_000, 24_003, 100_000],
+            "record_size": 68,
+            "batch_records": 16,
+            "producer_hosts": [0, 0, 0],
+            "consumer_hosts": [0, 0, 0],
+            "connections": "host_pair",
+            "latency": 0.0005,
+            "bandwidth": None,
+            "encode": False,
+            "extra_buffers_per_host": 2,
+            "processes": "subtask",
+        }
+    )
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(scenarios(), st.integers(1, 3))
 def test_local_channels_through_connections_hold_their_buffers_in_the_producers_pool(scenario, hosts):
