@@ -145,10 +145,10 @@ class StageTimers:
     @staticmethod
     def role() -> str:
         name = threading.current_thread().name
-        for role in ("producer", "timer", "io"):
+        for role in ("input", "io"):
             if name.startswith(f"credit-shuffle-{role}"):
                 return role
-        return "consumer" if threading.current_thread() is threading.main_thread() else name
+        return "task" if threading.current_thread() is threading.main_thread() else name
 
     def overhead_s(self) -> float:
         """The CPU one timed call adds (measured on an empty function)."""
@@ -199,10 +199,6 @@ def install_timers(timers: StageTimers) -> None:
     wrap(sender.PartitionRequestQueue, "notify_reader_non_empty", "producer: notify (reader available)")
     wrap(tcp.TcpTransport, "_ready", "notify: transport ready")
     wrap(event_loop.EventLoop, "wakeup", "notify: I/O thread wakeup (socket)")
-    wrap(wiring.TaskWiring, "notify_consumer", "notify: consumer condition")
-    wrap(wiring.TaskWiring, "deliver_consumer_wakeup", "notify: consumer condition")
-    wrap(wiring.TaskWiring, "notify_producer", "notify: producer condition")
-    wrap(wiring.TaskWiring, "_on_transport_event", "notify: transport event")
     wrap(sender.PartitionRequestQueue, "next_message", "sender: poll (reader, credit)")
     wrap(client.CreditBasedPartitionRequestClientHandler, "next_message", "credit/recycle out: poll")
     wrap(connection, "encode", data_or_control)
@@ -221,7 +217,10 @@ def install_timers(timers: StageTimers) -> None:
     wrap(gate.SingleInputGate, "notify_channel_non_empty", "receiver: enqueue (gate)")
     wrap(sender.PartitionRequestServerHandler, "receive_data", "credit/recycle in: decode")
     wrap(sender.PartitionRequestServerHandler, "receive_message", "credit/recycle in: dispatch")
-    wrap(task.PipelinedTask, "_next_burst", "consumer: poll (wait, lock)")
+    wrap(tcp.TcpTransport, "run_round", "task: socket round (select wait and loop)")
+    wrap(task.PipelinedTask, "_on_schedule", "task: schedule (flusher, keep-alives, samples)")
+    wrap(task.InputReader, "poll", "task: input batch hand-off")
+    wrap(wiring.TaskWiring, "end_step", "task: end of the exchange")
     wrap(ConsumerEngine, "next", "consumer: poll (gate)")
     wrap(ConsumerEngine, "take", "consumer: take")
     wrap(RecordReader, "feed", "consumer: decode (RecordReader)")
@@ -299,7 +298,7 @@ def _task_process(index: int, tasks: int, rows: int, local: bool, profile: str, 
     sys.setprofile(None)
     after = resource.getrusage(resource.RUSAGE_SELF)
     main_after = resource.getrusage(resource.RUSAGE_THREAD)
-    switches["consumer"] += main_after.ru_nvcsw - main_before.ru_nvcsw
+    switches["task"] += main_after.ru_nvcsw - main_before.ru_nvcsw
     received_sum = sum(pc.sum(a).as_py() or 0 for a in received)
     metrics["voluntarySwitches"] = float(after.ru_nvcsw - before.ru_nvcsw)
     metrics["involuntarySwitches"] = float(after.ru_nivcsw - before.ru_nivcsw)
@@ -359,8 +358,8 @@ def run_exchange(tasks: int, rows: int, local: bool, profile: str = "") -> dict[
 
 
 THREADS = (
-    ("producer", "producerThreadCpuTimeMs"),
-    ("consumer", "consumerThreadCpuTimeMs"),
+    ("task", "taskThreadCpuTimeMs"),
+    ("input", "inputThreadCpuTimeMs"),
     ("io", "ioThreadCpuTimeMs"),
 )
 
@@ -376,7 +375,7 @@ def thread_cpu_s(run: dict[str, Any]) -> dict[str, float]:
             seconds = m.get(metric, 0.0) / 1000.0
             out[role] += seconds
             named += seconds
-        out["timer + rest"] += max(0.0, total - named)
+        out["rest"] += max(0.0, total - named)
         out["total"] += total
     return dict(out)
 
@@ -479,8 +478,8 @@ def stage_table(run: dict[str, Any], buffers: int) -> tuple[list[tuple[str, str,
             calls[(role, label)] += task["calls"][key]
     cpu = thread_cpu_s(run)
     rows = []
-    order = {"producer": 0, "io": 1, "consumer": 2, "timer": 3}
-    for role in sorted({r for r, _ in seconds} | {"producer", "io", "consumer"}, key=lambda r: order.get(r, 9)):
+    order = {"task": 0, "input": 1, "io": 2}
+    for role in sorted({r for r, _ in seconds} | {"task", "input", "io"}, key=lambda r: order.get(r, 9)):
         timed = 0.0
         for (r, label), value in sorted(seconds.items(), key=lambda kv: -kv[1]):
             if r != role:
@@ -489,8 +488,8 @@ def stage_table(run: dict[str, Any], buffers: int) -> tuple[list[tuple[str, str,
             if value / buffers * 1e6 < 0.05:  # set-up messages, handshakes: nothing per buffer
                 continue
             rows.append((role, label, value / buffers * 1e6, calls[(r, label)] / buffers))
-        total = cpu.get(role if role != "timer" else "timer + rest", 0.0)
-        if role in ("producer", "io", "consumer"):
+        total = cpu.get(role, 0.0)
+        if role in ("task", "input", "io"):
             rows.append((role, "(other: untimed)", (total - timed) / buffers * 1e6, 0.0))
             rows.append((role, "= thread total", total / buffers * 1e6, 0.0))
     overhead = statistics.median(t["overhead_s"] for t in run["tasks"]) * 1e6
@@ -524,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {role: statistics.median(values) for role, values in per_role.items()}
     print(f"data buffers: {out:,} sent; received {remote:,} over remote channels, {local:,} local or own")
     print(f"\nplain runs (median of {args.repeat}), us of CPU per data buffer, all tasks:")
-    for role in ("producer", "io", "consumer", "timer + rest", "total"):
+    for role in ("task", "input", "io", "rest", "total"):
         values = " / ".join(f"{v:.1f}" for v in per_role[role])
         print(f"  {role:14s} {med[role]:7.1f}   ({values})")
     print(f"  core in place  {core_us:7.1f}   (one thread, no network: the floor)")
@@ -538,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         role: statistics.median(
             sum(t["switches"].get(role, 0) for t in run["tasks"]) / buffers_of(run)[0] for run in plain_runs
         )
-        for role in ("producer", "io", "consumer", "timer")
+        for role in ("task", "input", "io")
     }
     print("    voluntary, by thread: " + ", ".join(f"{role} {value:.2f}" for role, value in by_thread.items()))
     beyond = med["total"] - core_us
@@ -549,10 +548,10 @@ def main(argv: list[str] | None = None) -> int:
         "local_channels": args.local,
         "buffers": out,
         "buffers_remote": remote,
-        "us_per_buffer_producer_thread": round(med["producer"], 1),
-        "us_per_buffer_io_thread": round(med["io"], 1),
-        "us_per_buffer_consumer_thread": round(med["consumer"], 1),
-        "us_per_buffer_timer_and_rest": round(med["timer + rest"], 1),
+        "us_per_buffer_task_thread": round(med["task"], 1),
+        "us_per_buffer_input_thread": round(med["input"], 1),
+        "us_per_buffer_setup_io_thread": round(med["io"], 1),
+        "us_per_buffer_rest": round(med["rest"], 1),
         "us_per_buffer_total": round(med["total"], 1),
         "us_per_buffer_core_in_place": round(core_us, 1),
         "us_per_buffer_core_writer": round(core_write_us, 1),
@@ -580,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
             for role, count in task["python_calls"].items():
                 counted[role] += count
         print("\nPython function calls per data buffer, all tasks:")
-        for role in ("producer", "io", "consumer", "timer"):
+        for role in ("task", "input", "io"):
             print(f"  {role:9s} {counted.get(role, 0) / buffers:7.1f}")
             headline[f"python_calls_per_buffer_{role}"] = round(counted.get(role, 0) / buffers, 1)
         headline["python_calls_per_buffer"] = round(sum(counted.values()) / buffers, 1)
