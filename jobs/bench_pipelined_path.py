@@ -7,12 +7,15 @@ of 32 KiB: every task produces and consumes, so each moves about ``1 / tasks`` o
 the rest to the others (remote channels; ``--local`` puts all tasks on one executor: local channels through
 the connection, Flink's ``LocalInputChannel`` across processes). The input is built before the clock starts.
 
-It measures CPU per thread (``time.thread_time``; the task's own metrics: producer, consumer and I/O
-thread, and the process for the timer thread), divided by the data buffers the exchange moved:
+It measures CPU per thread (``time.thread_time``; the task's own metrics: the task's thread, which does
+the per-buffer work of producer, consumer, sockets and schedule; the input thread, which pulls the input
+iterator; the I/O thread of the set-up; the rest of the process), divided by the data buffers the exchange
+moved:
 
 - ``--repeat`` plain runs: the headline figures (medians), untouched by any measurement inside;
 - one profiled run: every stage's own CPU (exclusive of the stages it calls), per thread, from timers
-  wrapped around the functions that make up each stage (producer: slice + IPC write, enqueue, notify;
+  wrapped around the functions that make up each stage (the task's loop: socket rounds, schedule, input
+  hand-off; producer: slice + IPC write, enqueue, notify;
   sender: poll, encode, write; receiver: read, decode, dispatch, enqueue; consumer: poll, decode, output;
   credit and recycle messages each way). Each timed call costs about the ``timer overhead`` printed with
   the table, which lands in the stages;
@@ -176,7 +179,8 @@ def install_timers(timers: StageTimers) -> None:
     from spark_credit_shuffle.protocol import client, gate, sender
     from spark_credit_shuffle.protocol.channels import RemoteInputChannel
     from spark_credit_shuffle.protocol.messages import BufferResponse
-    from spark_credit_shuffle.runtime import locked_partition, task, wiring
+    from spark_credit_shuffle.protocol.partition import PipelinedResultPartition
+    from spark_credit_shuffle.runtime import task, wiring
     from spark_credit_shuffle.transport import connection, event_loop, tcp
 
     def data_or_control(*args: Any) -> str:
@@ -195,7 +199,7 @@ def install_timers(timers: StageTimers) -> None:
     for method in ("emit", "resume", "finish", "broadcast_event"):
         wrap(RecordWriter, method, "producer: slice + IPC write")
     for method in ("request_segment", "add_consumer", "builder_opened", "builder_finished", "flush", "add_event"):
-        wrap(locked_partition.LockedPartition, method, "producer: enqueue (partition, lock)")
+        wrap(PipelinedResultPartition, method, "producer: enqueue (partition)")
     wrap(sender.PartitionRequestQueue, "notify_reader_non_empty", "producer: notify (reader available)")
     wrap(tcp.TcpTransport, "_ready", "notify: transport ready")
     wrap(event_loop.EventLoop, "wakeup", "notify: I/O thread wakeup (socket)")

@@ -32,9 +32,10 @@ and the schedule wait, which delays a flush or a keep-alive by that much (Flink'
 timers between two mails alike; its flusher is a thread of its own); and the set-up's blocking connects. The
 set-up (listening, the address exchange, connecting) keeps the transport's I/O thread, because a TLS client's
 handshake blocks its thread while the accepting task must answer it; once connected, the task's thread takes
-the sockets over (:meth:`~spark_credit_shuffle.transport.tcp.TcpTransport.drive_inline`). The task's objects
-still take the task's one re-entrant lock (uncontended now): the set-up's I/O thread and the live monitor's
-sender share them. Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.wiring`.
+the sockets over (:meth:`~spark_credit_shuffle.transport.tcp.TcpTransport.drive_inline`). The RecordWriter
+writes to the partition without a lock (nothing else touches the partition while the task's thread drives
+it); the other protocol objects still take the task's one re-entrant lock, uncontended now (the set-up's
+I/O thread shares them). Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.wiring`.
 """
 
 from __future__ import annotations
@@ -53,11 +54,10 @@ from ..buffers.reader import RecordReader
 from ..config import ADDRESS_EXCHANGES
 from ..engine import LINGER_OVER, ConsumerEngine, Fail, ProducerEngine, Settings, TimeAccount, Wait
 from ..engine.checkpoints import ConsumerCheckpoints
-from ..errors import ConfigError, CreditShuffleError
+from ..errors import ConfigError, CreditShuffleError, ExchangeTimeoutError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics, executor_row
 from ..protocol import BufferOrEvent, PipelinedResultPartition, SingleInputGate
 from ..transport.tls import TlsIdentity
-from .locked_partition import LockedPartition
 from .metrics_report import IN_BAND, MetricsReport
 from .monitor import MonitorClient, watch
 from .resources import rss_bytes
@@ -88,6 +88,7 @@ class InputReader:
         self._cond = threading.Condition()
         self._ended = False
         self._stopped = False
+        self._wanted = False
         self._error: BaseException | None = None
         #: CPU seconds of the input thread (set when it ends).
         self.cpu_s = 0.0
@@ -110,6 +111,15 @@ class InputReader:
             batch = self._ready.popleft()
             self._cond.notify()
         return batch
+
+    def wanted(self) -> bool:
+        """The task's thread is about to wait, and a batch should wake it: True if one is ready already (then
+        it should not wait), else the next batch (or the end) wakes it. One wake-up per wait, not per batch."""
+        with self._cond:
+            if self._ready or self._ended:
+                return True
+            self._wanted = True
+            return False
 
     def exhausted(self) -> bool:
         """True once every batch was taken and the input ended; raises the iterator's failure, if it failed."""
@@ -134,12 +144,15 @@ class InputReader:
                     if self._stopped:
                         return
                     ready.append(batch)
-                self._wakeup()
+                    wake, self._wanted = self._wanted, False
+                if wake:
+                    self._wakeup()
         except BaseException as exc:  # raised in the task's thread, after the batches before it
             self._error = exc
         finally:
             self.cpu_s = time.thread_time() - started
-            self._ended = True
+            with cond:
+                self._ended = True
             self._wakeup()
 
 
@@ -247,6 +260,9 @@ class PipelinedTask:
         self.consumer: ConsumerEngine | None = None
         inf = float("inf")
         self._schedule = _Schedule(inf, inf, inf)
+        #: Held by the task's thread while it drives (released while it hands rows to Spark): the guard thread
+        #: serves the schedule only while it holds this (see :meth:`_guard`).
+        self._driving = threading.Lock()
         if self.is_producer:
             self._setup_producer()
         if self.is_consumer:
@@ -275,7 +291,6 @@ class PipelinedTask:
             config.segment_size,
             plan.schema,
             time.monotonic(),
-            partition_writer=LockedPartition(partition, self.lock, self._on_recycle),
             resumable=True,
         )
 
@@ -299,12 +314,6 @@ class PipelinedTask:
         self.consumer.where = lambda producer: self.wiring.peers.get(producer, "?")
         self.consumer.detail = self.wiring.connection_detail
         self.wiring.consumer = self.consumer  # started when its channels are requested
-
-    # -- notifications (lock held) --
-
-    def _on_recycle(self) -> None:
-        """A segment came back (lock held): progress for the back-pressure timeout."""
-        self.wiring.last_progress = time.monotonic()
 
     # -- the task --
 
@@ -333,6 +342,8 @@ class PipelinedTask:
                 _drain(batches, self.index)
             self.wiring.exchange_addresses(all_gather)
             transport.drive_inline(self.config.partition_request_timeout_ms / 1000.0)  # this thread's from now on
+            self._driving.acquire()  # held while this thread drives; the guard serves the schedule when it is away
+            self._start_guard()
             injection = self.plan.injection
             if injection is not None and self.is_producer:
                 injection.maybe_fail(PRODUCER, self.index)
@@ -412,6 +423,7 @@ class PipelinedTask:
                     for recycle in returned:
                         recycle()
                 returned.clear()
+                wiring.last_progress = monotonic()  # segments came back (the back-pressure timeout's progress)
             write_out()
 
         timeout: float | None = 0.0
@@ -436,7 +448,8 @@ class PipelinedTask:
                         if type(step) is BufferOrEvent:
                             taken = step
                             busy = True
-                            self._consumer_active(consumer, now)
+                            if consumer.time.idle_since is not None:  # an idle stretch of the gate ends
+                                self._consumer_active(consumer, now)
                             recycler = step.buffer.detach_recycler()  # returned with the others, at the next flush
                             if recycler is not None:
                                 give_back(recycler)
@@ -448,20 +461,24 @@ class PipelinedTask:
                             for batch in batches:
                                 if delay:  # a slow consumer (injected): what it returned goes out before it works
                                     flush()
-                                    time.sleep(delay * batch.num_rows)
+                                    self._away(time.sleep, delay * batch.num_rows)
                                 output.add(batch)
-                            ready = output.ready(step.more_available, monotonic())
+                            moment = monotonic()
+                            ready = output.ready(step.more_available, moment)
                             if ready is not None:
                                 flush()
-                                yield data(ready)
+                                yield from self._hand_on(data(ready))
                                 break  # the sockets and the producer waited meanwhile: their turn
+                            if moment >= due:  # the schedule is due (a slow consumer): its turn first
+                                busy = True
+                                break
                             continue
                         if step is None:  # every channel ended
                             consuming = False
                             self._consumer_active(consumer, now)
                             flush()
                             if output.pending:
-                                yield data(output.take())
+                                yield from self._hand_on(data(output.take()))
                             end = monotonic()
                             with lock:  # the consumer's last timeline sample
                                 self._record_consumer_sample(end)
@@ -471,7 +488,7 @@ class PipelinedTask:
                             break
                         if step is LINGER_OVER:  # nothing more came while the pending rows waited: hand them on
                             flush()
-                            yield data(output.take())
+                            yield from self._hand_on(data(output.take()))
                             busy = True
                             break
                         if isinstance(step, Fail):
@@ -517,8 +534,11 @@ class PipelinedTask:
                             self._finish_producer(producer)
                             producing = False
                             busy = True
-                        elif producer.time.idle_since is None:  # waiting for Spark's next input batch
-                            producer.time.idle_since = now
+                        else:  # waiting for Spark's next input batch
+                            if producer.time.idle_since is None:
+                                producer.time.idle_since = now
+                            if not busy and source.wanted():  # it came meanwhile: no wait
+                                busy = True
                 if not producing and not consuming:
                     step_end = wiring.end_step(now)
                     if step_end is None:
@@ -536,6 +556,61 @@ class PipelinedTask:
                 with lock:
                     for recycle in returned:
                         recycle()
+
+    def _hand_on(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """Hand ``batch`` to Spark; while Spark takes it, the guard may serve the schedule (see :meth:`_guard`)."""
+        self._driving.release()
+        try:
+            yield batch
+        finally:
+            self._take_back()
+
+    def _away(self, work: Callable[[float], None], seconds: float) -> None:
+        """Run ``work(seconds)`` (an injected slow consumer's work) as time away from driving, as a hand-on."""
+        self._driving.release()
+        try:
+            work(seconds)
+        finally:
+            self._take_back()
+
+    def _take_back(self) -> None:
+        """Drive again once the guard ended its round (it holds the task for one schedule and one socket round)."""
+        timeout = self.settings.silence_timeout
+        if not self._driving.acquire(timeout=timeout):
+            raise ExchangeTimeoutError(
+                f"task {self.index}: its guard thread held the task's sockets longer than "
+                f"partition_request_timeout_ms={self.config.partition_request_timeout_ms}"
+            )
+
+    def _start_guard(self) -> None:
+        thread = threading.Thread(target=self._guard, name=f"credit-shuffle-guard-{self.index}", daemon=True)
+        self.wiring.threads.append(thread)
+        thread.start()
+
+    def _guard(self) -> None:
+        """While the task's thread is away from its loop, handing rows to Spark (or working as an injected slow
+        consumer), nothing else runs the task's schedule: no keep-alive would go out, and after
+        ``partition_request_timeout_ms`` of silence this task's consumers in other tasks would fail. Twice per
+        keep-alive period this thread looks whether the task's thread is away (the driving lock is free) and if
+        so serves the schedule (flusher, keep-alives, barriers, samples) and one round of the sockets in its
+        place, then gives the task back. It never writes input or consumes; it costs nothing while the task's
+        thread drives, and one look per period otherwise."""
+        wiring, transport = self.wiring, self.wiring.transport
+        assert transport is not None
+        period = self.settings.heartbeat_interval / 2.0
+        try:
+            while not wiring.stopping.wait(period):
+                if not self._driving.acquire(blocking=False):
+                    continue  # the task's thread drives: the schedule is its own
+                try:
+                    if wiring.stopping.is_set():
+                        return
+                    self._on_schedule(time.monotonic())
+                    transport.run_round(0.0)
+                finally:
+                    self._driving.release()
+        except BaseException as exc:
+            wiring.fail(exc)
 
     @staticmethod
     def _consumer_active(consumer: ConsumerEngine, now: float) -> None:

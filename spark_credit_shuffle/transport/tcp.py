@@ -43,6 +43,12 @@ read from the socket wait in the ``SSLSocket`` (``pending()``), where the select
 I/O thread reads a TLS connection until it would block and looks again (without waiting) at one that still
 holds decrypted bytes when it stopped (its round's share read, or its handler not reading).
 
+The owner may take the sockets over once its connections are set up (:meth:`TcpTransport.drive_inline`):
+the I/O thread stops at the end of its round and the owner's thread calls :meth:`TcpTransport.run_round`
+between its other work, waiting in the selector only when it has nothing else to do. A pipelined task
+does so: its thread then writes, reads and consumes every buffer itself, with no hand-off between threads
+per buffer (:mod:`~spark_credit_shuffle.runtime.task`).
+
 Connections end with a half-close: a client whose handler sent ``CloseRequest`` (every channel on it
 received its end of partition) shuts down its sending side once its output is written; the server sees
 EOF, releases its readers and closes; the client sees that EOF and closes. No side closes a socket with
@@ -194,7 +200,7 @@ class TcpTransport:
         self._sending_block = _SendingBlock(self)
         self._stopping = False
         self._thread: threading.Thread | None = None
-        #: The thread that drives the sockets: the I/O thread (:meth:`start`) or the owner's (:meth:`start_inline`).
+        #: The thread that drives the sockets: the I/O thread (:meth:`start`), then the owner's (:meth:`drive_inline`).
         self._driver: int | None = None
         #: Inline: the driving thread made something ready itself; its next round looks without waiting.
         self._again = False
@@ -253,8 +259,8 @@ class TcpTransport:
         through :meth:`wakeup`. Raises :class:`ExchangeTimeoutError` if the I/O thread does not stop within
         ``timeout_s``, and what stopped it if it failed."""
         thread = self._thread
-        if thread is None or self._driver is None:
-            raise RuntimeError("transport not started")
+        if thread is None:
+            raise RuntimeError("transport not started, or already driven inline")
         self._handing_over = True
         self._loop.wakeup(force=True)
         thread.join(timeout_s)
