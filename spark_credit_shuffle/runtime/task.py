@@ -10,32 +10,38 @@ keep-alives, latency markers, checkpoint barriers, debloating, samples) between 
 work it waits in the sockets' ``select``, at most until the engine's next deadline; a socket, or the input
 thread with a new batch, wakes it. A buffer is touched by one thread at each end of a connection: no hand-off
 between threads per buffer, no condition to wait on, no contention for the interpreter lock among the
-task's parts (the previous runtime ran a producer, an I/O, a timer thread and this one, and spent more CPU
-on their hand-offs than on the buffers' transport: docs/benchmarks.md, "Pipelined path budget").
+task's parts (the runtime before ran a producer, an I/O and a timer thread besides this one; this one
+makes a sixth fewer Python calls and a third of the context switches per buffer, for about the same CPU:
+docs/benchmarks.md, "One thread per task").
 
-One other thread pulls Spark's input iterator (:class:`InputReader`), at most one batch ahead. Spark's
-``next()`` blocks until the JVM has written the next input batch to the worker, for as long as the stage
-before the exchange takes to compute it. Called in the task's thread, that wait would stop everything else
-the task does: its consumer would not read (its producers, in other tasks, would stall without credit), its
-flusher would not flush (a buffer timeout of 1 ms would wait for the next input instead), and its keep-alives
-would not go out (its consumers fail after ``partition_request_timeout_ms`` of silence): a slow input stage
-would become a failure. In a thread of its own the wait costs one hand-off per input batch (some ten buffers
-at 32 KiB), and the input is back-pressured as in Flink: no batch is taken while the partition's pool has no
-buffer, and the reader stops one batch ahead.
+Besides a guard thread (below), one other thread pulls Spark's input iterator (:class:`InputReader`), at most
+one batch ahead. Spark's ``next()`` blocks until the JVM has written the next input batch to the worker, for
+as long as the stage before the exchange takes to compute it. Called in the task's thread, that wait would
+stop everything else the task does: its consumer would not read (its producers, in other tasks, would stall
+without credit), its flusher would not flush (a buffer timeout of 1 ms would wait for the next input instead),
+and its keep-alives would not go out (its consumers fail after ``partition_request_timeout_ms`` of silence): a
+slow input stage would become a failure. In a thread of its own the wait costs one hand-off per input batch
+(some ten buffers at 32 KiB), and the input is back-pressured as in Flink: no batch is taken while the
+partition's pool has no buffer, and the reader stops one batch ahead.
 
 Why it cannot deadlock: the task's thread never waits for anything but its sockets and the input thread's
 wake-up, always with a timeout no later than the engine's next deadline (silence, back-pressure, linger,
 flush, checkpoint, the end); the input thread waits only for Spark's iterator and for the task's thread to
-take its batch. Two more waits are not the task's: handing a batch to Spark (``yield``) takes as long as
-Spark takes to pass it on (one output batch, up to ``output_batch_rows`` rows), and meanwhile the sockets
-and the schedule wait, which delays a flush or a keep-alive by that much (Flink's mailbox thread holds its
-timers between two mails alike; its flusher is a thread of its own); and the set-up's blocking connects. The
+take its batch. Two more waits are not the task's: the set-up's blocking connects, and handing a batch to
+Spark (``yield``), which takes as long as Spark takes to pass it on (one output batch, up to
+``output_batch_rows`` rows). Meanwhile the task's sockets are not read and its producer half writes
+nothing, as a Flink task's mailbox thread does neither while its operator works; but its keep-alives must
+go on, or after ``partition_request_timeout_ms`` of silence its consumers in other tasks would fail behind
+a slow Spark downstream. So a guard thread, twice per keep-alive period, looks whether the task's thread is
+away in Spark and if so serves the schedule (flusher, keep-alives, barriers) and one socket round in its
+place (:meth:`PipelinedTask._guard`); it costs nothing per buffer. The
 set-up (listening, the address exchange, connecting) keeps the transport's I/O thread, because a TLS client's
 handshake blocks its thread while the accepting task must answer it; once connected, the task's thread takes
 the sockets over (:meth:`~spark_credit_shuffle.transport.tcp.TcpTransport.drive_inline`). The RecordWriter
-writes to the partition without a lock (nothing else touches the partition while the task's thread drives
-it); the other protocol objects still take the task's one re-entrant lock, uncontended now (the set-up's
-I/O thread shares them). Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.wiring`.
+writes to the partition without a lock: while the task's thread drives, nothing else touches it, and the
+guard acts only while it holds the task (the driving lock the task's thread gives up while it is away);
+the other protocol objects still take the task's one re-entrant lock, uncontended now (the set-up's I/O
+thread shares them). Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.wiring`.
 """
 
 from __future__ import annotations
