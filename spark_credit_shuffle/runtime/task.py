@@ -29,19 +29,19 @@ wake-up, always with a timeout no later than the engine's next deadline (silence
 flush, checkpoint, the end); the input thread waits only for Spark's iterator and for the task's thread to
 take its batch. Two more waits are not the task's: the set-up's blocking connects, and handing a batch to
 Spark (``yield``), which takes as long as Spark takes to pass it on (one output batch, up to
-``output_batch_rows`` rows). Meanwhile the task's sockets are not read and its producer half writes
-nothing, as a Flink task's mailbox thread does neither while its operator works; but its keep-alives must
-go on, or after ``partition_request_timeout_ms`` of silence its consumers in other tasks would fail behind
-a slow Spark downstream. So a guard thread, twice per keep-alive period, looks whether the task's thread is
-away in Spark and if so serves the schedule (flusher, keep-alives, barriers) and one socket round in its
-place (:meth:`PipelinedTask._guard`); it costs nothing per buffer. The
-set-up (listening, the address exchange, connecting) keeps the transport's I/O thread, because a TLS client's
-handshake blocks its thread while the accepting task must answer it; once connected, the task's thread takes
-the sockets over (:meth:`~spark_credit_shuffle.transport.tcp.TcpTransport.drive_inline`). The RecordWriter
-writes to the partition without a lock: while the task's thread drives, nothing else touches it, and the
-guard acts only while it holds the task (the driving lock the task's thread gives up while it is away);
-the other protocol objects still take the task's one re-entrant lock, uncontended now (the set-up's I/O
-thread shares them). Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.wiring`.
+``output_batch_rows`` rows). Meanwhile its producer half writes nothing, as a Flink task's mailbox thread does
+not while its operator works; but its keep-alives must go on, or after ``partition_request_timeout_ms`` of
+silence its consumers in other tasks would fail behind a slow Spark downstream, and its connections would
+stand still while Spark works. So while the task's thread is away in Spark, a guard thread drives the task's
+schedule and sockets in its place, until it comes back (:meth:`PipelinedTask._guard`): one hand-over per
+output batch (some eight buffers), never two threads driving at once. The set-up (listening, the address
+exchange, connecting) keeps the transport's I/O thread, because a TLS client's handshake blocks its thread
+while the accepting task must answer it; once connected, the task's thread takes the sockets over
+(:meth:`~spark_credit_shuffle.transport.tcp.TcpTransport.drive_inline`). The RecordWriter writes to the
+partition without a lock: while the task's thread drives, nothing else touches it, and the guard acts only
+while it holds the task (the driving lock the task's thread gives up while it is away); the other protocol
+objects still take the task's one re-entrant lock, uncontended now (the set-up's I/O thread shares them).
+Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.wiring`.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ __all__ = ["MAX_WAIT_S", "InputReader", "PipelinedTask", "TaskOptions"]
 
 #: The longest the task's thread waits in ``select`` at once (its deadlines are usually sooner).
 MAX_WAIT_S = 1.0
+INF = float("inf")
 
 
 class InputReader:
@@ -269,6 +270,14 @@ class PipelinedTask:
         #: Held by the task's thread while it drives (released while it hands rows to Spark): the guard thread
         #: serves the schedule only while it holds this (see :meth:`_guard`).
         self._driving = threading.Lock()
+        #: Set while the task's thread is away (handing rows to Spark); whether the guard drives meanwhile.
+        self._left = threading.Event()
+        self._guard_driving = False
+        #: The producer half's state, shared by the task's thread and the guard (one at a time): it still
+        #: writes, its input, and whether its writer stopped in the middle of an input batch (no buffer).
+        self._producing = False
+        self._source: InputReader | None = None
+        self._writing = False
         if self.is_producer:
             self._setup_producer()
         if self.is_consumer:
@@ -369,6 +378,8 @@ class PipelinedTask:
         finally:
             if source is not None:
                 source.stop()
+            self.wiring.stopping.set()
+            self._left.set()  # the guard wakes, sees the end and stops (joined in close)
             self.wiring.close()
 
     # -- the loop: producer, consumer, sockets and the engine's schedule in the task's thread --
@@ -389,13 +400,12 @@ class PipelinedTask:
         wiring, lock = self.wiring, self.lock
         transport = wiring.transport
         assert transport is not None
-        run_round, sending, write_out = transport.run_round, transport.sending, transport.flush
+        run_round, write_out = transport.run_round, transport.flush
         producer, consumer, gate = self.producer, self.consumer, wiring.gate
         monotonic, time_ns = time.monotonic, time.time_ns
         data = self.report.data
         delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
         trigger = wiring.checkpoint_trigger
-        barrier_due = trigger.is_due if trigger.enabled else (lambda: False)
         if producer is not None and trigger.enabled:  # the writer stops between two runs of rows when one is due
             producer.writer.interrupt = trigger.is_due
         start = monotonic()
@@ -406,7 +416,8 @@ class PipelinedTask:
             start + trigger.seconds_until_next() if trigger.enabled else float("inf"),
         )
         consuming = consumer is not None and gate is not None
-        producing = producer is not None
+        self._producing = producer is not None
+        self._source = source
         if producer is not None:
             assert source is not None
             with lock:  # the producer's first timeline sample
@@ -421,7 +432,6 @@ class PipelinedTask:
         returned: list[Callable[[], None]] = []  # the recycles of the buffers decoded since the last flush
         give_back = returned.append
         taken: BufferOrEvent | None = None  # polled from the gate, not yet decoded
-        writing = False  # an input batch written in part: the writer stopped at a buffer its pool cannot give
 
         def flush() -> None:
             if returned:
@@ -506,46 +516,11 @@ class PipelinedTask:
                         break
                     flush()
                 # the producer: one input batch, or on with the one the writer stopped in
-                if producing:
-                    assert producer is not None and source is not None
-                    if not producer.is_available():  # back-pressure: wait for a buffer of the pool
-                        due = min(due, self._back_pressured(producer, now, hard=writing))
-                    elif writing:
-                        self._end_back_pressure(producer, now)
-                        with sending():
-                            done = producer.resume()
-                            while not done and barrier_due():
-                                self._inject_due_checkpoint(producer)
-                                done = producer.resume()
-                        writing = not done
-                        with lock:
-                            producer.sample_output()
-                        busy = True
-                    else:
-                        self._end_back_pressure(producer, now)
-                        batch = source.poll()
-                        if batch is not None:
-                            self._producer_active(producer, now)
-                            with sending():
-                                done = producer.write(batch)
-                                while not done and barrier_due():  # stopped between two runs: the barrier now
-                                    self._inject_due_checkpoint(producer)
-                                    done = producer.resume()
-                            writing = not done
-                            with lock:
-                                producer.sample_output()
-                            busy = True
-                        elif source.exhausted():  # the end of the input (raises the input's failure)
-                            self._producer_active(producer, now)
-                            self._finish_producer(producer)
-                            producing = False
-                            busy = True
-                        else:  # waiting for Spark's next input batch
-                            if producer.time.idle_since is None:
-                                producer.time.idle_since = now
-                            if not busy and source.wanted():  # it came meanwhile: no wait
-                                busy = True
-                if not producing and not consuming:
+                if self._producing:
+                    did, until = self._produce_step(now, wait_for_input=not busy)
+                    busy = busy or did
+                    due = min(due, until)
+                if not self._producing and not consuming:
                     step_end = wiring.end_step(now)
                     if step_end is None:
                         return
@@ -563,9 +538,51 @@ class PipelinedTask:
                     for recycle in returned:
                         recycle()
 
+    def _produce_step(self, now: float, *, wait_for_input: bool) -> tuple[bool, float]:
+        """The producer's turn (the task's thread, or the guard while it is away): write on in the batch the
+        writer stopped in, or write the next input batch, or finish at the end of the input. Returns whether it
+        did something, and until when it may wait (back-pressure's timeout); ``wait_for_input``: nothing else
+        is to be done, so the input thread should wake this one with its next batch."""
+        producer, source, lock = self.producer, self._source, self.lock
+        assert producer is not None and source is not None
+        trigger = self.wiring.checkpoint_trigger
+        if not producer.is_available():  # back-pressure: wait for a buffer of the pool
+            return False, self._back_pressured(producer, now, hard=self._writing)
+        self._end_back_pressure(producer, now)
+        if self._writing:
+            with self._sending():
+                done = producer.resume()
+                while not done and trigger.enabled and trigger.is_due():
+                    self._inject_due_checkpoint(producer)
+                    done = producer.resume()
+            self._writing = not done
+            with lock:
+                producer.sample_output()
+            return True, INF
+        batch = source.poll()
+        if batch is not None:
+            self._producer_active(producer, now)
+            with self._sending():
+                done = producer.write(batch)
+                while not done and trigger.enabled and trigger.is_due():  # stopped between two runs: the barrier now
+                    self._inject_due_checkpoint(producer)
+                    done = producer.resume()
+            self._writing = not done
+            with lock:
+                producer.sample_output()
+            return True, INF
+        if source.exhausted():  # the end of the input (raises the input's failure)
+            self._producer_active(producer, now)
+            self._finish_producer(producer)
+            self._producing = False
+            return True, INF
+        if producer.time.idle_since is None:  # waiting for Spark's next input batch
+            producer.time.idle_since = now
+        return bool(wait_for_input and source.wanted()), INF  # a batch that came meanwhile: no wait
+
     def _hand_on(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
-        """Hand ``batch`` to Spark; while Spark takes it, the guard may serve the schedule (see :meth:`_guard`)."""
-        self._driving.release()
+        """Hand ``batch`` to Spark; while Spark takes it, the guard drives the task (see :meth:`_guard`)."""
+        self._leave()
         try:
             yield batch
         finally:
@@ -573,16 +590,25 @@ class PipelinedTask:
 
     def _away(self, work: Callable[[float], None], seconds: float) -> None:
         """Run ``work(seconds)`` (an injected slow consumer's work) as time away from driving, as a hand-on."""
-        self._driving.release()
+        self._leave()
         try:
             work(seconds)
         finally:
             self._take_back()
 
+    def _leave(self) -> None:
+        """The task's thread leaves its loop (to hand rows to Spark): the guard may drive meanwhile."""
+        self._driving.release()
+        self._left.set()
+
     def _take_back(self) -> None:
-        """Drive again once the guard ended its round (it holds the task for one schedule and one socket round)."""
-        timeout = self.settings.silence_timeout
-        if not self._driving.acquire(timeout=timeout):
+        """The task's thread comes back: the guard leaves its ``select`` and ends its round, then this thread
+        drives again."""
+        self._left.clear()
+        transport = self.wiring.transport
+        if self._guard_driving and transport is not None:
+            transport.interrupt()
+        if not self._driving.acquire(timeout=self.settings.silence_timeout):
             raise ExchangeTimeoutError(
                 f"task {self.index}: its guard thread held the task's sockets longer than "
                 f"partition_request_timeout_ms={self.config.partition_request_timeout_ms}"
@@ -595,25 +621,33 @@ class PipelinedTask:
 
     def _guard(self) -> None:
         """While the task's thread is away from its loop, handing rows to Spark (or working as an injected slow
-        consumer), nothing else runs the task's schedule: no keep-alive would go out, and after
-        ``partition_request_timeout_ms`` of silence this task's consumers in other tasks would fail. Twice per
-        keep-alive period this thread looks whether the task's thread is away (the driving lock is free) and if
-        so serves the schedule (flusher, keep-alives, barriers, samples) and one round of the sockets in its
-        place, then gives the task back. It never writes input or consumes; it costs nothing while the task's
-        thread drives, and one look per period otherwise."""
-        wiring, transport = self.wiring, self.wiring.transport
+        consumer), this thread drives the task in its place: the schedule (flusher, keep-alives, barriers,
+        samples) and the sockets (what arrives is read into the gate, credit that arrives lets data out), waiting
+        in ``select`` until the next deadline or until the task's thread comes back. Without it, no keep-alive
+        would go out while Spark takes a batch (after ``partition_request_timeout_ms`` of silence this task's
+        consumers in other tasks would fail behind a slow downstream), and the task's connections would stand
+        still while Spark works, where Spark's own work could overlap them. It never writes input or
+        consumes, and it runs only while it holds the driving lock, which the task's thread gives up while it
+        is away: the task is driven by one thread at a time."""
+        wiring, transport, left = self.wiring, self.wiring.transport, self._left
         assert transport is not None
-        period = self.settings.heartbeat_interval / 2.0
+        period = self.settings.heartbeat_interval
         try:
-            while not wiring.stopping.wait(period):
-                if not self._driving.acquire(blocking=False):
-                    continue  # the task's thread drives: the schedule is its own
+            while not wiring.stopping.is_set():
+                if not left.wait(period) or not self._driving.acquire(blocking=False):
+                    continue  # the task's thread drives
                 try:
-                    if wiring.stopping.is_set():
-                        return
-                    self._on_schedule(time.monotonic())
-                    transport.run_round(0.0)
+                    self._guard_driving = True  # before looking at ``left``: see _take_back
+                    while left.is_set() and not wiring.stopping.is_set():
+                        now = time.monotonic()
+                        due = self._on_schedule(now)
+                        did = False
+                        if self._producing:
+                            did, until = self._produce_step(now, wait_for_input=True)
+                            due = min(due, until)
+                        transport.run_round(0.0 if did else min(MAX_WAIT_S, max(0.0, due - now)))
                 finally:
+                    self._guard_driving = False
                     self._driving.release()
         except BaseException as exc:
             wiring.fail(exc)

@@ -290,6 +290,11 @@ class TcpTransport:
             return
         self._loop.wakeup()
 
+    def interrupt(self) -> None:
+        """Make a thread waiting in :meth:`run_round` return now (from any thread: a byte on the wakeup socket,
+        also from the driving thread itself, for another thread that drives meanwhile)."""
+        self._loop.wakeup()
+
     def sending(self) -> _SendingBlock:
         """Within this block the calling thread writes what its protocol calls made sendable, at its end.
 
