@@ -7,15 +7,12 @@ of 32 KiB: every task produces and consumes, so each moves about ``1 / tasks`` o
 the rest to the others (remote channels; ``--local`` puts all tasks on one executor: local channels through
 the connection, Flink's ``LocalInputChannel`` across processes). The input is built before the clock starts.
 
-It measures CPU per thread (``time.thread_time``; the task's own metrics: the task's thread, which does
-the per-buffer work of producer, consumer, sockets and schedule; the input thread, which pulls the input
-iterator; the I/O thread of the set-up; the rest of the process), divided by the data buffers the exchange
-moved:
+It measures CPU per thread (``time.thread_time``; the task's own metrics: producer, consumer and I/O
+thread, and the process for the timer thread), divided by the data buffers the exchange moved:
 
 - ``--repeat`` plain runs: the headline figures (medians), untouched by any measurement inside;
 - one profiled run: every stage's own CPU (exclusive of the stages it calls), per thread, from timers
-  wrapped around the functions that make up each stage (the task's loop: socket rounds, schedule, input
-  hand-off; producer: slice + IPC write, enqueue, notify;
+  wrapped around the functions that make up each stage (producer: slice + IPC write, enqueue, notify;
   sender: poll, encode, write; receiver: read, decode, dispatch, enqueue; consumer: poll, decode, output;
   credit and recycle messages each way). Each timed call costs about the ``timer overhead`` printed with
   the table, which lands in the stages;
@@ -148,10 +145,10 @@ class StageTimers:
     @staticmethod
     def role() -> str:
         name = threading.current_thread().name
-        for role in ("input", "io"):
+        for role in ("producer", "timer", "io"):
             if name.startswith(f"credit-shuffle-{role}"):
                 return role
-        return "task" if threading.current_thread() is threading.main_thread() else name
+        return "consumer" if threading.current_thread() is threading.main_thread() else name
 
     def overhead_s(self) -> float:
         """The CPU one timed call adds (measured on an empty function)."""
@@ -179,8 +176,7 @@ def install_timers(timers: StageTimers) -> None:
     from spark_credit_shuffle.protocol import client, gate, sender
     from spark_credit_shuffle.protocol.channels import RemoteInputChannel
     from spark_credit_shuffle.protocol.messages import BufferResponse
-    from spark_credit_shuffle.protocol.partition import PipelinedResultPartition
-    from spark_credit_shuffle.runtime import task, wiring
+    from spark_credit_shuffle.runtime import locked_partition, task, wiring
     from spark_credit_shuffle.transport import connection, event_loop, tcp
 
     def data_or_control(*args: Any) -> str:
@@ -199,10 +195,14 @@ def install_timers(timers: StageTimers) -> None:
     for method in ("emit", "resume", "finish", "broadcast_event"):
         wrap(RecordWriter, method, "producer: slice + IPC write")
     for method in ("request_segment", "add_consumer", "builder_opened", "builder_finished", "flush", "add_event"):
-        wrap(PipelinedResultPartition, method, "producer: enqueue (partition)")
+        wrap(locked_partition.LockedPartition, method, "producer: enqueue (partition, lock)")
     wrap(sender.PartitionRequestQueue, "notify_reader_non_empty", "producer: notify (reader available)")
     wrap(tcp.TcpTransport, "_ready", "notify: transport ready")
     wrap(event_loop.EventLoop, "wakeup", "notify: I/O thread wakeup (socket)")
+    wrap(wiring.TaskWiring, "notify_consumer", "notify: consumer condition")
+    wrap(wiring.TaskWiring, "deliver_consumer_wakeup", "notify: consumer condition")
+    wrap(wiring.TaskWiring, "notify_producer", "notify: producer condition")
+    wrap(wiring.TaskWiring, "_on_transport_event", "notify: transport event")
     wrap(sender.PartitionRequestQueue, "next_message", "sender: poll (reader, credit)")
     wrap(client.CreditBasedPartitionRequestClientHandler, "next_message", "credit/recycle out: poll")
     wrap(connection, "encode", data_or_control)
@@ -221,10 +221,7 @@ def install_timers(timers: StageTimers) -> None:
     wrap(gate.SingleInputGate, "notify_channel_non_empty", "receiver: enqueue (gate)")
     wrap(sender.PartitionRequestServerHandler, "receive_data", "credit/recycle in: decode")
     wrap(sender.PartitionRequestServerHandler, "receive_message", "credit/recycle in: dispatch")
-    wrap(tcp.TcpTransport, "run_round", "task: socket round (select wait and loop)")
-    wrap(task.PipelinedTask, "_on_schedule", "task: schedule (flusher, keep-alives, samples)")
-    wrap(task.InputReader, "poll", "task: input batch hand-off")
-    wrap(wiring.TaskWiring, "end_step", "task: end of the exchange")
+    wrap(task.PipelinedTask, "_next_burst", "consumer: poll (wait, lock)")
     wrap(ConsumerEngine, "next", "consumer: poll (gate)")
     wrap(ConsumerEngine, "take", "consumer: take")
     wrap(RecordReader, "feed", "consumer: decode (RecordReader)")
@@ -302,7 +299,7 @@ def _task_process(index: int, tasks: int, rows: int, local: bool, profile: str, 
     sys.setprofile(None)
     after = resource.getrusage(resource.RUSAGE_SELF)
     main_after = resource.getrusage(resource.RUSAGE_THREAD)
-    switches["task"] += main_after.ru_nvcsw - main_before.ru_nvcsw
+    switches["consumer"] += main_after.ru_nvcsw - main_before.ru_nvcsw
     received_sum = sum(pc.sum(a).as_py() or 0 for a in received)
     metrics["voluntarySwitches"] = float(after.ru_nvcsw - before.ru_nvcsw)
     metrics["involuntarySwitches"] = float(after.ru_nivcsw - before.ru_nivcsw)
@@ -362,8 +359,8 @@ def run_exchange(tasks: int, rows: int, local: bool, profile: str = "") -> dict[
 
 
 THREADS = (
-    ("task", "taskThreadCpuTimeMs"),
-    ("input", "inputThreadCpuTimeMs"),
+    ("producer", "producerThreadCpuTimeMs"),
+    ("consumer", "consumerThreadCpuTimeMs"),
     ("io", "ioThreadCpuTimeMs"),
 )
 
@@ -379,7 +376,7 @@ def thread_cpu_s(run: dict[str, Any]) -> dict[str, float]:
             seconds = m.get(metric, 0.0) / 1000.0
             out[role] += seconds
             named += seconds
-        out["rest"] += max(0.0, total - named)
+        out["timer + rest"] += max(0.0, total - named)
         out["total"] += total
     return dict(out)
 
@@ -482,8 +479,8 @@ def stage_table(run: dict[str, Any], buffers: int) -> tuple[list[tuple[str, str,
             calls[(role, label)] += task["calls"][key]
     cpu = thread_cpu_s(run)
     rows = []
-    order = {"task": 0, "input": 1, "io": 2}
-    for role in sorted({r for r, _ in seconds} | {"task", "input", "io"}, key=lambda r: order.get(r, 9)):
+    order = {"producer": 0, "io": 1, "consumer": 2, "timer": 3}
+    for role in sorted({r for r, _ in seconds} | {"producer", "io", "consumer"}, key=lambda r: order.get(r, 9)):
         timed = 0.0
         for (r, label), value in sorted(seconds.items(), key=lambda kv: -kv[1]):
             if r != role:
@@ -492,8 +489,8 @@ def stage_table(run: dict[str, Any], buffers: int) -> tuple[list[tuple[str, str,
             if value / buffers * 1e6 < 0.05:  # set-up messages, handshakes: nothing per buffer
                 continue
             rows.append((role, label, value / buffers * 1e6, calls[(r, label)] / buffers))
-        total = cpu.get(role, 0.0)
-        if role in ("task", "input", "io"):
+        total = cpu.get(role if role != "timer" else "timer + rest", 0.0)
+        if role in ("producer", "io", "consumer"):
             rows.append((role, "(other: untimed)", (total - timed) / buffers * 1e6, 0.0))
             rows.append((role, "= thread total", total / buffers * 1e6, 0.0))
     overhead = statistics.median(t["overhead_s"] for t in run["tasks"]) * 1e6
@@ -527,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {role: statistics.median(values) for role, values in per_role.items()}
     print(f"data buffers: {out:,} sent; received {remote:,} over remote channels, {local:,} local or own")
     print(f"\nplain runs (median of {args.repeat}), us of CPU per data buffer, all tasks:")
-    for role in ("task", "input", "io", "rest", "total"):
+    for role in ("producer", "io", "consumer", "timer + rest", "total"):
         values = " / ".join(f"{v:.1f}" for v in per_role[role])
         print(f"  {role:14s} {med[role]:7.1f}   ({values})")
     print(f"  core in place  {core_us:7.1f}   (one thread, no network: the floor)")
@@ -541,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         role: statistics.median(
             sum(t["switches"].get(role, 0) for t in run["tasks"]) / buffers_of(run)[0] for run in plain_runs
         )
-        for role in ("task", "input", "io")
+        for role in ("producer", "io", "consumer", "timer")
     }
     print("    voluntary, by thread: " + ", ".join(f"{role} {value:.2f}" for role, value in by_thread.items()))
     beyond = med["total"] - core_us
@@ -552,10 +549,10 @@ def main(argv: list[str] | None = None) -> int:
         "local_channels": args.local,
         "buffers": out,
         "buffers_remote": remote,
-        "us_per_buffer_task_thread": round(med["task"], 1),
-        "us_per_buffer_input_thread": round(med["input"], 1),
-        "us_per_buffer_setup_io_thread": round(med["io"], 1),
-        "us_per_buffer_rest": round(med["rest"], 1),
+        "us_per_buffer_producer_thread": round(med["producer"], 1),
+        "us_per_buffer_io_thread": round(med["io"], 1),
+        "us_per_buffer_consumer_thread": round(med["consumer"], 1),
+        "us_per_buffer_timer_and_rest": round(med["timer + rest"], 1),
         "us_per_buffer_total": round(med["total"], 1),
         "us_per_buffer_core_in_place": round(core_us, 1),
         "us_per_buffer_core_writer": round(core_write_us, 1),
@@ -583,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
             for role, count in task["python_calls"].items():
                 counted[role] += count
         print("\nPython function calls per data buffer, all tasks:")
-        for role in ("task", "input", "io"):
+        for role in ("producer", "io", "consumer", "timer"):
             print(f"  {role:9s} {counted.get(role, 0) / buffers:7.1f}")
             headline[f"python_calls_per_buffer_{role}"] = round(counted.get(role, 0) / buffers, 1)
         headline["python_calls_per_buffer"] = round(sum(counted.values()) / buffers, 1)

@@ -411,37 +411,3 @@ def test_close_joins_the_io_thread_and_closes_every_socket():
     with pytest.raises(OSError):
         socket.create_connection(address, timeout=1).close()
     client.close()
-
-
-def test_a_transport_handed_over_to_its_owners_thread_serves_its_connections_from_its_rounds():
-    # the pipelined task's way: the I/O thread runs the set-up, then the owner's thread drives the sockets
-    producer = Producer(1)
-    consumer = Consumer(producer.transport.address, [0])
-    received: list[list[list[pa.RecordBatch]]] = []
-    data = batches(10_000)
-    reader = threading.Thread(target=lambda: received.append(consumer.read_all(data[0].schema)), daemon=True)
-    try:
-        producer.transport.drive_inline(5.0)
-        reader.start()
-        transport = producer.transport
-        writer = RecordWriter(
-            producer.partition, key_by("k").selector(0, 1, 1, 128), CONFIG.segment_size, resumable=True
-        )
-        pending, done = list(data), True
-        deadline = time.monotonic() + 20
-        while pending or not done:  # write while the pool gives buffers; the credit comes in through the rounds
-            assert time.monotonic() < deadline, "the producer's rounds never got the consumer's credit"
-            transport.run_round(0.01)
-            with transport.sending(), producer.lock:
-                if producer.partition.is_available():
-                    done = writer.resume() if not done else writer.emit(pending.pop(0))
-        with transport.sending(), producer.lock:
-            writer.finish()
-        while reader.is_alive():  # nothing moves on the producer's side but through this thread's rounds
-            assert time.monotonic() < deadline, "the consumer never read the end of the partition"
-            transport.run_round(0.01)
-        assert sum(b.num_rows for b in received[0][0]) == 10_000
-        assert not any(t.name == "credit-shuffle-io-producer" for t in threading.enumerate())  # none any more
-    finally:
-        consumer.transport.close()
-        producer.transport.close()

@@ -23,14 +23,13 @@ task's own subpartition is read directly (no copy), a subpartition of another ta
 Python worker process) through that connection, with the producer's segment held in its pool until the
 consumer recycled the buffer (:class:`~spark_credit_shuffle.protocol.client.ConnectionSubpartitionView`):
 backpressure on a local channel is the producer's pool filling. ``local_channels="task"`` makes every
-channel between tasks remote (credit-based) instead. One thread per task does the per-buffer work: the
-Spark task thread writes the input batches through the RecordWriter, drives the task's non-blocking sockets
-(:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`), yields the received rows as they arrive, and
-between these is the output flusher (``buffer_timeout_ms``), sends keep-alives and latency markers, injects
-checkpoint barriers and samples, waiting in ``select`` only until the engine's next deadline; one more
-thread pulls Spark's (blocking) input iterator one batch ahead, and an I/O thread runs the sockets during
-the set-up only. What the task does and when is decided by the task engine
-(:mod:`~spark_credit_shuffle.engine`, which reads no clock); :mod:`~.task` (the loop and its threads),
+channel between tasks remote (credit-based) instead. Threads per task: the Spark task thread is the
+consumer (it yields the received rows as they arrive), one producer thread feeds the input batches to the
+RecordWriter, one I/O thread
+drives every socket (:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread is
+the output flusher (``buffer_timeout_ms``), sends latency markers and samples memory. All protocol objects
+of a task are guarded by one re-entrant lock. What those threads do and when is decided by the task engine
+(:mod:`~spark_credit_shuffle.engine`, which reads no clock); :mod:`~.task` (the threads),
 :mod:`~.wiring` (sockets, connections, the end) and :mod:`~.in_threads` (tasks as threads of one process)
 are the glue around it, and this module the Spark side.
 
@@ -66,13 +65,13 @@ nothing else. At most four times the task's remote consumers (at least 32) may w
 closes the oldest of them, and a consumer writes its ``Hello`` with its connect, so a flood of silent
 connections costs a bounded number of sockets and does not displace the consumers.
 
-**Backpressure.** The task's thread hands each input batch to a resumable ``RecordWriter``, which takes a
+**Backpressure.** The producer thread hands each input batch to a resumable ``RecordWriter``, which takes a
 new buffer only while the pool is available (Flink's ``isAvailable``, checked per buffer request) and
-otherwise stops there; the thread goes on with its consumer and its sockets and resumes the batch once a
-segment came back, and takes no new input meanwhile. A producer holds at most its pool size plus the
-overdraft, and the time it waits is its back-pressured time. What a write or a recycle makes sendable goes
-to the socket at once, from the same thread (see :meth:`TcpTransport.sending`): the credit loop is the
-latency that bounds a channel's throughput.
+otherwise stops there; the thread waits (woken by every recycled segment) and resumes the batch. A producer
+holds at most its pool size plus the overdraft, and the time it waits is its back-pressured time. Threads
+that make data or credit sendable write it to the socket themselves (see
+:meth:`TcpTransport.sending`): every hand-over between threads costs a wait for the interpreter lock, and
+the credit loop is the latency that bounds a channel's throughput.
 
 **Metrics** are the blocking mode's (same schema, Flink's time metrics per side included:
 ``accumulateBackPressuredTimeMs``, ``accumulateIdleTimeMs``, ``accumulateBusyTimeMs`` (stat ``total``),
@@ -86,12 +85,11 @@ Producers also report ``outputQueueLength`` per channel (max, mean); consumers r
 latency markers they received (p50, p99, max, mean) and ``numLatencyMarkersIn``; each task reports its
 resident memory ``taskRssBytes``, Arrow memory ``taskArrowAllocatedBytes`` and the network buffers it holds,
 ``usedMemorySegments`` (Flink's ``Status.Shuffle.Netty.UsedMemorySegments``, of each task's own pool here;
-max, mean), sampled on the task's schedule, and its CPU time (``taskCpuTimeMs``; ``taskThreadCpuTimeMs``,
-``inputThreadCpuTimeMs``, ``ioThreadCpuTimeMs`` (the set-up's) per thread) next to its wall-clock time
-``taskWallTimeMs``.
+max, mean), sampled by the timer thread, and its CPU time (``taskCpuTimeMs``; ``producerThreadCpuTimeMs``,
+``consumerThreadCpuTimeMs``, ``ioThreadCpuTimeMs`` per thread) next to its wall-clock time ``taskWallTimeMs``.
 The producer half hands its rows to the consumer half of the same task, whose last output row carries both.
 
-**Timeline.** Every ``metrics_sample_interval_ms`` the task's schedule samples both sides of the task (pool
+**Timeline.** Every ``metrics_sample_interval_ms`` the timer thread samples both sides of its task (pool
 usage, backpressure, rates, and per channel backlog, queue length and credits; the list is in
 :mod:`spark_credit_shuffle.metrics`), once more when a side ends; ``Exchange.timeline()`` returns them.
 

@@ -1,47 +1,14 @@
-"""One pipelined task: producer subtask *i* and consumer subtask *i* driven by one thread, the Spark task's.
+"""One pipelined task: producer subtask *i* and consumer subtask *i* as threads and sockets around the engine.
 
 The rules (flush schedule, keep-alives, backpressure wait, silence timeouts, output linger, gauges) are the
-task engine's (:mod:`~spark_credit_shuffle.engine`); this module supplies the clock, the loop and the
-sockets. The Spark task thread does all the per-buffer work of both halves: it writes the input batches
-through the RecordWriter, drives the task's non-blocking sockets
-(:meth:`~spark_credit_shuffle.transport.tcp.TcpTransport.run_round`: read, decode, dispatch, write, accept),
-takes what its gate holds, decodes it and yields the rows to Spark, and runs the engine's schedule (flusher,
-keep-alives, latency markers, checkpoint barriers, debloating, samples) between two of these. When none has
-work it waits in the sockets' ``select``, at most until the engine's next deadline; a socket, or the input
-thread with a new batch, wakes it. A buffer is touched by one thread at each end of a connection: no hand-off
-between threads per buffer, no condition to wait on, no contention for the interpreter lock among the
-task's parts (the runtime before ran a producer, an I/O and a timer thread besides this one; this one
-makes a sixth fewer Python calls and a third of the context switches per buffer, for about the same CPU:
-docs/benchmarks.md, "One thread per task").
-
-Besides a guard thread (below), one other thread pulls Spark's input iterator (:class:`InputReader`), at most
-one batch ahead. Spark's ``next()`` blocks until the JVM has written the next input batch to the worker, for
-as long as the stage before the exchange takes to compute it. Called in the task's thread, that wait would
-stop everything else the task does: its consumer would not read (its producers, in other tasks, would stall
-without credit), its flusher would not flush (a buffer timeout of 1 ms would wait for the next input instead),
-and its keep-alives would not go out (its consumers fail after ``partition_request_timeout_ms`` of silence): a
-slow input stage would become a failure. In a thread of its own the wait costs one hand-off per input batch
-(some ten buffers at 32 KiB), and the input is back-pressured as in Flink: no batch is taken while the
-partition's pool has no buffer, and the reader stops one batch ahead.
-
-Why it cannot deadlock: the task's thread never waits for anything but its sockets and the input thread's
-wake-up, always with a timeout no later than the engine's next deadline (silence, back-pressure, linger,
-flush, checkpoint, the end); the input thread waits only for Spark's iterator and for the task's thread to
-take its batch. Two more waits are not the task's: the set-up's blocking connects, and handing a batch to
-Spark (``yield``), which takes as long as Spark takes to pass it on (one output batch, up to
-``output_batch_rows`` rows). Meanwhile its producer half writes nothing, as a Flink task's mailbox thread does
-not while its operator works; but its keep-alives must go on, or after ``partition_request_timeout_ms`` of
-silence its consumers in other tasks would fail behind a slow Spark downstream, and its connections would
-stand still while Spark works. So while the task's thread is away in Spark, a guard thread drives the task's
-schedule and sockets in its place, until it comes back (:meth:`PipelinedTask._guard`): one hand-over per
-output batch (some eight buffers), never two threads driving at once. The set-up (listening, the address
-exchange, connecting) keeps the transport's I/O thread, because a TLS client's handshake blocks its thread
-while the accepting task must answer it; once connected, the task's thread takes the sockets over
-(:meth:`~spark_credit_shuffle.transport.tcp.TcpTransport.drive_inline`). The RecordWriter writes to the
-partition without a lock: while the task's thread drives, nothing else touches it, and the guard acts only
-while it holds the task (the driving lock the task's thread gives up while it is away); the other protocol
-objects still take the task's one re-entrant lock, uncontended now (the set-up's I/O thread shares them).
-Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.wiring`.
+task engine's (:mod:`~spark_credit_shuffle.engine`); this module supplies the clock, the threads and
+the sockets: the Spark task thread is the consumer (it yields the received rows as they arrive), one producer
+thread feeds the input batches to the RecordWriter, one I/O thread drives every socket
+(:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread wakes the engine's
+schedule (flusher, keep-alives, latency markers, checkpoint barriers, samples). All protocol objects of a
+task are guarded by one re-entrant lock; the writer by a lock of its own, so that the flusher takes turns
+with the producer as in Flink's mailbox. Where the task waits, the engine says until when, or with which
+error it gives up. Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.wiring`.
 """
 
 from __future__ import annotations
@@ -58,120 +25,27 @@ import pyarrow as pa
 
 from ..buffers.reader import RecordReader
 from ..config import ADDRESS_EXCHANGES
-from ..engine import LINGER_OVER, ConsumerEngine, Fail, ProducerEngine, Settings, TimeAccount, Wait
+from ..engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings, TimeAccount, Wait
 from ..engine.checkpoints import ConsumerCheckpoints
-from ..errors import ConfigError, CreditShuffleError, ExchangeTimeoutError
+from ..errors import ConfigError, CreditShuffleError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics, executor_row
 from ..protocol import BufferOrEvent, PipelinedResultPartition, SingleInputGate
 from ..transport.tls import TlsIdentity
+from .locked_partition import LockedPartition
 from .metrics_report import IN_BAND, MetricsReport
 from .monitor import MonitorClient, watch
-from .resources import rss_bytes
+from .resources import rss_bytes, thread_cpu_seconds
 from .wiring import TaskWiring
 
 if TYPE_CHECKING:
     from .plan import ExchangePlan
 
-__all__ = ["MAX_WAIT_S", "InputReader", "PipelinedTask", "TaskOptions"]
+__all__ = ["BURST", "PipelinedTask", "TaskOptions"]
 
-#: The longest the task's thread waits in ``select`` at once (its deadlines are usually sooner).
-MAX_WAIT_S = 1.0
-INF = float("inf")
-
-
-class InputReader:
-    """Spark's input batches, pulled by a thread of their own at most ``depth`` batches ahead of the task's
-    thread (see the module documentation for why). ``wakeup()`` tells the task's thread that a batch (or the
-    end) is ready; :meth:`poll` takes a batch without waiting, :meth:`exhausted` says the input ended (and
-    raises what the iterator raised, in the task's thread). Empty batches are skipped."""
-
-    def __init__(
-        self, batches: Iterable[pa.RecordBatch], wakeup: Callable[[], None], *, name: str, depth: int = 1
-    ) -> None:
-        self._batches = batches
-        self._wakeup = wakeup
-        self._depth = depth
-        self._ready: deque[pa.RecordBatch] = deque()
-        self._cond = threading.Condition()
-        self._ended = False
-        self._stopped = False
-        self._wanted = False
-        self._error: BaseException | None = None
-        #: CPU seconds of the input thread (set when it ends).
-        self.cpu_s = 0.0
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        """The task ends: the thread takes no more input (one blocked in Spark's iterator ends with it)."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-
-    def poll(self) -> pa.RecordBatch | None:
-        """The next input batch, if one is ready now."""
-        if not self._ready:
-            return None
-        with self._cond:
-            batch = self._ready.popleft()
-            self._cond.notify()
-        return batch
-
-    def wanted(self) -> bool:
-        """The task's thread is about to wait, and a batch should wake it: True if one is ready already (then
-        it should not wait), else the next batch (or the end) wakes it. One wake-up per wait, not per batch."""
-        with self._cond:
-            if self._ready or self._ended:
-                return True
-            self._wanted = True
-            return False
-
-    def exhausted(self) -> bool:
-        """True once every batch was taken and the input ended; raises the iterator's failure, if it failed."""
-        if not self._ended or self._ready:
-            return False
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def _run(self) -> None:
-        started = time.thread_time()
-        cond, ready = self._cond, self._ready
-        try:
-            for batch in self._batches:
-                if not batch.num_rows:
-                    continue
-                with cond:
-                    # the task's thread takes a batch as soon as its pool has a buffer for it; this wait ends
-                    # then, or when the task ends (stop)
-                    while len(ready) >= self._depth and not self._stopped:
-                        cond.wait(MAX_WAIT_S)
-                    if self._stopped:
-                        return
-                    ready.append(batch)
-                    wake, self._wanted = self._wanted, False
-                if wake:
-                    self._wakeup()
-        except BaseException as exc:  # raised in the task's thread, after the batches before it
-            self._error = exc
-        finally:
-            self.cpu_s = time.thread_time() - started
-            with cond:
-                self._ended = True
-            self._wakeup()
-
-
-class _Schedule:
-    """The deadlines of the task's schedule kept by the task itself (the engines keep their own)."""
-
-    __slots__ = ("next_checkpoint", "next_sample", "next_timeline")
-
-    def __init__(self, next_sample: float, next_timeline: float, next_checkpoint: float) -> None:
-        self.next_sample = next_sample
-        self.next_timeline = next_timeline
-        self.next_checkpoint = next_checkpoint
+#: The most buffers and events the consumer takes from its gate under one taking of the task's lock. With
+#: unaligned (or timeoutable) checkpoints it takes one at a time: a priority barrier overtakes only what is
+#: still in the gate, and a burst already taken would hold it back behind a slow consumer's work.
+BURST = 64
 
 
 @dataclass(frozen=True)
@@ -256,28 +130,21 @@ class PipelinedTask:
         self.plan, self.config, self.index, self.host, self.report = plan, plan.config, index, host, report
         self.executors = wiring.executors
         self.is_producer, self.is_consumer = wiring.is_producer, wiring.is_consumer
-        self.lock = wiring.lock
+        self.lock, self.cond, self.writer_lock = wiring.lock, wiring.cond, wiring.writer_lock
+        self.consumer_cond, self.producer_cond = wiring.consumer_cond, wiring.producer_cond
         self._task_metrics = TaskMetrics(CONSUMER if self.is_consumer else PRODUCER, index)
         self._cpu_start = time.process_time()
         self._main_cpu_start = time.thread_time()
+        self._producer_cpu_s = 0.0
         self._wall_start = time.monotonic()
         self.wiring.consumer_done = not self.is_consumer
         self.wiring.producer_done = not self.is_producer
         self.producer: ProducerEngine | None = None
         self.consumer: ConsumerEngine | None = None
-        inf = float("inf")
-        self._schedule = _Schedule(inf, inf, inf)
-        #: Held by the task's thread while it drives (released while it hands rows to Spark): the guard thread
-        #: serves the schedule only while it holds this (see :meth:`_guard`).
-        self._driving = threading.Lock()
-        #: Set while the task's thread is away (handing rows to Spark); whether the guard drives meanwhile.
-        self._left = threading.Event()
-        self._guard_driving = False
-        #: The producer half's state, shared by the task's thread and the guard (one at a time): it still
-        #: writes, its input, and whether its writer stopped in the middle of an input batch (no buffer).
-        self._producing = False
-        self._source: InputReader | None = None
-        self._writing = False
+        trigger = wiring.checkpoint_trigger
+        #: The most buffers the consumer takes from its gate at once (see :data:`BURST`).
+        unaligned = trigger.options.is_unaligned or trigger.options.is_timeoutable
+        self._burst = 1 if trigger.enabled and unaligned else BURST
         if self.is_producer:
             self._setup_producer()
         if self.is_consumer:
@@ -293,6 +160,7 @@ class PipelinedTask:
             self.wiring.network, len(consumers), config, partition_id=self.wiring.partition_id, bounded=True
         )
         self.wiring.partition = partition
+        partition.buffer_pool.add_availability_listener(self.wiring.notify_producer)
         if self.wiring.checkpoint_trigger.enabled:  # what unaligned barriers overtake: output channel state
             partition.set_channel_state_writer(self.wiring.checkpoint_trigger.persist_output)
         self.wiring.manager.register_partition(partition)
@@ -306,6 +174,7 @@ class PipelinedTask:
             config.segment_size,
             plan.schema,
             time.monotonic(),
+            partition_writer=LockedPartition(partition, self.lock, self._on_recycle),
             resumable=True,
         )
 
@@ -317,6 +186,7 @@ class PipelinedTask:
             return
         remote = sum(1 for p in producers if not self.wiring.is_local(p))
         self.wiring.gate = SingleInputGate(self.wiring.network, len(producers), self.config, num_remote_channels=remote)
+        self.wiring.gate.listener = self.wiring.notify_consumer
         checkpoints = (
             ConsumerCheckpoints(index, producers, time.time_ns, acknowledge=self.wiring.gate.acknowledge_checkpoint)
             if self.config.checkpoint_interval_ms > 0
@@ -330,13 +200,20 @@ class PipelinedTask:
         self.consumer.detail = self.wiring.connection_detail
         self.wiring.consumer = self.consumer  # started when its channels are requested
 
+    # -- notifications (lock held) --
+
+    def _on_recycle(self) -> None:
+        """A segment came back (lock held): progress, and the producer may be waiting for it."""
+        self.wiring.last_progress = time.monotonic()
+        if self.producer is not None and self.producer.waiting_since is not None:
+            self.producer_cond.notify()
+
     # -- the task --
 
     def run(
         self, batches: Iterable[pa.RecordBatch], all_gather: Callable[[str], list[str]]
     ) -> Iterator[pa.RecordBatch]:
         """Set up, exchange addresses, stream; yields the received rows, then reports the metrics."""
-        source: InputReader | None = None
         try:
             if self.plan.monitor is not None:  # the live monitor: every timeline sample to the driver
                 self.wiring.monitor = MonitorClient(self.plan.monitor, self.wiring.attempt_id)
@@ -344,420 +221,141 @@ class PipelinedTask:
                     if engine is not None:
                         watch(self.wiring.monitor, engine)
             self.wiring.start_transport()
-            transport = self.wiring.transport
-            assert transport is not None
             if self.producer is not None:
-                with self.lock:  # the first answer to every partition request, before any data
+                with self.writer_lock, self.lock:  # the first answer to every partition request, before any data
                     self.producer.send_liveness_markers()
+            self._start_thread(self._timer, "timer")
             if self.is_producer:
-                source = InputReader(batches, transport.wakeup, name=f"credit-shuffle-input-{self.index}")
-                self.wiring.threads.append(source.thread)
-                source.start()
+                self._start_thread(lambda: self._produce(batches), "producer")
             else:
                 _drain(batches, self.index)
             self.wiring.exchange_addresses(all_gather)
-            transport.drive_inline(self.config.partition_request_timeout_ms / 1000.0)  # this thread's from now on
-            self._driving.acquire()  # held while this thread drives; the guard serves the schedule when it is away
-            self._start_guard()
             injection = self.plan.injection
-            if injection is not None and self.is_producer:
-                injection.maybe_fail(PRODUCER, self.index)
             if injection is not None and self.is_consumer:
                 injection.maybe_fail(CONSUMER, self.index)
-            yield from self._drive(source)
-            yield from self.report.last(self.plan.schema, self._metric_rows(source))
+            consumer = self.consumer
+            if consumer is not None and self.wiring.gate is not None:
+                with self.lock:  # the consumer's first timeline sample
+                    self._record_consumer_sample(time.monotonic())
+                yield from self._consume(consumer)
+                with self.lock:  # the consumer's last timeline sample
+                    self._record_consumer_sample(time.monotonic())
+            self.wiring.consumer_done = True
+            if consumer is not None:
+                consumer.time.stop(time.monotonic())
+            self.wiring.await_end()
+            yield from self.report.last(self.plan.schema, self._metric_rows())
         except BaseException as exc:
             if self.wiring.failed_at is None:  # before closing: peers see the close and fail after this task
                 self.wiring.failed_at = time.monotonic()
-            self.wiring.fail(exc)
             self.wiring.cause = exc
             remote = getattr(exc, "remote", None)
             if remote is not None:  # a producer's failure reached this consumer: raise that first cause
                 raise remote from exc
             raise
         finally:
-            if source is not None:
-                source.stop()
-            self.wiring.stopping.set()
-            self._left.set()  # the guard wakes, sees the end and stops (joined in close)
             self.wiring.close()
 
-    # -- the loop: producer, consumer, sockets and the engine's schedule in the task's thread --
-
-    def _drive(self, source: InputReader | None) -> Iterator[pa.RecordBatch]:
-        """The task's loop, until its producer finished, its consumer read every channel to its end and the
-        exchange may end (:meth:`TaskWiring.end_step`). Each pass: one round of the sockets (waiting only
-        when the last pass found nothing to do, and only until the engine's next deadline or until a socket
-        or the input thread wakes it), the engine's schedule, everything the gate holds (decoded in order,
-        the rows handed to Spark as they are ready), and one input batch written.
-
-        The consumer returns the buffers it decoded, which may send credit (or, on a local channel, the
-        producer's segment), together, and this thread writes what that made sendable itself before it
-        writes input, waits or hands rows to Spark. With unaligned checkpoints a priority barrier still
-        overtakes every buffer the consumer has not taken: the consumer takes one buffer at a time from the
-        gate, and no socket is read between two of them. A buffer taken but not decoded when the loop ends (a
-        failure, an early close) goes back to its pool."""
-        wiring, lock = self.wiring, self.lock
-        transport = wiring.transport
-        assert transport is not None
-        run_round, write_out = transport.run_round, transport.flush
-        producer, consumer, gate = self.producer, self.consumer, wiring.gate
-        monotonic, time_ns = time.monotonic, time.time_ns
-        data = self.report.data
-        delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
-        trigger = wiring.checkpoint_trigger
-        if producer is not None and trigger.enabled:  # the writer stops between two runs of rows when one is due
-            producer.writer.interrupt = trigger.is_due
-        start = monotonic()
-        sample_every = self.settings.memory_sample_interval
-        self._schedule = _Schedule(
-            start if sample_every else float("inf"),
-            start if self.settings.timeline_interval_ms > 0 else float("inf"),
-            start + trigger.seconds_until_next() if trigger.enabled else float("inf"),
-        )
-        consuming = consumer is not None and gate is not None
-        self._producing = producer is not None
-        self._source = source
-        if producer is not None:
-            assert source is not None
-            with lock:  # the producer's first timeline sample
-                self._record_producer_sample(monotonic())
-        if consumer is not None:
-            if consuming:
-                with lock:  # the consumer's first timeline sample
-                    self._record_consumer_sample(monotonic())
-            else:
-                consumer.time.stop(monotonic())
-        wiring.consumer_done = not consuming
-        returned: list[Callable[[], None]] = []  # the recycles of the buffers decoded since the last flush
-        give_back = returned.append
-        taken: BufferOrEvent | None = None  # polled from the gate, not yet decoded
-
-        def flush() -> None:
-            if returned:
-                with lock:
-                    for recycle in returned:
-                        recycle()
-                returned.clear()
-                wiring.last_progress = monotonic()  # segments came back (the back-pressure timeout's progress)
-            write_out()
-
-        timeout: float | None = 0.0
-        try:
-            while True:
-                run_round(timeout)
-                wiring.raise_if_failed()
-                now = monotonic()
-                busy = False
-                due = self._on_schedule(now)
-                # the consumer: everything its gate holds now, its rows to Spark as they are ready
-                if consuming:
-                    assert consumer is not None
-                    output = consumer.output
-                    wall_ns = time_ns()
-                    while True:
-                        with lock:
-                            try:
-                                step = consumer.next(now, output.linger_until)
-                            except Exception as exc:
-                                raise wiring.channel_error(exc) from exc
-                        if type(step) is BufferOrEvent:
-                            taken = step
-                            busy = True
-                            if consumer.time.idle_since is not None:  # an idle stretch of the gate ends
-                                self._consumer_active(consumer, now)
-                            recycler = step.buffer.detach_recycler()  # returned with the others, at the next flush
-                            if recycler is not None:
-                                give_back(recycler)
-                            taken = None
-                            batches, resume = consumer.take(step, wall_ns)
-                            if resume:
-                                self._resume(consumer, resume)
-                                flush()
-                            for batch in batches:
-                                if delay:  # a slow consumer (injected): what it returned goes out before it works
-                                    flush()
-                                    self._away(time.sleep, delay * batch.num_rows)
-                                output.add(batch)
-                            moment = monotonic()
-                            ready = output.ready(step.more_available, moment)
-                            if ready is not None:
-                                flush()
-                                yield from self._hand_on(data(ready))
-                                break  # the sockets and the producer waited meanwhile: their turn
-                            if moment >= due:  # the schedule is due (a slow consumer): its turn first
-                                busy = True
-                                break
-                            continue
-                        if step is None:  # every channel ended
-                            consuming = False
-                            self._consumer_active(consumer, now)
-                            flush()
-                            if output.pending:
-                                yield from self._hand_on(data(output.take()))
-                            end = monotonic()
-                            with lock:  # the consumer's last timeline sample
-                                self._record_consumer_sample(end)
-                            wiring.consumer_done = True
-                            consumer.time.stop(end)
-                            busy = True
-                            break
-                        if step is LINGER_OVER:  # nothing more came while the pending rows waited: hand them on
-                            flush()
-                            yield from self._hand_on(data(output.take()))
-                            busy = True
-                            break
-                        if isinstance(step, Fail):
-                            raise step.error
-                        assert isinstance(step, Wait)
-                        if consumer.time.idle_since is None:  # the gate is empty: the consumer is idle
-                            consumer.time.idle_since = now
-                        due = min(due, step.until)
-                        break
-                    flush()
-                # the producer: one input batch, or on with the one the writer stopped in
-                if self._producing:
-                    did, until = self._produce_step(now, wait_for_input=not busy)
-                    busy = busy or did
-                    due = min(due, until)
-                if not self._producing and not consuming:
-                    step_end = wiring.end_step(now)
-                    if step_end is None:
-                        return
-                    if isinstance(step_end, Fail):
-                        raise step_end.error
-                    due = min(due, step_end.until)
-                timeout = 0.0 if busy else min(MAX_WAIT_S, max(0.0, due - monotonic()))
-        finally:  # a failure or an early close: no buffer stays out of its pool
-            if taken is not None:
-                recycler = taken.buffer.detach_recycler()
-                if recycler is not None:
-                    give_back(recycler)
-            if returned:
-                with lock:
-                    for recycle in returned:
-                        recycle()
-
-    def _produce_step(self, now: float, *, wait_for_input: bool) -> tuple[bool, float]:
-        """The producer's turn (the task's thread, or the guard while it is away): write on in the batch the
-        writer stopped in, or write the next input batch, or finish at the end of the input. Returns whether it
-        did something, and until when it may wait (back-pressure's timeout); ``wait_for_input``: nothing else
-        is to be done, so the input thread should wake this one with its next batch."""
-        producer, source, lock = self.producer, self._source, self.lock
-        assert producer is not None and source is not None
-        trigger = self.wiring.checkpoint_trigger
-        if not producer.is_available():  # back-pressure: wait for a buffer of the pool
-            return False, self._back_pressured(producer, now, hard=self._writing)
-        self._end_back_pressure(producer, now)
-        if self._writing:
-            with self._sending():
-                done = producer.resume()
-                while not done and trigger.enabled and trigger.is_due():
-                    self._inject_due_checkpoint(producer)
-                    done = producer.resume()
-            self._writing = not done
-            with lock:
-                producer.sample_output()
-            return True, INF
-        batch = source.poll()
-        if batch is not None:
-            self._producer_active(producer, now)
-            with self._sending():
-                done = producer.write(batch)
-                while not done and trigger.enabled and trigger.is_due():  # stopped between two runs: the barrier now
-                    self._inject_due_checkpoint(producer)
-                    done = producer.resume()
-            self._writing = not done
-            with lock:
-                producer.sample_output()
-            return True, INF
-        if source.exhausted():  # the end of the input (raises the input's failure)
-            self._producer_active(producer, now)
-            self._finish_producer(producer)
-            self._producing = False
-            return True, INF
-        if producer.time.idle_since is None:  # waiting for Spark's next input batch
-            producer.time.idle_since = now
-        return bool(wait_for_input and source.wanted()), INF  # a batch that came meanwhile: no wait
-
-    def _hand_on(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
-        """Hand ``batch`` to Spark; while Spark takes it, the guard drives the task (see :meth:`_guard`)."""
-        self._leave()
-        try:
-            yield batch
-        finally:
-            self._take_back()
-
-    def _away(self, work: Callable[[float], None], seconds: float) -> None:
-        """Run ``work(seconds)`` (an injected slow consumer's work) as time away from driving, as a hand-on."""
-        self._leave()
-        try:
-            work(seconds)
-        finally:
-            self._take_back()
-
-    def _leave(self) -> None:
-        """The task's thread leaves its loop (to hand rows to Spark): the guard may drive meanwhile."""
-        self._driving.release()
-        self._left.set()
-
-    def _take_back(self) -> None:
-        """The task's thread comes back: the guard leaves its ``select`` and ends its round, then this thread
-        drives again."""
-        self._left.clear()
+    def _sending(self) -> AbstractContextManager[None]:
+        """The transport's sending block (see :meth:`TcpTransport.sending`); the transport runs once set up."""
         transport = self.wiring.transport
-        if self._guard_driving and transport is not None:
-            transport.interrupt()
-        if not self._driving.acquire(timeout=self.settings.silence_timeout):
-            raise ExchangeTimeoutError(
-                f"task {self.index}: its guard thread held the task's sockets longer than "
-                f"partition_request_timeout_ms={self.config.partition_request_timeout_ms}"
-            )
+        assert transport is not None, "the task's transport is started before any thread that sends"
+        return transport.sending()
 
-    def _start_guard(self) -> None:
-        thread = threading.Thread(target=self._guard, name=f"credit-shuffle-guard-{self.index}", daemon=True)
+    def _start_thread(self, target: Callable[[], None], role: str) -> None:
+        thread = threading.Thread(target=target, name=f"credit-shuffle-{role}-{self.index}", daemon=True)
         self.wiring.threads.append(thread)
         thread.start()
 
-    def _guard(self) -> None:
-        """While the task's thread is away from its loop, handing rows to Spark (or working as an injected slow
-        consumer), this thread drives the task in its place: the schedule (flusher, keep-alives, barriers,
-        samples) and the sockets (what arrives is read into the gate, credit that arrives lets data out), waiting
-        in ``select`` until the next deadline or until the task's thread comes back. Without it, no keep-alive
-        would go out while Spark takes a batch (after ``partition_request_timeout_ms`` of silence this task's
-        consumers in other tasks would fail behind a slow downstream), and the task's connections would stand
-        still while Spark works, where Spark's own work could overlap them. It never writes input or
-        consumes, and it runs only while it holds the driving lock, which the task's thread gives up while it
-        is away: the task is driven by one thread at a time."""
-        wiring, transport, left = self.wiring, self.wiring.transport, self._left
-        assert transport is not None
-        period = self.settings.heartbeat_interval
-        try:
-            while not wiring.stopping.is_set():
-                if not left.wait(period) or not self._driving.acquire(blocking=False):
-                    continue  # the task's thread drives
-                try:
-                    self._guard_driving = True  # before looking at ``left``: see _take_back
-                    while left.is_set() and not wiring.stopping.is_set():
-                        now = time.monotonic()
-                        due = self._on_schedule(now)
-                        did = False
-                        if self._producing:
-                            did, until = self._produce_step(now, wait_for_input=True)
-                            due = min(due, until)
-                        transport.run_round(0.0 if did else min(MAX_WAIT_S, max(0.0, due - now)))
-                finally:
-                    self._guard_driving = False
-                    self._driving.release()
-        except BaseException as exc:
-            wiring.fail(exc)
+    # -- producer half (producer thread) --
 
-    @staticmethod
-    def _consumer_active(consumer: ConsumerEngine, now: float) -> None:
-        """Data (or the end) reached the consumer: an idle stretch of its gate ends."""
-        clock = consumer.time
-        if clock.idle_since is not None:
-            clock.idle += now - clock.idle_since
-            clock.idle_since = None
-
-    @staticmethod
-    def _producer_active(producer: ProducerEngine, now: float) -> None:
-        """An input batch (or the input's end) reached the producer: its wait for input ends."""
+    def _produce(self, batches: Iterable[pa.RecordBatch]) -> None:
+        producer = self.producer
+        assert producer is not None and self.wiring.transport is not None and self.wiring.partition is not None
         clock = producer.time
-        if clock.idle_since is not None:
-            clock.idle += now - clock.idle_since
-            clock.idle_since = None
-
-    def _back_pressured(self, producer: ProducerEngine, now: float, *, hard: bool) -> float:
-        """Back-pressure (Flink's ``isAvailable``): the partition's pool has no buffer. Soft before the next
-        input, ``hard`` in the middle of one. Returns until when the engine allows the wait; raises its timeout
-        (``buffers_request_timeout_ms`` without progress)."""
-        if producer.waiting_since is None:
-            producer.begin_wait(now, hard=hard)
-        step = producer.check_wait(now, self.wiring.last_progress, self.wiring.describe_buffer_wait)
-        if isinstance(step, Fail):
-            raise step.error
-        return step.until
-
-    @staticmethod
-    def _end_back_pressure(producer: ProducerEngine, now: float) -> None:
-        if producer.waiting_since is not None:
-            producer.end_wait(now)
-
-    def _finish_producer(self, producer: ProducerEngine) -> None:
-        """The input ended: the open buffers and the end of partition go out, the partition closes."""
-        transport, partition = self.wiring.transport, self.wiring.partition
-        assert transport is not None and partition is not None
-        with transport.sending():
-            producer.finish()
-        with self.lock:
-            producer.sample_output()
-            partition.close()
-            now = time.monotonic()
-            self._record_producer_sample(now)
-            self.wiring.producer_done = True
-            producer.time.stop(now)
+        sending = self.wiring.transport.sending
+        deferred = self.wiring.consumer_wakeups_deferred  # one wake-up of the consumer per input batch written
+        thread_cpu = time.thread_time()
+        trigger = self.wiring.checkpoint_trigger
+        barrier_due = trigger.is_due if trigger.enabled else (lambda: False)
+        if trigger.enabled:  # the writer stops between two runs of rows when a checkpoint is due
+            producer.writer.interrupt = trigger.is_due
+        try:
+            injection = self.plan.injection
+            if injection is not None:
+                injection.maybe_fail(PRODUCER, self.index)
+            with self.lock:  # the producer's first timeline sample, whether or not its timer runs before the end
+                self._record_producer_sample(time.monotonic())
+            iterator = iter(batches)
+            while not self.wiring.stopping.is_set():
+                waited = clock.idle_since = time.monotonic()
+                batch = next(iterator, None)
+                clock.idle_since = None
+                clock.idle += time.monotonic() - waited
+                if batch is None:
+                    break
+                if not batch.num_rows:
+                    continue
+                # the writer stops at the first buffer its pool cannot give; wait, then write on from there
+                self._await_buffer(producer)
+                with sending(), self.writer_lock, deferred():
+                    done = producer.write(batch)
+                    while not done and barrier_due():  # stopped between two runs: the barrier goes in now
+                        self._inject_due_checkpoint(producer)
+                        done = producer.resume()
+                while not done:
+                    with self.lock:
+                        producer.sample_output()
+                    self._await_buffer(producer, hard=True)  # in the middle of an input: hard back-pressure
+                    with sending(), self.writer_lock, deferred():
+                        done = producer.resume()
+                        while not done and barrier_due():
+                            self._inject_due_checkpoint(producer)
+                            done = producer.resume()
+                with self.lock:
+                    producer.sample_output()
+            with sending(), self.writer_lock:
+                producer.finish()
+            with self.cond:
+                producer.sample_output()
+                self.wiring.partition.close()
+                now = time.monotonic()
+                self._record_producer_sample(now)
+                self.wiring.producer_done = True
+                clock.stop(now)
+                self._producer_cpu_s = time.thread_time() - thread_cpu
+                self.cond.notify_all()
+        except BaseException as exc:
+            self.wiring.fail(exc)
 
     def _inject_due_checkpoint(self, producer: ProducerEngine) -> None:
-        """Between two runs of rows of a batch, the checkpoint barrier that is due goes in (so that a long
-        write does not hold it back until the batch is written)."""
+        """The producer thread, holding the writer between two runs of rows of a batch, injects the checkpoint
+        barrier that is due (so a long write does not hold it back until the timer thread gets the writer)."""
         trigger = self.wiring.checkpoint_trigger
         with self.lock:
             if trigger.is_due():
                 producer.writer.broadcast_event(trigger.next_barrier())
 
-    # -- the engine's schedule: flusher, keep-alives, latency markers, checkpoint barriers, samples --
-
-    def _on_schedule(self, now: float) -> float:
-        """Do what the schedule has due at ``now`` (between two input batches, or while the writer waits in one
-        for a buffer); returns the schedule's next deadline."""
-        wiring, producer, consumer = self.wiring, self.producer, self.consumer
-        trigger = wiring.checkpoint_trigger
-        schedule = self._schedule
-        sample_every = self.settings.memory_sample_interval
-        if sample_every is not None and now >= schedule.next_sample:
-            self._sample_memory()
-            schedule.next_sample = max(schedule.next_sample + sample_every, now)
-        if now >= schedule.next_timeline:
-            schedule.next_timeline = max(schedule.next_timeline + self._sample_timeline(now), now)
-        due = min(schedule.next_sample, schedule.next_timeline)
-        debloat = consumer.debloat if consumer is not None and not wiring.consumer_done else None
-        if debloat is not None and wiring.gate is not None:
-            if now >= debloat.next_at:
-                with self._sending(), self.lock:  # the size goes to every producer (NewBufferSize)
-                    debloat.on_timer(now)
-            due = min(due, debloat.next_at)
-        if producer is None or (not trigger.enabled and producer.is_finished):
-            return due
-        if not producer.is_finished:
-            if now >= producer.next_timer() or now >= schedule.next_checkpoint or now >= trigger.timeout_at:
-                with self._sending(), self.lock:
-                    producer.on_timer(now, time.time_ns())
-                    if now >= schedule.next_checkpoint:  # between two records (see checkpoint barriers)
-                        if trigger.is_due():
-                            producer.writer.broadcast_event(trigger.next_barrier())
-                        schedule.next_checkpoint = now + trigger.seconds_until_next()
-                    timed_out = trigger.timed_out(now)
-                    if timed_out is not None:  # a barrier still queued overtakes as unaligned
-                        producer.partition.aligned_barrier_timeout(timed_out)
-            return min(due, producer.next_timer(), schedule.next_checkpoint, trigger.timeout_at)
-        # a finished producer whose output a consumer still reads injects unaligned barriers on
-        if trigger.options.is_unaligned and producer.takes_part_in_checkpoints_after_finish():
-            if now >= schedule.next_checkpoint:
-                with self._sending(), self.lock:
-                    if trigger.is_due():
-                        producer.inject_after_finish(trigger.next_barrier())
-                    schedule.next_checkpoint = now + trigger.seconds_until_next()
-            return min(due, schedule.next_checkpoint)
-        return due
-
-    def _sample_memory(self) -> None:
-        rss = rss_bytes()
-        if rss:
-            self._task_metrics.sample("taskRssBytes", float(rss))
-        self._task_metrics.sample("taskArrowAllocatedBytes", float(pa.total_allocated_bytes()))
-        # the task's network buffers in use: Flink's Status.Shuffle.Netty.UsedMemorySegments, per task here
-        self._task_metrics.sample("usedMemorySegments", float(self.wiring.network.num_used))
+    def _await_buffer(self, producer: ProducerEngine, *, hard: bool = False) -> None:
+        """Back-pressure: wait until the partition's pool has a buffer (Flink's ``isAvailable``), as long as
+        the engine allows; before the next input (soft) or, ``hard``, in the middle of one. Every recycled
+        segment wakes this wait (``_on_recycle``)."""
+        if producer.is_available():
+            return
+        with self.producer_cond:
+            producer.begin_wait(time.monotonic(), hard=hard)
+            try:
+                while not producer.is_available():
+                    self.wiring.raise_if_failed()
+                    if self.wiring.stopping.is_set():
+                        raise CreditShuffleError("task stopping")
+                    now = time.monotonic()
+                    step = producer.check_wait(now, self.wiring.last_progress, self.wiring.describe_buffer_wait)
+                    if isinstance(step, Fail):
+                        raise step.error
+                    self.producer_cond.wait(step.until - now)
+            finally:
+                producer.end_wait(time.monotonic())
 
     # -- timeline (lock held) --
 
@@ -787,12 +385,163 @@ class PipelinedTask:
                 intervals.append(consumer.timeline.interval)
         return min(intervals, default=float("inf"))
 
-    def _sending(self) -> AbstractContextManager[None]:
-        """The transport's sending block (see :meth:`TcpTransport.sending`): what it made sendable is written
-        at its end."""
+    # -- timer thread: the engine's schedule, checkpoint barriers, memory samples --
+
+    def _timer(self) -> None:
+        settings, producer, trigger, consumer = (
+            self.settings,
+            self.producer,
+            self.wiring.checkpoint_trigger,
+            self.consumer,
+        )
+        inf = float("inf")
+        now = time.monotonic()
+        next_checkpoint = now + trigger.seconds_until_next() if trigger.enabled else inf
+        sample_every = settings.memory_sample_interval
+        next_sample = now if sample_every else inf
+        next_timeline = now if settings.timeline_interval_ms > 0 else inf
+        try:
+            while True:
+                producing = producer is not None and not producer.is_finished
+                # a finished producer whose output a consumer still reads injects unaligned barriers on
+                finishing = (
+                    not producing
+                    and producer is not None
+                    and trigger.enabled
+                    and trigger.options.is_unaligned
+                    and producer.takes_part_in_checkpoints_after_finish()
+                )
+                due = min(next_sample, next_timeline)
+                debloat = consumer.debloat if consumer is not None and not self.wiring.consumer_done else None
+                if debloat is not None:
+                    due = min(due, debloat.next_at)
+                if producing:
+                    assert producer is not None
+                    due = min(due, producer.next_timer(), next_checkpoint, trigger.timeout_at)
+                elif finishing:
+                    due = min(due, next_checkpoint)
+                if due == inf:
+                    due = now + 1.0
+                if self.wiring.stopping.wait(max(0.0, due - time.monotonic())):
+                    return
+                now = time.monotonic()
+                if sample_every is not None and now >= next_sample:
+                    self._sample_memory()
+                    next_sample = max(next_sample + sample_every, now)
+                if now >= next_timeline:
+                    next_timeline = max(next_timeline + self._sample_timeline(now), now)
+                if debloat is not None and now >= debloat.next_at and self.wiring.gate is not None:
+                    with self._sending(), self.lock:  # the size goes to every producer (NewBufferSize)
+                        # the time read under the lock: the consumer may have measured data after ``now`` while
+                        # this thread waited for the lock, and a throughput measured backwards is refused
+                        debloat.on_timer(max(now, time.monotonic()))
+                if finishing and producer is not None and now >= next_checkpoint:
+                    with self._sending(), self.lock:
+                        if trigger.is_due():
+                            producer.inject_after_finish(trigger.next_barrier())
+                        next_checkpoint = now + trigger.seconds_until_next()
+                if not producing or producer is None:
+                    continue
+                with self._sending(), self.writer_lock:
+                    if producer.is_finished:
+                        continue
+                    with self.lock:
+                        producer.on_timer(now, time.time_ns())
+                        if now >= next_checkpoint:  # between two records (see checkpoint barriers)
+                            if trigger.is_due():
+                                producer.writer.broadcast_event(trigger.next_barrier())
+                            next_checkpoint = now + trigger.seconds_until_next()
+                        timed_out = trigger.timed_out(now)
+                        if timed_out is not None:  # a barrier still queued overtakes as unaligned
+                            producer.partition.aligned_barrier_timeout(timed_out)
+        except BaseException as exc:
+            self.wiring.fail(exc)
+
+    def _sample_memory(self) -> None:
+        rss = rss_bytes()
+        if rss:
+            self._task_metrics.sample("taskRssBytes", float(rss))
+        self._task_metrics.sample("taskArrowAllocatedBytes", float(pa.total_allocated_bytes()))
+        # the task's network buffers in use: Flink's Status.Shuffle.Netty.UsedMemorySegments, per task here
+        self._task_metrics.sample("usedMemorySegments", float(self.wiring.network.num_used))
+
+    # -- consumer half (the task thread) --
+
+    def _consume(self, consumer: ConsumerEngine) -> Iterator[pa.RecordBatch]:
+        """The consumer loop. It takes what the gate holds in bursts (every buffer and event there, up to
+        :data:`BURST`, under one taking of the task's lock: the lock the I/O and producer threads contend for)
+        and decodes them in order outside the lock. Returning a buffer may send credit (or, on a local
+        channel, the producer's segment): the buffers decoded since the last time go back together, under one
+        taking of the lock, and this thread writes what that made sendable itself, just before it waits for
+        data or hands rows to Spark (one write per burst instead of one per buffer). Their credit is announced
+        at that moment either way, and none is held over a wait, so the senders see the same credit as
+        before. A burst polled but not decoded when the loop ends (a failure, an early close) goes back too."""
+        delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
+        lock = self.lock
+        data = self.report.data
+        output = consumer.output
+        add, ready_now = output.add, output.ready
+        take = consumer.take
         transport = self.wiring.transport
-        assert transport is not None, "the task's transport is started before anything is sent"
-        return transport.sending()
+        assert transport is not None
+        write = transport.flush
+        returned: list[Callable[[], None]] = []  # the recycles of the buffers decoded since the last flush
+        give_back = returned.append
+        burst: deque[BufferOrEvent] = deque()  # polled from the gate, not yet decoded
+        next_of_burst = burst.popleft
+        monotonic, time_ns = time.monotonic, time.time_ns
+        wall_ns = 0
+
+        def recycle_returned() -> None:
+            if returned:
+                with lock:
+                    for recycle in returned:
+                        recycle()
+                returned.clear()
+
+        def flush() -> None:
+            recycle_returned()
+            write()
+
+        with self._sending():  # what the recycles make sendable waits for flush(), not for the I/O thread
+            try:
+                while True:
+                    if not burst:
+                        polled_burst = self._next_burst(consumer, output.linger_until, flush)
+                        if type(polled_burst) is not list:
+                            if polled_burst is None:
+                                break
+                            flush()  # nothing more came while the pending rows waited: hand them on
+                            yield data(output.take())
+                            continue
+                        burst.extend(polled_burst)
+                        wall_ns = time_ns()
+                    polled = next_of_burst()
+                    recycler = polled.buffer.detach_recycler()  # returned with the others, at the next flush
+                    if recycler is not None:
+                        give_back(recycler)
+                    batches, resume = take(polled, wall_ns)
+                    if resume:
+                        self._resume(consumer, resume)
+                        flush()
+                    for batch in batches:
+                        if delay:  # a slow consumer (injected): what it returned goes out before it works
+                            flush()
+                            time.sleep(delay * batch.num_rows)
+                        add(batch)
+                    ready = ready_now(polled.more_available, monotonic())
+                    if ready is not None:
+                        flush()
+                        yield data(ready)
+                flush()
+                if output.pending:
+                    yield data(output.take())
+            finally:  # a failure or an early close: no buffer stays out of its pool
+                for polled in burst:
+                    recycler = polled.buffer.detach_recycler()
+                    if recycler is not None:
+                        give_back(recycler)
+                recycle_returned()
 
     def _resume(self, consumer: ConsumerEngine, channels: tuple[int, ...]) -> None:
         """ResumeConsumption on ``channels`` (their subpartitions blocked themselves after an aligned barrier)."""
@@ -803,9 +552,68 @@ class PipelinedTask:
                 consumer.gate.resume_consumption(channel)
             consumer.resumed(channels, time.monotonic())
 
+    def _next_burst(
+        self, consumer: ConsumerEngine, linger_until: float | None, before_wait: Callable[[], None]
+    ) -> list[BufferOrEvent] | LingerOver | None:
+        """The gate's next buffers and events, in order: every one it holds now, up to :data:`BURST`, waiting
+        for the first as long as the engine says; None once every channel ended; ``LINGER_OVER`` if
+        ``linger_until`` (a ``time.monotonic()`` deadline) passed first. ``before_wait`` runs before the first
+        wait."""
+        wiring = self.wiring
+        with self.lock:  # the common case, data is there: one look, no wait machinery
+            wiring.raise_if_failed()
+            now = time.monotonic()
+            try:
+                step = consumer.next(now, linger_until)
+                if type(step) is BufferOrEvent:
+                    return self._more_of_burst(consumer, step, now, self._burst)
+            except Exception as exc:
+                raise wiring.channel_error(exc) from exc
+        waited_since: float | None = None
+        with self.consumer_cond:
+            try:
+                while True:
+                    wiring.raise_if_failed()
+                    now = time.monotonic()
+                    try:
+                        step = consumer.next(now, linger_until)
+                        if type(step) is BufferOrEvent:
+                            return self._more_of_burst(consumer, step, now, self._burst)
+                    except Exception as exc:
+                        raise wiring.channel_error(exc) from exc
+                    if isinstance(step, Wait):
+                        if waited_since is None:
+                            waited_since = consumer.time.idle_since = now
+                            before_wait()
+                            continue  # writing took time: look again before waiting
+                        self.consumer_cond.wait(max(0.0005, step.until - now))
+                        continue
+                    if isinstance(step, Fail):
+                        raise step.error
+                    return step  # type: ignore[return-value]  # None or LINGER_OVER
+            finally:
+                if waited_since is not None:
+                    consumer.time.idle_since = None
+                    consumer.time.idle += time.monotonic() - waited_since
+
+    @staticmethod
+    def _more_of_burst(consumer: ConsumerEngine, first: BufferOrEvent, now: float, limit: int) -> list[BufferOrEvent]:
+        """``first`` and what else the gate holds now, up to ``limit`` in all (lock held)."""
+        burst = [first]
+        if first.more_available and limit > 1:
+            poll = consumer.next
+            while len(burst) < limit:
+                step = poll(now)
+                if type(step) is not BufferOrEvent:
+                    break
+                burst.append(step)
+                if not step.more_available:
+                    break
+        return burst
+
     # -- the end --
 
-    def _metric_rows(self, source: InputReader | None) -> list[MetricRow]:
+    def _metric_rows(self) -> list[MetricRow]:
         now = time.monotonic()
         rows: list[MetricRow] = []
         self._sample_memory()
@@ -824,13 +632,12 @@ class PipelinedTask:
             rows.extend(TimeAccount(self._wall_start).rows(CONSUMER, self.index, now))
         metrics = self._task_metrics
         metrics.count("taskCpuTimeMs", (time.process_time() - self._cpu_start) * 1000.0)
-        # the task's thread does the per-buffer work of both halves; the input thread pulls Spark's input, the
-        # I/O thread ran the set-up's sockets
-        metrics.count("taskThreadCpuTimeMs", (time.thread_time() - self._main_cpu_start) * 1000.0)
-        if source is not None:
-            metrics.count("inputThreadCpuTimeMs", source.cpu_s * 1000.0)
-        if self.wiring.transport is not None:
-            metrics.count("ioThreadCpuTimeMs", self.wiring.transport.thread_cpu_s * 1000.0)
+        metrics.count("consumerThreadCpuTimeMs", (time.thread_time() - self._main_cpu_start) * 1000.0)
+        if self.is_producer:
+            metrics.count("producerThreadCpuTimeMs", self._producer_cpu_s * 1000.0)
+        io_cpu = thread_cpu_seconds(getattr(self.wiring.transport, "_thread", None))
+        if io_cpu is not None:
+            metrics.count("ioThreadCpuTimeMs", io_cpu * 1000.0)
         metrics.count("taskWallTimeMs", (time.monotonic() - self._wall_start) * 1000.0)
         rows.extend(metrics.rows())
         where = str(self.executors[self.index]) if self.executors else self.host

@@ -1,16 +1,17 @@
 """The wiring of a pipelined task: its sockets, its connections to the other tasks, its end.
 
-:class:`TaskWiring` holds the task's shared state (the lock, the failure, the transport, the network
-buffer pool, the partition and the gate) and does what involves the other tasks:
+:class:`TaskWiring` holds what the task's threads share (the lock and its condition, the failure, the
+transport, the network buffer pool, the partition and the gate) and does what involves the other tasks:
 listening, the address exchange, one connection per remote producer task carrying all its channels (local
 ones too, for tasks of one executor), the messages that count as progress, describing who holds buffers
 or connections, waiting for the end of the exchange (the rule is the engine's :func:`~.engine.check_end`)
-and closing everything. A :class:`~spark_credit_shuffle.runtime.task.PipelinedTask` owns one, and its thread
-drives it.
+and closing everything. A :class:`~spark_credit_shuffle.runtime.task.PipelinedTask` owns one and runs the
+threads around it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..engine import ConsumerEngine, Fail, Settings, Wait, check_end
+from ..engine import ConsumerEngine, Fail, Settings, check_end
 from ..engine.checkpoints import CheckpointTrigger
 from ..errors import CreditShuffleError, ExchangeTimeoutError, in_subtask, qualified_name
 from ..metrics import PRODUCER
@@ -82,6 +83,16 @@ class TaskWiring:
         self.is_consumer = index < plan.num_consumers
         self.partition_id = int(attempt_id) & 0xFFFF_FFFF_FFFF
         self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        #: What the consumer thread waits on (data on the gate) and what the producer thread waits on (a
+        #: buffer of its pool): one condition each, so that neither wakes for the other's events.
+        self.consumer_cond = threading.Condition(self.lock)
+        self.producer_cond = threading.Condition(self.lock)
+        self.writer_lock = threading.Lock()
+        #: The threads that wake the consumer at the end of their burst (:meth:`notify_consumer`), and whether a
+        #: wake-up is owed.
+        self._deferring_threads: set[int] = set()
+        self._consumer_wakeup_pending = False
         self.max_frame_length = default_max_frame_length(config.segment_size)
         self._failure: BaseException | None = None
         self.failed_at: float | None = None  # monotonic time this task first failed (its peers fail after it)
@@ -89,7 +100,7 @@ class TaskWiring:
         self.attempt_id = attempt_id
         self.monitor: MonitorClient | None = None  # the live monitor's sender, while the task runs
         self.stopping = threading.Event()
-        self.threads: list[threading.Thread] = []  # the input thread, joined at the end
+        self.threads: list[threading.Thread] = []
         self.transport: TcpTransport | None = None
         self.network = NetworkBufferPool.from_config(config)
         self.peers: dict[int, str] = {}
@@ -129,26 +140,81 @@ class TaskWiring:
         """Whether the channel from task ``task`` to this task is local (no exclusive buffers, no credit)."""
         return self.route(task).is_local
 
-    # -- failure --
+    # -- notifications (lock held) --
+
+    def _notify(self) -> None:
+        """Something happened (input processed, a connection closed): wake every waiting thread."""
+        with self.cond:  # re-entrant: usually called with the lock already held
+            self.cond.notify_all()
+            self.consumer_cond.notify_all()
+            self.producer_cond.notify_all()
+
+    def _on_transport_event(self) -> None:
+        """Input was processed or a connection closed (lock held): the general waiters look again; the consumer
+        and producer threads wake on their own events (data on the gate, a buffer in the pool) or a failure."""
+        transport = self.transport
+        if self._failure is not None or (transport is not None and transport.error is not None):
+            self._notify()
+        else:
+            self.cond.notify_all()
+
+    def notify_consumer(self) -> None:
+        """The gate has data (the consumer thread's wait). A thread inside :meth:`consumer_wakeups_deferred`
+        (the producer writing an input batch) or the I/O thread within one of its rounds leaves the wake-up for
+        the end of its burst: one hand-off to the consumer per burst of buffers, not per buffer."""
+        deferring = self._deferring_threads
+        if deferring and threading.get_ident() in deferring:
+            self._consumer_wakeup_pending = True
+            return
+        with self.lock:
+            self.consumer_cond.notify()
+
+    def deliver_consumer_wakeup(self) -> None:
+        """Wake the consumer thread if a deferred notification is owed (the end of a burst)."""
+        if self._consumer_wakeup_pending:
+            with self.lock:
+                if self._consumer_wakeup_pending:
+                    self._consumer_wakeup_pending = False
+                    self.consumer_cond.notify()
+
+    @contextlib.contextmanager
+    def consumer_wakeups_deferred(self) -> Iterator[None]:
+        """Within this block the data the calling thread makes available on this task's own gate wakes the
+        consumer thread once, at the block's end, instead of at every buffer that finds the gate empty: a
+        thread hand-off (and the interpreter lock's) per burst, not per buffer. The block must not wait for the
+        consumer (the producer leaves it before it waits for a buffer of its pool)."""
+        ident = threading.get_ident()
+        self._deferring_threads.add(ident)
+        try:
+            yield
+        finally:
+            self._deferring_threads.discard(ident)
+            self.deliver_consumer_wakeup()
+
+    def notify_producer(self) -> None:
+        """The partition's pool has a buffer (the producer thread's wait)."""
+        with self.lock:
+            self.producer_cond.notify()
 
     def fail(self, exc: BaseException) -> None:
-        """The task fails with ``exc`` (the first failure counts); its thread raises it at its next look."""
-        with self.lock:
+        with self.cond:
             if self._failure is None:
                 self._failure = exc
                 self.failed_at = time.monotonic() if self.failed_at is None else self.failed_at
+            self._notify()
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:
             raise self._failure
+        if self.transport is not None and self.transport.error is not None:
+            raise CreditShuffleError(
+                f"task {self.index}: the network I/O thread failed: {self.transport.error!r}"
+            ) from self.transport.error
 
     # -- sockets --
 
     def start_transport(self) -> None:
-        """Listen, start the I/O thread for the set-up, announce the address (if asked to). Once connected
-        (:meth:`exchange_addresses`), the task's own thread takes the sockets over
-        (:meth:`TcpTransport.drive_inline`): a TLS client's handshake blocks its thread, and the accepting side
-        must answer meanwhile, so the set-up keeps an I/O thread."""
+        """Listen, start the I/O thread, announce the address (if asked to)."""
         remote_consumers = {c for c in self.subpartition_consumers if c != self.index}
         self.transport = TcpTransport(
             self.host,
@@ -157,12 +223,16 @@ class TaskWiring:
             handshake_timeout_s=min(self.config.partition_request_timeout_ms / 1000.0, AUTHENTICATION_TIMEOUT_S),
             handshake_timeout_setting=f"min(partition_request_timeout_ms, {AUTHENTICATION_TIMEOUT_S * 1000:.0f} ms)",
             max_unauthenticated=unauthenticated_cap(len(remote_consumers)),
+            on_event=self._on_transport_event,
             on_data_sent=self._on_data_sent,
             on_closed=self._on_connection_closed,
+            on_round_end=self.deliver_consumer_wakeup,
             name=f"{self.plan.name} task {self.index}",
             tls=self.tls,
         )
         self.transport.start()
+        if self.is_consumer:  # what the I/O thread receives in one round wakes the consumer once, at the round's end
+            self._deferring_threads.add(self.transport.thread_ident)
         directory = self.announce_address_dir
         if directory:
             host, port = self.transport.address
@@ -372,28 +442,34 @@ class TaskWiring:
 
     # -- the end --
 
-    def end_step(self, now: float) -> Fail | Wait | None:
-        """Whether the task may end at ``now``: None once the producer finished, every subpartition was
-        consumed and every connection closed; else how long it may wait for that (the rule is the engine's
-        :func:`~.engine.check_end`), or its timeout.
+    def await_end(self) -> None:
+        """Wait until the producer finished, every subpartition was consumed and every connection closed.
 
         Progress is a recycled segment, a data buffer sent, or credit from a consumer. A subpartition whose
         every buffer, its end of partition included, went to a reader that is still connected waits for
         its consumer alone, which may still be working through the buffers it received (up to its exclusive
         and floating buffers, behind a slow user function): that wait counts as progress, and it ends when
         the consumer releases the subpartition or its connection closes (which releases it too)."""
-        with self.lock:
-            self.raise_if_failed()
-            partition = self.partition
-            pending = self._pending_end()
-            if (
-                pending
-                and self.producer_done
-                and partition is not None
-                and all(sub.is_released or sub.is_sent_to_reader for sub in partition.subpartitions)
-            ):
-                self.last_progress = now
-            return check_end(now, self.last_progress, self.settings, self.index, pending)
+        with self.cond:
+            self.last_progress = time.monotonic()
+            while True:
+                self.raise_if_failed()
+                partition = self.partition
+                pending = self._pending_end()
+                if (
+                    pending
+                    and self.producer_done
+                    and partition is not None
+                    and all(sub.is_released or sub.is_sent_to_reader for sub in partition.subpartitions)
+                ):
+                    self.last_progress = time.monotonic()
+                now = time.monotonic()
+                step = check_end(now, self.last_progress, self.settings, self.index, pending)
+                if step is None:
+                    return
+                if isinstance(step, Fail):
+                    raise step.error
+                self.cond.wait(step.until - now)
 
     def _pending_end(self) -> str:
         if not self.producer_done:
@@ -440,13 +516,14 @@ class TaskWiring:
     def close(self) -> None:
         """Stop the timer, join the threads, close the sockets, release the partition and the gate."""
         self.stopping.set()
+        self._notify()
         failed = self._failure is not None
         current = threading.current_thread()
         stuck = []
         for thread in self.threads:
             if thread is current:
                 continue
-            # The input thread blocked on Spark's input cannot be interrupted; after a failure the worker exits.
+            # A producer blocked on Spark's input cannot be interrupted; after a failure the worker exits.
             thread.join(0.5 if failed else self.config.partition_request_timeout_ms / 1000.0)
             if thread.is_alive():
                 stuck.append(thread.name)

@@ -43,12 +43,6 @@ read from the socket wait in the ``SSLSocket`` (``pending()``), where the select
 I/O thread reads a TLS connection until it would block and looks again (without waiting) at one that still
 holds decrypted bytes when it stopped (its round's share read, or its handler not reading).
 
-The owner may take the sockets over once its connections are set up (:meth:`TcpTransport.drive_inline`):
-the I/O thread stops at the end of its round and the owner's thread calls :meth:`TcpTransport.run_round`
-between its other work, waiting in the selector only when it has nothing else to do. A pipelined task
-does so: its thread then writes, reads and consumes every buffer itself, with no hand-off between threads
-per buffer (:mod:`~spark_credit_shuffle.runtime.task`).
-
 Connections end with a half-close: a client whose handler sent ``CloseRequest`` (every channel on it
 received its end of partition) shuts down its sending side once its output is written; the server sees
 EOF, releases its readers and closes; the client sees that EOF and closes. No side closes a socket with
@@ -200,11 +194,6 @@ class TcpTransport:
         self._sending_block = _SendingBlock(self)
         self._stopping = False
         self._thread: threading.Thread | None = None
-        #: The thread that drives the sockets: the I/O thread (:meth:`start`), then the owner's (:meth:`drive_inline`).
-        self._driver: int | None = None
-        #: Inline: the driving thread made something ready itself; its next round looks without waiting.
-        self._again = False
-        self._handing_over = False
         #: The exception that stopped the I/O thread, if any (a bug or an OS failure, not a peer's fault).
         self.error: BaseException | None = None
         self._rejections = RejectionLog(self.name)
@@ -247,32 +236,10 @@ class TcpTransport:
 
     def start(self) -> None:
         """Start the I/O thread."""
-        if self._thread is not None or self._driver is not None:
+        if self._thread is not None:
             raise RuntimeError("transport already started")
         self._thread = threading.Thread(target=self._run, name=f"credit-shuffle-io-{self.name}", daemon=True)
         self._thread.start()
-
-    def drive_inline(self, timeout_s: float = 10.0) -> None:
-        """Stop the I/O thread at the end of its round, sockets and connections left as they are, and drive
-        them from the calling thread from now on: it calls :meth:`run_round` (one round of what the I/O thread
-        does in a loop) whenever it can, and waits for the sockets there; other threads still reach it
-        through :meth:`wakeup`. Raises :class:`ExchangeTimeoutError` if the I/O thread does not stop within
-        ``timeout_s``, and what stopped it if it failed."""
-        thread = self._thread
-        if thread is None:
-            raise RuntimeError("transport not started, or already driven inline")
-        self._handing_over = True
-        self._loop.wakeup(force=True)
-        thread.join(timeout_s)
-        if thread.is_alive():
-            raise ExchangeTimeoutError(
-                f"handing the sockets of {self.name} over: its I/O thread still runs after {timeout_s * 1000:.0f} ms"
-            )
-        if self.error is not None:
-            raise self.error
-        self._thread = None
-        self._driver = threading.get_ident()
-        self._again = True  # what the I/O thread left for its next round
 
     @property
     def thread_ident(self) -> int:
@@ -283,16 +250,7 @@ class TcpTransport:
 
     def wakeup(self) -> None:
         """Wake the I/O thread for a round: it writes the dirty connections and looks at the ones marked for
-        its attention (thread-safe, cheap when already woken). Inline, from the driving thread itself: its
-        next round does not wait."""
-        if self._thread is None and self._driver == threading.get_ident():
-            self._again = True
-            return
-        self._loop.wakeup()
-
-    def interrupt(self) -> None:
-        """Make a thread waiting in :meth:`run_round` return now (from any thread: a byte on the wakeup socket,
-        also from the driving thread itself, for another thread that drives meanwhile)."""
+        its attention (thread-safe, cheap when already woken)."""
         self._loop.wakeup()
 
     def sending(self) -> _SendingBlock:
@@ -340,8 +298,8 @@ class TcpTransport:
     def _ready(self, conn: Connection) -> None:
         """A handler went from nothing to send to something to send (called with ``lock`` held)."""
         self._dirty.add(conn)
-        if threading.get_ident() == self._driver:
-            return  # the driving thread pumps the dirty connections after handling its events
+        if threading.current_thread() is self._thread:
+            return  # the I/O thread pumps the dirty connections after handling its events
         if getattr(self._local, "depth", 0):
             return  # the calling thread writes at the end of its sending() block
         self.wakeup()
@@ -433,24 +391,38 @@ class TcpTransport:
 
     # -- I/O thread ---------------------------------------------------------------------------------
 
-    def run_round(self, timeout: float | None) -> None:
-        """Inline (:meth:`drive_inline`): one round of the sockets from the driving thread, waiting for them at
-        most ``timeout`` seconds (0: only what is ready now; None: until something happens): read what
-        arrived, accept, write what is ready, expire handshakes. Failures of the transport itself raise here."""
-        if self._again or self._tls_readable:
-            timeout = 0.0
-        self._again = False
-        waiting = self._select_timeout()
-        if waiting is not None:
-            timeout = waiting if timeout is None else min(timeout, waiting)
-        self._round(timeout)
-
     def _run(self) -> None:
         started = time.thread_time()
-        self._driver = threading.get_ident()
         try:
-            while not self._stopping and not self._handing_over:
-                self._round(0.0 if self._tls_readable else self._select_timeout())
+            while not self._stopping:
+                accept, ready = self._loop.poll(0.0 if self._tls_readable else self._select_timeout())
+                touched = self._attention
+                if self._tls_readable:  # decrypted input the selector cannot see
+                    ready = [
+                        (c, selectors.EVENT_READ)
+                        for c in self._tls_readable
+                        if getattr(c.handler, "is_reading", True)  # one that stopped is added when it resumes
+                    ] + ready
+                    self._tls_readable = set()
+                for conn, mask in ready:
+                    if not conn.closed:
+                        touched.add(conn)
+                        if conn.tls_handshaking:
+                            self._tls_handshake(conn)
+                            continue
+                        if mask & selectors.EVENT_READ:
+                            self._read(conn)
+                        if mask & selectors.EVENT_WRITE and not conn.closed:
+                            with self.lock:
+                                conn.write()
+                if accept:  # after the other sockets were read: a handshake that arrived counts
+                    self._accept()
+                self._adopt_pending()
+                self._pump()
+                if self._unauthenticated:
+                    self._expire_handshakes()
+                if self._on_round_end is not None:
+                    self._on_round_end()
         except BaseException as exc:  # a bug or an OS failure: make it visible to the runtime
             self.error = exc
             log.exception("I/O thread of %s failed", self.name)
@@ -458,39 +430,7 @@ class TcpTransport:
                 self._notify()
         finally:
             self.thread_cpu_s = time.thread_time() - started
-            if self._stopping or self.error is not None:  # not when the sockets were handed over
-                self._close_all()
-
-    def _round(self, timeout: float | None) -> None:
-        """Wait up to ``timeout`` for the sockets, then handle what they have: one round of the I/O loop."""
-        accept, ready = self._loop.poll(timeout)
-        touched = self._attention
-        if self._tls_readable:  # decrypted input the selector cannot see
-            ready = [
-                (c, selectors.EVENT_READ)
-                for c in self._tls_readable
-                if getattr(c.handler, "is_reading", True)  # one that stopped is added when it resumes
-            ] + ready
-            self._tls_readable = set()
-        for conn, mask in ready:
-            if not conn.closed:
-                touched.add(conn)
-                if conn.tls_handshaking:
-                    self._tls_handshake(conn)
-                    continue
-                if mask & selectors.EVENT_READ:
-                    self._read(conn)
-                if mask & selectors.EVENT_WRITE and not conn.closed:
-                    with self.lock:
-                        conn.write()
-        if accept:  # after the other sockets were read: a handshake that arrived counts
-            self._accept()
-        self._adopt_pending()
-        self._pump()
-        if self._unauthenticated:
-            self._expire_handshakes()
-        if self._on_round_end is not None:
-            self._on_round_end()
+            self._close_all()
 
     def _select_timeout(self) -> float | None:
         waiting = self._unauthenticated
