@@ -20,11 +20,12 @@ run: $(STAMP)
 
 # Two test processes, each with its own SparkSession: the suite waits on Spark's scheduling and on
 # subprocesses as much as it computes, so two processes share two cores well. Each test module runs in one
-# process (--dist loadscope): its module fixtures, such as the local-cluster application, are built once.
+# process (--dist loadscope): its module fixtures, such as the local-cluster application, are built once;
+# modules go out in collection order (tests/conftest.py collects the longest ones first).
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The quick loop: every test that needs no JVM (no SparkSession, spark-submit or java).
 test-fast: $(STAMP)

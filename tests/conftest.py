@@ -169,7 +169,15 @@ def any_spark(request):
 JVM_FIXTURES = {"spark", "connect_spark", "any_spark", "connect_server", "_connect_session", "java_hash"}
 
 
+#: Modules whose tests start applications of their own (notebook kernels, a local-cluster), a minute or more
+#: in one test process: collected first, so that ``make test`` (``--dist loadscope``, modules in collection
+#: order) starts them first instead of ending the run with them.
+STARTED_FIRST = ("test_notebooks.py", "test_local_cluster.py")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if JVM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.spark)
+    first = {name: rank for rank, name in enumerate(STARTED_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: the rest keep their order
