@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -98,7 +99,17 @@ def run_job_once(tmp_path_factory, name: str, text: str, timeout_s: float) -> di
         shared = shared.parent  # the run's directory, above each test process's own
     report = shared / f"{name}.json"
     with open(shared / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the holder's run is bounded by timeout_s
+        deadline = time.monotonic() + timeout_s + 30  # the holder's run is bounded by timeout_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"another test process held the lock of application {name!r} for over {timeout_s + 30:.0f} s"
+                    ) from None
+                time.sleep(0.2)
         if not report.exists():
             work = shared / name
             work.mkdir(exist_ok=True)
