@@ -177,6 +177,11 @@ def diagnose(summaries: Iterable[SubtaskSummary]) -> Diagnosis:
         )
         if skewed and origin.subtask == heaviest.subtask:
             text += f"; the cause is data skew: it receives {skew:.1f}x the mean of the consumers' records"
+        elif skewed:  # busier than the skewed consumer (slowed, or starved of CPU): both are worth a look
+            text += (
+                f"; there is data skew too: consumer subtask {heaviest.subtask}{_on(heaviest)} receives "
+                f"{skew:.1f}x the mean of the consumers' records"
+            )
         pressured_ids = tuple(s.subtask for s in pressured)
         return Diagnosis("backpressure", origin.subtask, pressured_ids, skew, text, origin.executor)
     if skewed:

@@ -69,6 +69,14 @@ def test_a_skewed_consumer_nearly_as_busy_as_the_busiest_is_where_backpressure_s
     assert (d.verdict, d.origin) == ("backpressure", 0) and "the cause is data skew" in str(d)
 
 
+def test_skew_beside_a_busier_consumer_is_named_too():
+    """The busiest consumer is where backpressure starts; a skewed one well below it (on a loaded machine busy
+    times crowd together) is still named, as skew."""
+    d = diagnose(summarize(run_rows([900, 100, 100], back_pressured=[600.0, 300.0, 0.0], busy=[500.0, 944.0, 10.0])))
+    assert (d.verdict, d.origin) == ("backpressure", 1) and "the cause is data skew" not in str(d)
+    assert "there is data skew too: consumer subtask 0 receives 2.5x" in str(d)
+
+
 def test_skew_is_named_as_the_cause_of_backpressure_or_alone():
     d = diagnose(summarize(run_rows([900, 100, 100], back_pressured=[900.0, 0.0, 0.0], busy=[999.0, 10.0, 10.0])))
     assert (d.verdict, d.origin) == ("backpressure", 0) and d.skew == pytest.approx(900 / (1100 / 3))

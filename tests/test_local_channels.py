@@ -1,10 +1,8 @@
 """Channels between tasks of one executor are local in the pipelined exchange, as between two tasks of one
 Flink TaskManager: no credit and no exclusive buffers; the producer's pool bounds what they hold.
 
-The tasks run as threads over real sockets (``run_in_threads`` with ``executors``), and once as a Spark job
-on ``local-cluster`` (two executors of two slots, a subprocess), where Spark decides the placement; that
-cluster encrypts its own traffic (``spark.network.crypto.enabled``), so the exchange runs TLS between its
-executors' processes too.
+The tasks run as threads over real sockets (``run_in_threads`` with ``executors``); ``test_local_cluster.py``
+runs a Spark job on ``local-cluster`` (two executors of two slots), where Spark decides the placement.
 """
 
 from __future__ import annotations
