@@ -31,6 +31,8 @@ SPARK_CONF = {
     "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
     "spark.python.worker.reuse": "true",
+    # workers import the installed PySpark's bytecode, not its zip's source (spark_credit_shuffle_daemon)
+    "spark.python.daemon.module": "spark_credit_shuffle_daemon",
 }
 CONNECT_START_TIMEOUT_S = 180
 

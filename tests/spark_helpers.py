@@ -119,10 +119,18 @@ def run_job_once(tmp_path_factory, name: str, text: str, timeout_s: float) -> di
 
 def cluster_job(master: str, conf: dict[str, str], body: str) -> str:
     """The text of a Spark application of its own for :func:`run_job_script`: a classic session on ``master``
-    (e.g. ``local-cluster[2,2,1024]``, executors of 512 MiB, no UI) with ``conf``, then ``body``, which has
-    ``spark``, ``F`` and ``scs`` at hand and leaves its report in the dict ``out``; the application then stops
-    and prints ``out`` as its last line."""
-    settings = {"spark.ui.enabled": "false", "spark.executor.memory": "512m", **conf}
+    (e.g. ``local-cluster[2,2,1024]``, executors of 512 MiB, no UI, the tests' JVM and daemon settings) with
+    ``conf``, then ``body``, which has ``spark``, ``F`` and ``scs`` at hand and leaves its report in the dict
+    ``out``; the application then stops and prints ``out`` as its last line."""
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.executor.memory": "512m",
+        "spark.python.daemon.module": "spark_credit_shuffle_daemon",
+        # as the tests' own session: short-lived JVMs spend less CPU compiling with the client compiler alone
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        **conf,
+    }
     builder = "".join(f"\n    .config({k!r}, {v!r})" for k, v in settings.items())
     prologue = (
         "import json, os, sys, time\n"

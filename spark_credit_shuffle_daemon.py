@@ -1,0 +1,61 @@
+"""A PySpark worker daemon that starts workers faster where PySpark is installed with pip.
+
+Spark starts its Python workers with ``PYTHONPATH`` led by ``$SPARK_HOME/python/lib/pyspark.zip``, the py4j
+zip and the ``spark-core`` jar. With a pip-installed PySpark those files sit inside the installed ``pyspark``
+package, which holds the same modules with their compiled bytecode; Python cannot cache bytecode inside a zip,
+so every new worker compiles the PySpark modules it imports from source, and every import it makes first
+searches the zips and the jar. This daemon drops those files from the path when the installed package they
+belong to is importable instead, imports ``pyspark.worker`` once, then runs PySpark's own daemon, whose forked
+workers inherit both. On a cluster whose PySpark comes only from ``$SPARK_HOME`` nothing changes.
+
+PySpark imports the worker module only after the fork, because a module that starts threads when imported
+(pandas, pyarrow) makes the fork unsafe. ``pyspark.worker`` starts none; should a PySpark version import one
+that does, this daemon replaces itself with PySpark's own before it forks any worker.
+
+Use: ``spark.python.daemon.module=spark_credit_shuffle_daemon`` when the session starts (README, "Faster
+Python workers"). A module of its own, outside the package, so that starting it imports nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib.machinery import PathFinder
+
+__all__ = ["spark_path_duplicates"]
+
+
+def spark_path_duplicates(path: list[str]) -> list[str]:
+    """The entries of ``path`` that are files inside an installed ``pyspark`` package found on the rest of
+    ``path`` (a pip install's ``pyspark.zip``, py4j zip and jars): the same modules, without bytecode."""
+    files = [p for p in path if os.path.isfile(p)]
+    spec = PathFinder.find_spec("pyspark", [p for p in path if p not in files])
+    if spec is None or spec.origin is None or not os.path.isfile(spec.origin):
+        return []  # none, or only a namespace of that name (a directory without the package)
+    home = os.path.dirname(os.path.realpath(spec.origin)) + os.sep
+    return [p for p in files if os.path.realpath(p).startswith(home)]
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # not Linux: count what Python knows of
+        import threading
+
+        return threading.active_count()
+
+
+def main() -> None:
+    for entry in spark_path_duplicates(sys.path):
+        sys.path.remove(entry)
+    import pyspark.worker  # noqa: F401  (imported once, before the fork)
+
+    if _threads() > 1:  # a worker module that starts threads: fork from PySpark's own daemon instead
+        os.execv(sys.executable, [sys.executable, "-m", "pyspark.daemon", *sys.argv[1:]])
+    from pyspark import daemon
+
+    daemon.manager()
+
+
+if __name__ == "__main__":
+    main()
