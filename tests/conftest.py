@@ -1,26 +1,25 @@
-"""One local SparkSession for the whole test run, and one local Spark Connect server with a session on it, each
-started only when a test asks for it.
+"""One local SparkSession for the whole test run (per test process), which also serves Spark Connect, and one
+Connect session on it; each started only when a test asks for it.
 
-The Connect server is a process of its own (``spark-submit`` of Spark's ``SparkConnectServer``, on a free port
-of 127.0.0.1, with the classic session's settings) and stops when the test run ends. PySpark decides whether
-``pyspark.sql.functions`` build Connect or classic columns by one process-wide switch (the
-``SPARK_CONNECT_MODE_ENABLED`` variable), so a Connect test turns it on for its own duration only:
-``connect_spark`` (the one Connect session) and ``any_spark`` (a test run once per kind of session) do that.
+The classic session's driver runs Spark's ``SparkConnectPlugin``: the Connect service listens on a free port of
+127.0.0.1 in the same JVM, so the Connect tests run on the same task slots, Python workers and settings as the
+classic ones, without a second JVM to start and warm up. PySpark decides whether ``pyspark.sql.functions``
+build Connect or classic columns by one process-wide switch (the ``SPARK_CONNECT_MODE_ENABLED`` variable), so a
+Connect test turns it on for its own duration only: ``connect_spark`` (the one Connect session) and
+``any_spark`` (a test run once per kind of session) do that.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
-#: What the classic session and the Connect server share (local[4, 2]: 4 slots, a failed task retried once).
+#: The test session's master (local[4, 2]: 4 slots, a failed task retried once) and settings.
 MASTER = "local[4, 2]"
 SPARK_CONF = {
     "spark.ui.enabled": "false",
@@ -37,16 +36,29 @@ SPARK_CONF = {
 CONNECT_START_TIMEOUT_S = 180
 
 
+#: The classic session's driver also serves Spark Connect (Spark's ``SparkConnectPlugin``) on this port of
+#: 127.0.0.1: the Connect tests run on the same JVM, its task slots and Python workers, as the classic ones.
+CONNECT_PORT = 0
+
+
 @pytest.fixture(scope="session")
 def spark():
+    global CONNECT_PORT
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["SPARK_TESTING"] = "1"
     from pyspark.sql import SparkSession
 
+    CONNECT_PORT = _free_port()
+    conf = {
+        **SPARK_CONF,
+        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(CONNECT_PORT),
+    }
     builder = SparkSession.builder.master(MASTER).appName("spark_credit_shuffle tests")
-    for key, value in SPARK_CONF.items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
@@ -68,76 +80,18 @@ def _accepts(port: int) -> bool:
         return False
 
 
-class ConnectServerExited(RuntimeError):
-    """The Connect server process ended before it accepted connections."""
-
-
-def _start_connect_server(log_path: Path) -> tuple[subprocess.Popen, int, float]:
-    """(process, port, seconds until the port accepted connections) of a new Spark Connect server."""
-    import pyspark
-
-    spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", CONNECT_MODE, "PYSPARK_SUBMIT_ARGS")}
-    env.update(
-        PYSPARK_PYTHON=sys.executable,  # its Python workers import the package from this environment
-        PYSPARK_DRIVER_PYTHON=sys.executable,
-        SPARK_LOCAL_IP="127.0.0.1",
-        SPARK_TESTING="1",
-    )
-    port = _free_port()
-    command = [str(spark_submit), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
-    command += ["--master", MASTER, "--name", "spark_credit_shuffle connect tests"]
-    conf = {
-        **SPARK_CONF,
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
-    }
-    for key, value in conf.items():
-        command += ["--conf", f"{key}={value}"]
-    started = time.monotonic()
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    while not _accepts(port):
-        waited = time.monotonic() - started
-        if process.poll() is not None or waited > CONNECT_START_TIMEOUT_S:
-            exited = process.poll() is not None
-            _stop(process)
-            tail = log_path.read_text(errors="replace")[-3000:]
-            reason = f"exited with {process.returncode}" if exited else "timed out"
-            raise (ConnectServerExited if exited else RuntimeError)(
-                f"the Spark Connect server for the tests did not accept connections on 127.0.0.1:{port} within "
-                f"{CONNECT_START_TIMEOUT_S} s ({reason}); the end of its log {log_path}:\n{tail}"
+@pytest.fixture(scope="session")
+def connect_server(spark):
+    """``sc://127.0.0.1:<port>``: the Spark Connect service of the classic session's driver."""
+    deadline = time.monotonic() + CONNECT_START_TIMEOUT_S
+    while not _accepts(CONNECT_PORT):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the Spark Connect service of the tests' session did not accept connections on "
+                f"127.0.0.1:{CONNECT_PORT} within {CONNECT_START_TIMEOUT_S} s"
             )
         time.sleep(0.1)
-    return process, port, time.monotonic() - started
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
-
-
-@pytest.fixture(scope="session")
-def connect_server(tmp_path_factory):
-    """``sc://127.0.0.1:<port>`` of a local Spark Connect server started for this test run."""
-    log_path = tmp_path_factory.mktemp("connect") / "server.log"
-    for attempt in range(3):  # the free port may be taken by someone else before the server binds it
-        try:
-            process, port, seconds = _start_connect_server(log_path)
-            break
-        except ConnectServerExited:
-            if attempt == 2:
-                raise
-    print(f"\nSpark Connect server on 127.0.0.1:{port}: accepting connections after {seconds:.1f} s")
-    try:
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        _stop(process)
+    return f"sc://127.0.0.1:{CONNECT_PORT}"
 
 
 @pytest.fixture(scope="session")
