@@ -40,7 +40,8 @@ over TCP between processes of different executors; their headline figures come b
 Run ``python jobs/bench_exchange.py --mode pipelined --rows 1000000 --repeat 1 --no-cluster`` for a quick
 check; ``--checkpoint-cost`` runs only the streaming and checkpointed cases (and prints the checkpoints'
 alignment figures); ``--debloat-cost`` only the streaming and debloating cases (and prints the buffer sizes the
-consumers announced); ``--tls-cost`` only the two pipelined forms with TLS and without (and the tasks' CPU).
+consumers announced); ``--tls-cost`` only the two pipelined forms with TLS and without (and the tasks' CPU);
+``--headline-cases`` only the cases of the three headline ratios (no sweep).
 The last line printed is one JSON object with the headline figures.
 """
 
@@ -65,6 +66,14 @@ TARGET_STREAMING_VS_MAP = 0.9
 TARGET_TIMEOUT_RATIO = 0.9
 TARGET_MEMORY_GROWTH = 0.10
 TARGET_BLOCKING_TIME = 1.0
+#: The cases of the three headline ratios (``--headline-cases``).
+HEADLINE_CASES = (
+    "mapInArrow",
+    "repartition + mapInArrow",
+    "exchange blocking",
+    "exchange pipelined",
+    "pipelined, streaming",
+)
 #: The two-executor case: two workers of two cores and 2 GiB each (Spark's own test master).
 CLUSTER_MASTER = "local-cluster[2,2,2048]"
 SWEEP = (0, 1, 10, 100, -1)
@@ -110,6 +119,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only the pipelined cases with TLS and without (no sweep): the cost of encrypting the exchange",
     )
     parser.add_argument(
+        "--headline-cases",
+        action="store_true",
+        help="only the cases of the three headline ratios (mapInArrow alone, repartition + mapInArrow, blocking, "
+        "pipelined retryable and streaming; no sweep): the quick way to compare two versions of the exchange",
+    )
+    parser.add_argument(
         "--png",
         default="buffer_timeout_sweep.png",
         help="where the sweep's picture goes (throughput and latency against the timeout); '' for none",
@@ -130,6 +145,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.mode == "blocking" or args.checkpoint_cost or args.debloat_cost:
             parser.error("--tls-cost: TLS is timed in pipelined mode, alone")
         args.mode, args.no_sweep = "pipelined", True
+    if args.headline_cases:
+        if args.checkpoint_cost or args.debloat_cost or args.tls_cost:
+            parser.error("--headline-cases: runs the headline cases alone")
+        args.no_sweep = True
     return args
 
 
@@ -346,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             "pipelined, streaming, TLS",
         )
         cases = [case for case in cases if case[0] in ("mapInArrow", *tls_cases)]
+    if args.headline_cases:
+        cases = [case for case in cases if case[0] in HEADLINE_CASES]
 
     print(
         f"{args.rows:,} rows ({data_bytes / 1e6:.0f} MB of values), parallelism {p}, {spark.conf.get('spark.master')}"
@@ -372,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         headline.update(debloat_cost(results, metric_rows(debloat_metrics[-1])))
         print(json.dumps(headline, sort_keys=True))
         return 0
-    if "pipelined" in modes:
+    if "pipelined" in modes and "exchange pipelined, TLS" in results:
         headline.update(tls_cost(results, streaming_cpu, tls_cpu))
     if args.tls_cost:
         print(json.dumps(headline, sort_keys=True))
@@ -393,17 +414,22 @@ def main(argv: list[str] | None = None) -> int:
     if "pipelined" in modes:
         streaming_ratio = reference / results["pipelined, streaming"][0]
         default_ratio = reference / results["exchange pipelined"][0]
-        deep_ratio = reference / results["pipelined, streaming, deep"][0]
         vs_map = results["mapInArrow"][0] / results["pipelined, streaming"][0]
         headline["pipelined_streaming_vs_mapinarrow_throughput_ratio"] = round(vs_map, 3)
         headline["pipelined_throughput_ratio"] = round(streaming_ratio, 3)
         headline["pipelined_retryable_throughput_ratio"] = round(default_ratio, 3)
-        headline["pipelined_deep_buffers_throughput_ratio"] = round(deep_ratio, 3)
-        headline.update(checkpoint_cost(results, metric_rows(checkpoint_metrics[-1])))
-        headline.update(debloat_cost(results, metric_rows(debloat_metrics[-1])))
+        deep = ""
+        if "pipelined, streaming, deep" in results:
+            deep_ratio = reference / results["pipelined, streaming, deep"][0]
+            headline["pipelined_deep_buffers_throughput_ratio"] = round(deep_ratio, 3)
+            deep = f", {deep_ratio:.2f}x streaming with {DEEP_BUFFERS}"
+        if checkpoint_metrics:
+            headline.update(checkpoint_cost(results, metric_rows(checkpoint_metrics[-1])))
+        if debloat_metrics:
+            headline.update(debloat_cost(results, metric_rows(debloat_metrics[-1])))
         print(
             f"\npipelined throughput: {streaming_ratio:.2f}x repartition + mapInArrow streaming into the sink, "
-            f"{default_ratio:.2f}x with its retryable output, {deep_ratio:.2f}x streaming with {DEEP_BUFFERS} "
+            f"{default_ratio:.2f}x with its retryable output{deep} "
             f"(target >= {TARGET_PIPELINED}x for the retryable default)"
         )
         print(
@@ -411,14 +437,16 @@ def main(argv: list[str] | None = None) -> int:
             f"(target >= {TARGET_STREAMING_VS_MAP}x)"
         )
         cpu = statistics.median(streaming_cpu[1:] or streaming_cpu) / 1000.0  # the warm-up run left out
-        core_vs_map = results["mapInArrow"][0] / results["exchange core in place"][0]
         headline["pipelined_streaming_task_cpu_s"] = round(cpu, 3)
-        headline["core_in_place_vs_mapinarrow_throughput_ratio"] = round(core_vs_map, 3)
-        print(
-            f"  the streaming tasks' CPU time (taskCpuTimeMs, all tasks): {cpu:.2f} s; the pipelined exchange's "
-            f"Python core on each task's own rows, in its own thread (RecordWriter, partition, gate, RecordReaders; "
-            f"no network, no threads): {core_vs_map:.2f}x mapInArrow alone, the most this core allows"
-        )
+        print(f"  the streaming tasks' CPU time (taskCpuTimeMs, all tasks): {cpu:.2f} s")
+        if "exchange core in place" in results:
+            core_vs_map = results["mapInArrow"][0] / results["exchange core in place"][0]
+            headline["core_in_place_vs_mapinarrow_throughput_ratio"] = round(core_vs_map, 3)
+            print(
+                f"  the pipelined exchange's Python core on each task's own rows, in its own thread (RecordWriter, "
+                f"partition, gate, RecordReaders; no network, no threads): {core_vs_map:.2f}x mapInArrow alone, "
+                f"the most this core allows"
+            )
         if not args.no_sweep:
             headline.update(sweep(spark, df, args, data_bytes))
             headline.update(memory(spark, args))

@@ -47,8 +47,8 @@ barrier *result* stage, and refuses jobs that run only some of a barrier stage's
 output is placed on its partitions by an identity ``repartitionById``: the barrier stage then feeds a
 shuffle, which Spark re-runs whole after a failure (output exact: every producer and consumer runs again),
 and every DataFrame operation works downstream. That shuffle moves one nested row per output batch
-(:mod:`~.nested_output`), which ``inline`` turns back into rows in the JVM: about two thirds of the cost
-of shuffling every row.
+(:mod:`~.nested_output`: an array per column, which ``posexplode`` turns back into rows in the JVM), about
+two thirds of the cost of shuffling every row.
 ``retryable=False`` streams the consumers' rows straight into what follows (the fastest form, for
 actions that run every partition: ``write``, ``collect``, ``count``, ``foreachPartition``); with S > T
 the output is always placed on T partitions by that shuffle.
@@ -114,7 +114,7 @@ from ..transport.tcp import resolve_host
 from ..transport.tls import TlsIdentity
 from .in_threads import _ThreadAllGather, run_in_threads
 from .metrics_report import IN_BAND, CollectedMetrics, MetricsReport, finish_plan, metrics_report
-from .nested_output import nest, nested_spark_type, unnest
+from .nested_output import columnar_layout, nest, nested_spark_type, unnest
 from .placement import place_by, unused_name
 from .session import available_slots, barrier_refusal, dynamic_allocation, is_connect, spark_context
 from .task import PipelinedTask, TaskOptions
@@ -236,22 +236,29 @@ def build(
     output_type = report.output_type(df)
     placed = producers > consumers or retryable
     rows_column = unused_name(_ROWS, [tag])
+    columnar = placed and columnar_layout(output_type, _ansi(df.sparkSession))
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         output = run_barrier_task(batches, plan, secret, options, rendezvous, report, tls)
         if placed:  # one row per output batch, for the placement's shuffle (see nested_output)
             from pyspark import BarrierTaskContext
 
-            output = nest(output, BarrierTaskContext.get().partitionId(), tag, rows_column)
+            output = nest(output, BarrierTaskContext.get().partitionId(), tag, rows_column, columnar)
         yield from output
 
     run.__name__ = f"credit_shuffle_{plan.name.replace('-', '_')}"
     if placed:
-        consumed = source.mapInArrow(run, nested_spark_type(output_type, tag, rows_column), barrier=True)
-        consumed = unnest(place_by(consumed, consumers, tag), rows_column)
+        nested = nested_spark_type(output_type, tag, rows_column, columnar)
+        consumed = source.mapInArrow(run, nested, barrier=True)
+        consumed = unnest(place_by(consumed, consumers, tag), rows_column, output_type, columnar)
     else:
         consumed = source.mapInArrow(run, output_type, barrier=True)
     return finish_plan(plan, consumed, report)
+
+
+def _ansi(spark: Any) -> bool:
+    """True if ``spark`` runs in ANSI mode (``spark.sql.ansi.enabled``, on by default in Spark 4)."""
+    return str(spark.conf.get("spark.sql.ansi.enabled", "true")).strip().lower() == "true"
 
 
 def _address_service(
