@@ -468,6 +468,8 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
         "--mode", args.mode, "--rows", str(args.rows), "--parallelism", str(args.parallelism),
         "--repeat", str(args.repeat), "--driver-memory", args.driver_memory, "--png", "",
     ]  # fmt: skip
+    if args.headline_cases:  # the same cases on both masters
+        command.append("--headline-cases")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) as child:
         assert child.stdout is not None
