@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from spark_helpers import TEST_JVM_OPTIONS, WORKER_DAEMON
 
 CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 #: The test session's master (local[4, 2]: 4 slots, a failed task retried once) and settings.
@@ -26,36 +27,28 @@ SPARK_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.adaptive.enabled": "false",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
     "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
     "spark.python.worker.reuse": "true",
-    # workers import the installed PySpark's bytecode, not its zip's source (spark_credit_shuffle_daemon)
-    "spark.python.daemon.module": "spark_credit_shuffle_daemon",
+    "spark.python.daemon.module": WORKER_DAEMON,
 }
 CONNECT_START_TIMEOUT_S = 180
 
 
-#: The classic session's driver also serves Spark Connect (Spark's ``SparkConnectPlugin``) on this port of
-#: 127.0.0.1: the Connect tests run on the same JVM, its task slots and Python workers, as the classic ones.
-CONNECT_PORT = 0
-
-
 @pytest.fixture(scope="session")
 def spark():
-    global CONNECT_PORT
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["SPARK_TESTING"] = "1"
     from pyspark.sql import SparkSession
 
-    CONNECT_PORT = _free_port()
-    conf = {
+    conf = {  # the driver also serves Spark Connect, on a free port of 127.0.0.1 (see connect_server)
         **SPARK_CONF,
         "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
         "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(CONNECT_PORT),
+        "spark.connect.grpc.binding.port": str(_free_port()),
     }
     builder = SparkSession.builder.master(MASTER).appName("spark_credit_shuffle tests")
     for key, value in conf.items():
@@ -83,15 +76,16 @@ def _accepts(port: int) -> bool:
 @pytest.fixture(scope="session")
 def connect_server(spark):
     """``sc://127.0.0.1:<port>``: the Spark Connect service of the classic session's driver."""
+    port = int(spark.sparkContext.getConf().get("spark.connect.grpc.binding.port"))
     deadline = time.monotonic() + CONNECT_START_TIMEOUT_S
-    while not _accepts(CONNECT_PORT):
+    while not _accepts(port):
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"the Spark Connect service of the tests' session did not accept connections on "
-                f"127.0.0.1:{CONNECT_PORT} within {CONNECT_START_TIMEOUT_S} s"
+                f"127.0.0.1:{port} within {CONNECT_START_TIMEOUT_S} s"
             )
         time.sleep(0.1)
-    return f"sc://127.0.0.1:{CONNECT_PORT}"
+    return f"sc://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,12 @@ import time
 import uuid
 from collections.abc import Iterator
 
+#: The JVM options of every Spark JVM the tests start: short-lived JVMs spend less CPU compiling with the
+#: client compiler alone.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: The tests' Python worker daemon: workers import the installed PySpark's bytecode, not its zip's source.
+WORKER_DAEMON = "spark_credit_shuffle_daemon"
+
 
 @contextlib.contextmanager
 def no_spark_jobs(spark) -> Iterator[None]:
@@ -125,10 +131,9 @@ def cluster_job(master: str, conf: dict[str, str], body: str) -> str:
     settings = {
         "spark.ui.enabled": "false",
         "spark.executor.memory": "512m",
-        "spark.python.daemon.module": "spark_credit_shuffle_daemon",
-        # as the tests' own session: short-lived JVMs spend less CPU compiling with the client compiler alone
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "spark.python.daemon.module": WORKER_DAEMON,
+        "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
+        "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
         **conf,
     }
     builder = "".join(f"\n    .config({k!r}, {v!r})" for k, v in settings.items())

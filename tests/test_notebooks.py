@@ -14,6 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from spark_helpers import TEST_JVM_OPTIONS
 
 pytestmark = pytest.mark.spark
 
@@ -114,7 +115,7 @@ def test_notebooks_run_jupyter_on_classic_and_databricks_on_connect(request, mon
         monkeypatch.delenv("SPARK_REMOTE", raising=False)
         monkeypatch.setenv(
             "PYSPARK_SUBMIT_ARGS",
-            "--master local[2] --driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' "
+            f"--master local[2] --driver-java-options '{TEST_JVM_OPTIONS}' "
             "--conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false pyspark-shell",
         )
     else:  # the kernel's SparkSession.builder.getOrCreate() connects to the tests' Spark Connect server
