@@ -1,7 +1,10 @@
-"""``spark_credit_shuffle_daemon``: Python workers import the installed PySpark, not the copy in its zip."""
+"""``spark_credit_shuffle_daemon``: Python workers import the installed PySpark, not the copy in its zip, and
+their collection after each task walks only what the task left."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 import zipfile
 
 import pytest
@@ -38,20 +41,69 @@ def test_a_pyspark_only_in_its_zip_keeps_the_zip(tmp_path):
     assert daemon.spark_path_duplicates([str(archive), str(jar), str(site)]) == []
 
 
+class _Node:
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+def _cycle() -> weakref.ref:
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
+def test_the_collection_after_a_task_reclaims_its_cycles_and_every_nth_the_older_ones():
+    collector = daemon.TaskEndCollector(full_every=3)
+    gc.disable()  # only the collector's collections, as between a worker's tasks
+    try:
+        collector.collect()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0  # the survivors are out of the collector's generations
+        older = _Node()  # alive at the next task's end: frozen with the survivors
+        older.other = older
+        collector.collect()  # the end of task 2
+        older_ref = weakref.ref(older)
+        del older  # now a cycle among frozen objects
+        task_garbage = _cycle()  # garbage the next task leaves in a cycle
+        assert gc.get_freeze_count() >= frozen
+        collector.collect()  # the third collection: unfreezes and walks everything
+        assert task_garbage() is None and older_ref() is None
+        older = _Node()
+        older.other = older
+        collector.collect()
+        older_ref = weakref.ref(older)
+        del older
+        task_garbage = _cycle()
+        collector.collect()  # the fifth: this task's garbage goes, the older cycle waits for the sixth
+        assert task_garbage() is None and older_ref() is not None
+        collector.collect()
+        assert older_ref() is None
+        assert collector.isenabled() is False  # the rest is the gc module's
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
 @pytest.mark.spark
 def test_workers_of_the_tests_session_import_the_installed_pyspark(spark):
     """The tests' session runs its workers from this daemon (``tests/conftest.py``): PySpark comes from the
     installed package, the zips are off the path, and the rows come back exact."""
 
     def where(rows):
+        import gc as worker_gc
         import sys as worker_sys
 
         import pyspark
 
-        yield pyspark.__file__, [p for p in worker_sys.path if p.endswith((".zip", ".jar"))], sum(rows)
+        collector = type(worker_sys.modules["pyspark.daemon"].gc).__name__
+        archives = [p for p in worker_sys.path if p.endswith((".zip", ".jar"))]
+        yield pyspark.__file__, archives, collector, worker_gc.get_freeze_count(), sum(rows)
 
-    [(pyspark_file, archives, total)] = spark.sparkContext.parallelize(range(100), 1).mapPartitions(where).collect()
+    [(pyspark_file, archives, collector, frozen, total)] = (
+        spark.sparkContext.parallelize(range(100), 1).mapPartitions(where).collect()
+    )
     import pyspark
 
     assert pyspark_file == pyspark.__file__ and total == sum(range(100))
     assert not [a for a in archives if "pyspark" in a], archives
+    assert collector == "TaskEndCollector" and frozen > 0  # what the daemon imported is frozen before the fork
