@@ -30,7 +30,14 @@ run: $(STAMP)
 # modules go out in collection order (tests/conftest.py collects the longest ones first).
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+# Spark's classes as the tests' JVMs load them, archived once per virtual environment (tests/jvm_class_archive.py):
+# every Spark JVM the tests start maps them instead of loading and verifying them again.
+JVM_ARCHIVE := $(VENV)/spark-classes.jsa
+
+$(JVM_ARCHIVE): $(STAMP)
+	$(PY) tests/jvm_class_archive.py $@ || echo "no class archive: the tests' JVMs load Spark's classes themselves"
+
+test: $(STAMP) $(JVM_ARCHIVE)
 	$(BYTECODE)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 

@@ -17,7 +17,7 @@ import sys
 import time
 
 import pytest
-from spark_helpers import TEST_JVM_OPTIONS, WORKER_DAEMON
+from spark_helpers import TEST_JVM_OPTIONS, WORKER_DAEMON, start_background_jobs
 
 CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 #: The test session's master (local[4, 2]: 4 slots, a failed task retried once) and settings.
@@ -34,6 +34,12 @@ SPARK_CONF = {
     "spark.python.daemon.module": WORKER_DAEMON,
 }
 CONNECT_START_TIMEOUT_S = 180
+
+
+def pytest_collection_finish(session):
+    """The applications of their own that the collected tests assert on start now, beside the tests
+    (``spark_helpers.background_job``)."""
+    start_background_jobs(session.config, session.items)
 
 
 @pytest.fixture(scope="session")
@@ -119,15 +125,18 @@ def any_spark(request):
 JVM_FIXTURES = {"spark", "connect_spark", "any_spark", "connect_server", "_connect_session", "java_hash"}
 
 
-#: Modules whose tests start applications of their own (notebook kernels, a local-cluster), a minute or more
-#: in one test process: collected first, so that ``make test`` (``--dist loadscope``, modules in collection
-#: order) starts them first instead of ending the run with them.
-STARTED_FIRST = ("test_notebooks.py", "test_local_cluster.py")
+#: Modules whose tests run kernels of their own, a minute or more in one test process: collected first, so
+#: that ``make test`` (``--dist loadscope``, modules in collection order) starts them first instead of ending
+#: the run with them.
+STARTED_FIRST = ("test_notebooks.py",)
+#: Modules whose tests wait for the report of an application that starts with the run
+#: (``spark_helpers.background_job``): collected last, when the application has long ended.
+STARTED_LAST = ("test_local_cluster.py",)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if JVM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.spark)
-    first = {name: rank for rank, name in enumerate(STARTED_FIRST)}
-    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: the rest keep their order
+    rank = {**{name: -1 for name in STARTED_FIRST}, **{name: 1 for name in STARTED_LAST}}
+    items.sort(key=lambda item: rank.get(item.path.name, 0))  # stable: the rest keep their order

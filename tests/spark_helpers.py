@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 #: The JVM options of every Spark JVM the tests start: short-lived JVMs spend less CPU compiling with the
-#: client compiler alone.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: client compiler alone. JVM warnings go to stderr, where Spark's log goes, not into a job's output.
+TEST_JVM_OPTIONS_WITHOUT_ARCHIVE = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xlog:disable -Xlog:all=warning:stderr"
+#: Spark's classes as a class-data-sharing archive, written by ``make test`` for this virtual environment
+#: (``tests/jvm_class_archive.py``): where it exists, every Spark JVM of the tests maps it instead of loading
+#: and verifying those classes again.
+JVM_CLASS_ARCHIVE = Path(sys.prefix) / "spark-classes.jsa"
+TEST_JVM_OPTIONS = TEST_JVM_OPTIONS_WITHOUT_ARCHIVE + (
+    f" -XX:SharedArchiveFile={JVM_CLASS_ARCHIVE}" if JVM_CLASS_ARCHIVE.is_file() else ""
+)
 #: The tests' Python worker daemon: workers import the installed PySpark's bytecode, not its zip's source.
 WORKER_DAEMON = "spark_credit_shuffle_daemon"
 
@@ -81,50 +89,80 @@ def session_conf(spark, key: str, value: str) -> Iterator[None]:
                 spark.conf.set(k, before[k])
 
 
-def run_job_script(tmp_path, text: str, timeout_s: float) -> dict:
-    """Run ``text`` as a Python script of its own (a Spark application with a session of its own, e.g. on
-    ``local-cluster``), classic Spark, with this interpreter as the workers' Python; its last stdout line is a
-    JSON object, returned. A non-zero exit fails the test with the end of its stderr."""
-    script = tmp_path / "job.py"
-    script.write_text(text)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout_s, check=False, env=env
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+#: The applications of their own that test modules declare (:func:`background_job`), by the module's file.
+BACKGROUND_JOBS: dict[str, list[tuple[str, str]]] = {}
+_started: list[subprocess.Popen] = []
 
 
-def run_job_once(tmp_path_factory, name: str, text: str, timeout_s: float) -> dict:
-    """:func:`run_job_script` once per test run, whichever test process asks first: the others wait for its
-    report (a lock and the report in the run's shared temporary directory). For an application several tests
-    assert on, when those tests may run in different test processes (pytest-xdist)."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the run's directory, above each test process's own
-    report = shared / f"{name}.json"
-    with open(shared / f"{name}.lock", "w") as lock:
-        deadline = time.monotonic() + timeout_s + 30  # the holder's run is bounded by timeout_s
-        while True:
+def background_job(module_file: str, name: str, text: str) -> str:
+    """Declare that the tests of ``module_file`` assert on what the application ``text`` reports: a Python
+    script of its own (a Spark application with a session of its own, e.g. on ``local-cluster``, classic
+    Spark, with this interpreter as the workers' Python) whose last stdout line is a JSON object. Once the
+    tests are collected, the first test process of the run that has one of them starts it
+    (:func:`start_background_jobs`), so that it runs beside the tests instead of holding a test process
+    while its JVMs start and its slow consumers sleep; :func:`job_report` waits for its report. Returns
+    ``name``."""
+    BACKGROUND_JOBS.setdefault(os.path.realpath(module_file), []).append((name, text))
+    return name
+
+
+def _run_directory(config) -> Path:
+    """The directory every test process of this run shares (each xdist worker's base is inside it)."""
+    base = config._tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def start_background_jobs(config, items) -> None:
+    """Start the declared applications that the collected ``items`` need, each once per run whichever test
+    process gets here first. Each runs as a process of its own, under a shell that writes its exit code
+    when it ends; its output goes to files of the run's directory."""
+    if config.option.collectonly:
+        return
+    modules = {os.path.realpath(str(item.path)) for item in items}
+    for module in sorted(modules & BACKGROUND_JOBS.keys()):
+        for name, text in BACKGROUND_JOBS[module]:
+            work = _run_directory(config) / f"job-{name}"
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"another test process held the lock of application {name!r} for over {timeout_s + 30:.0f} s"
-                    ) from None
-                time.sleep(0.2)
-        if not report.exists():
-            work = shared / name
-            work.mkdir(exist_ok=True)
-            report.write_text(json.dumps(run_job_script(work, text, timeout_s)))
-    return json.loads(report.read_text())
+                work.mkdir(parents=True)  # whoever makes the directory starts the application
+            except FileExistsError:
+                continue
+            (work / "job.py").write_text(text)
+            env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+            env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+            # the shell writes the application's process id, then its exit code once it has ended
+            shell = '"$0" job.py > stdout 2> stderr & echo $! > pid; wait $!; echo $? > exit.tmp; mv exit.tmp exit'
+            _started.append(
+                subprocess.Popen(
+                    ["sh", "-c", shell, sys.executable], cwd=work, env=env, start_new_session=True, close_fds=True
+                )
+            )
+
+
+def job_report(config, name: str, timeout_s: float) -> dict:
+    """The report of the background application ``name`` (its last stdout line, a JSON object), once it has
+    ended; fails with the end of its stderr if it exited with an error. One that has not ended ``timeout_s``
+    after this call (its run began earlier, with the tests) is stopped, with its process group."""
+    work = _run_directory(config) / f"job-{name}"
+    if not work.exists():
+        raise RuntimeError(f"application {name!r} was not started: no collected test module declares it")
+    deadline = time.monotonic() + timeout_s
+    while not (work / "exit").exists():
+        if time.monotonic() > deadline:
+            with contextlib.suppress(OSError, ValueError):
+                os.killpg(int((work / "pid").read_text()), signal.SIGKILL)
+            raise TimeoutError(f"application {name!r} did not end within {timeout_s:.0f} s: {_tail(work / 'stderr')}")
+        time.sleep(0.2)
+    code = (work / "exit").read_text().strip()
+    assert code == "0", f"application {name!r} exited with {code}: {_tail(work / 'stderr')}"
+    return json.loads((work / "stdout").read_text().strip().splitlines()[-1])
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
 
 def cluster_job(master: str, conf: dict[str, str], body: str) -> str:
-    """The text of a Spark application of its own for :func:`run_job_script`: a classic session on ``master``
+    """The text of a Spark application of its own for :func:`background_job`: a classic session on ``master``
     (e.g. ``local-cluster[2,2,1024]``, executors of 512 MiB, no UI, the tests' JVM and daemon settings) with
     ``conf``, then ``body``, which has ``spark``, ``F`` and ``scs`` at hand and leaves its report in the dict
     ``out``; the application then stops and prints ``out`` as its last line."""

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
-from spark_helpers import cluster_job, job_group, no_spark_jobs, run_job_script
+from spark_helpers import background_job, cluster_job, job_group, job_report, no_spark_jobs
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import ConfigError, PartitionerError
@@ -265,10 +265,12 @@ _DYNAMIC_ALLOCATION_JOB = cluster_job(
     out = {"refused": refused, "jobs": jobs_before_blocking, "rows": rows}
     """,
 )
+_DYNAMIC_ALLOCATION = background_job(__file__, "dynamic-allocation", _DYNAMIC_ALLOCATION_JOB)
 
 
-def test_pipelined_mode_under_dynamic_allocation_is_refused_before_any_job_and_blocking_runs(tmp_path):
-    out = run_job_script(tmp_path, _DYNAMIC_ALLOCATION_JOB, 240)
+@pytest.mark.timeout(360)
+def test_pipelined_mode_under_dynamic_allocation_is_refused_before_any_job_and_blocking_runs(pytestconfig):
+    out = job_report(pytestconfig, _DYNAMIC_ALLOCATION, 240)
     assert out["refused"] is not None and "spark.dynamicAllocation.enabled" in out["refused"]
     assert "mode='blocking'" in out["refused"] and "spark.executor.instances" in out["refused"]
     assert out["jobs"] == 0, "the refusal came after a Spark job"

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from spark_helpers import cluster_job, run_job_once
+from spark_helpers import background_job, cluster_job, job_report
 
 pytestmark = pytest.mark.spark
 
+_TIMEOUT_S = 300
 _LOCAL_CLUSTER_JOB = cluster_job(
     "local-cluster[2,2,1024]",
     {
@@ -70,11 +71,13 @@ _LOCAL_CLUSTER_JOB = cluster_job(
 )
 
 
+_JOB = background_job(__file__, "local-cluster", _LOCAL_CLUSTER_JOB)
+
+
 @pytest.fixture(scope="module")
-def cluster_run(tmp_path_factory) -> dict:
-    """What the one application on ``local-cluster`` reported (one run for both tests, in whichever test
-    process asks first)."""
-    return run_job_once(tmp_path_factory, "local-cluster", _LOCAL_CLUSTER_JOB, 300)
+def cluster_run(pytestconfig) -> dict:
+    """What the one application on ``local-cluster`` reported (one run for every test, started with the run)."""
+    return job_report(pytestconfig, _JOB, _TIMEOUT_S)
 
 
 @pytest.mark.timeout(360)

@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from spark_helpers import TEST_JVM_OPTIONS
+from spark_helpers import TEST_JVM_OPTIONS, background_job, job_report
 
 pytestmark = pytest.mark.spark
 
@@ -101,26 +101,29 @@ def test_both_formats_hold_the_same_notebook(name):
     assert all(not c.get("outputs") for c in notebook.cells if c.cell_type == "code")  # stored without outputs
 
 
-@pytest.mark.parametrize("session", ["classic", "connect"])
-def test_notebooks_run_jupyter_on_classic_and_databricks_on_connect(request, monkeypatch, session):
-    """The Jupyter form on a local classic session; the Databricks form, whose code is the same
-    (``test_both_formats_hold_the_same_notebook``), on Spark Connect, as Databricks' shared and serverless
-    compute run it. One kernel (one JVM, or one Connect session) for each; every notebook starts from an
-    empty namespace."""
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+def run_notebooks(session: str, connect_url: str | None = None) -> list[tuple[str, list[dict]]]:
+    """Run both notebooks in one kernel of this interpreter, each from an empty namespace: the Jupyter form
+    on a local classic session of the kernel's own (``session="classic"``), or the Databricks form cell by
+    cell on the Spark Connect server at ``connect_url``. Returns each cell's notebook (or "reset", "check")
+    and outputs."""
+    env = {
+        **os.environ,
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "MPLBACKEND": "Agg",
+    }
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     if session == "classic":
-        monkeypatch.delenv("SPARK_REMOTE", raising=False)
-        monkeypatch.setenv(
-            "PYSPARK_SUBMIT_ARGS",
+        env.pop("SPARK_REMOTE", None)
+        env["PYSPARK_SUBMIT_ARGS"] = (
             f"--master local[2] --driver-java-options '{TEST_JVM_OPTIONS}' "
-            "--conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false pyspark-shell",
+            "--conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false pyspark-shell"
         )
     else:  # the kernel's SparkSession.builder.getOrCreate() connects to the tests' Spark Connect server
-        monkeypatch.setenv("SPARK_REMOTE", request.getfixturevalue("connect_server"))
-        monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+        assert connect_url is not None
+        env["SPARK_REMOTE"] = connect_url
+        env.pop("PYSPARK_SUBMIT_ARGS", None)
     combined = nbformat.v4.new_notebook()
     combined.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     owner: list[str] = []  # the notebook of each combined cell
@@ -154,10 +157,37 @@ def test_notebooks_run_jupyter_on_classic_and_databricks_on_connect(request, mon
         coalesce_streams=True,  # one print can reach the kernel's stdout as several stream messages
         resources={"metadata": {"path": str(NOTEBOOKS)}},
     )
-    client.execute()
+    client.execute(env=env)
+    return [(n, [dict(o) for o in cell.get("outputs", [])]) for cell, n in zip(combined.cells, owner)]
+
+
+#: The Jupyter form on classic Spark runs in a kernel with a JVM of its own: an application of its own that
+#: starts with the test run (``spark_helpers.background_job``).
+CLASSIC_TIMEOUT_S = 600
+_CLASSIC = background_job(
+    __file__,
+    "notebooks-classic",
+    "import json, sys\n"
+    f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+    "from test_notebooks import run_notebooks\n"
+    'print(json.dumps({"cells": run_notebooks("classic")}))\n',
+)
+
+
+@pytest.mark.timeout(CLASSIC_TIMEOUT_S + 60)
+@pytest.mark.parametrize("session", ["connect", "classic"])  # the classic run has the time to end meanwhile
+def test_notebooks_run_jupyter_on_classic_and_databricks_on_connect(request, pytestconfig, session):
+    """The Jupyter form on a local classic session; the Databricks form, whose code is the same
+    (``test_both_formats_hold_the_same_notebook``), on Spark Connect, as Databricks' shared and serverless
+    compute run it. One kernel (one JVM, or one Connect session) for each; every notebook starts from an
+    empty namespace."""
+    if session == "classic":
+        cells = job_report(pytestconfig, _CLASSIC, CLASSIC_TIMEOUT_S)["cells"]
+    else:
+        cells = run_notebooks("connect", request.getfixturevalue("connect_server"))
 
     def outputs(name: str) -> list:
-        return [o for cell, n in zip(combined.cells, owner) if n == name for o in cell.get("outputs", [])]
+        return [o for n, cell_outputs in cells if n == name for o in cell_outputs]
 
     def pictures(name: str) -> int:
         return sum(1 for o in outputs(name) if "image/png" in o.get("data", {}))
