@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from spark_helpers import TEST_JVM_OPTIONS, background_job, job_report
+from spark_helpers import TEST_JVM_OPTIONS
 
 pytestmark = pytest.mark.spark
 
@@ -158,33 +158,17 @@ def run_notebooks(session: str, connect_url: str | None = None) -> list[tuple[st
         resources={"metadata": {"path": str(NOTEBOOKS)}},
     )
     client.execute(env=env)
-    return [(n, [dict(o) for o in cell.get("outputs", [])]) for cell, n in zip(combined.cells, owner)]
+    return [(n, list(cell.get("outputs", []))) for cell, n in zip(combined.cells, owner)]
 
 
-#: The Jupyter form on classic Spark runs in a kernel with a JVM of its own: an application of its own that
-#: starts with the test run (``spark_helpers.background_job``).
-CLASSIC_TIMEOUT_S = 600
-_CLASSIC = background_job(
-    __file__,
-    "notebooks-classic",
-    "import json, sys\n"
-    f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
-    "from test_notebooks import run_notebooks\n"
-    'print(json.dumps({"cells": run_notebooks("classic")}))\n',
-)
-
-
-@pytest.mark.timeout(CLASSIC_TIMEOUT_S + 60)
-@pytest.mark.parametrize("session", ["connect", "classic"])  # the classic run has the time to end meanwhile
-def test_notebooks_run_jupyter_on_classic_and_databricks_on_connect(request, pytestconfig, session):
+@pytest.mark.parametrize("session", ["classic", "connect"])
+def test_notebooks_run_jupyter_on_classic_and_databricks_on_connect(request, session):
     """The Jupyter form on a local classic session; the Databricks form, whose code is the same
     (``test_both_formats_hold_the_same_notebook``), on Spark Connect, as Databricks' shared and serverless
     compute run it. One kernel (one JVM, or one Connect session) for each; every notebook starts from an
     empty namespace."""
-    if session == "classic":
-        cells = job_report(pytestconfig, _CLASSIC, CLASSIC_TIMEOUT_S)["cells"]
-    else:
-        cells = run_notebooks("connect", request.getfixturevalue("connect_server"))
+    connect_url = request.getfixturevalue("connect_server") if session == "connect" else None
+    cells = run_notebooks(session, connect_url)
 
     def outputs(name: str) -> list:
         return [o for n, cell_outputs in cells if n == name for o in cell_outputs]
