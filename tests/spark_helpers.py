@@ -92,6 +92,8 @@ def session_conf(spark, key: str, value: str) -> Iterator[None]:
 #: The applications of their own that test modules declare (:func:`background_job`), by the module's file.
 BACKGROUND_JOBS: dict[str, list[tuple[str, str]]] = {}
 _started: list[subprocess.Popen] = []
+#: No background application runs longer than this, whether or not a test waits for it.
+BACKGROUND_JOB_LIMIT_S = 900
 
 
 def background_job(module_file: str, name: str, text: str) -> str:
@@ -129,8 +131,14 @@ def start_background_jobs(config, items) -> None:
             (work / "job.py").write_text(text)
             env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
             env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-            # the shell writes the application's process id, then its exit code once it has ended
-            shell = '"$0" job.py > stdout 2> stderr & echo $! > pid; wait $!; echo $? > exit.tmp; mv exit.tmp exit'
+            # the shell writes the application's process id, then its exit code once it has ended; a watchdog
+            # kills it after BACKGROUND_JOB_LIMIT_S, should the run end without anyone waiting for it
+            shell = (
+                '"$0" job.py > stdout 2> stderr & job=$!; echo $job > pid; '
+                f"(trap 'kill $nap; exit' TERM; sleep {BACKGROUND_JOB_LIMIT_S} & nap=$!; wait $nap; kill -9 $job) "
+                "2> /dev/null & dog=$!; "
+                "wait $job; echo $? > exit.tmp; mv exit.tmp exit; kill $dog 2> /dev/null"
+            )
             _started.append(
                 subprocess.Popen(
                     ["sh", "-c", shell, sys.executable], cwd=work, env=env, start_new_session=True, close_fds=True

@@ -150,7 +150,7 @@ def test_a_slow_consumer_in_blocking_mode_is_the_straggler(spark):
     )
     assert ex.df.count() == 6_000
     diagnosis = ex.diagnose()
-    assert (diagnosis.verdict, diagnosis.origin) == ("straggler", 0), diagnosis
+    assert (diagnosis.verdict, diagnosis.origin) == ("straggler", 0), (diagnosis, ex.summary_rows())
 
 
 @pytest.mark.spark
