@@ -139,14 +139,15 @@ def test_a_slow_consumer_is_where_backpressure_starts(spark):
 
 @pytest.mark.spark
 def test_a_slow_consumer_in_blocking_mode_is_the_straggler(spark):
-    # consumer 0 sleeps 0.5 ms per row (1.5 s for its 3,000), far above what the other consumer's rows cost
-    # even when the machine is busy
+    # consumer 0 sleeps 1 ms per row (3 s for its 3,000), far above what the other consumer's rows cost even
+    # when the machine is busy: a consumer's busy time includes the time Spark takes to read its output, which
+    # a busy machine or a pause of the JVM stretches
     ex = scs.exchange(
         rows_df(spark, 6_000),
         scs.rebalance(),
         2,
         mode="blocking",
-        injection=scs.Injection(consumer_delay_s=((0, 0.0005),)),
+        injection=scs.Injection(consumer_delay_s=((0, 0.001),)),
     )
     assert ex.df.count() == 6_000
     diagnosis = ex.diagnose()
