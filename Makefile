@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench clean
+.PHONY: run test test-fast lint bench clean bytecode
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml
 # The package's bytecode, written once: an editable install leaves it to be compiled on import, and where
 # PYTHONDONTWRITEBYTECODE is set (as on many CI machines) every Python process, each of Spark's Python workers
 # among them, would compile the package's modules from source again (about 0.3 s of CPU each).
-BYTECODE := $(PY) -m compileall -q spark_credit_shuffle spark_credit_shuffle_daemon.py
+bytecode: $(STAMP)
+	$(PY) -m compileall -q spark_credit_shuffle spark_credit_shuffle_daemon.py
 
-run: $(STAMP)
-	$(BYTECODE)
+run: bytecode
 	$(PY) jobs/demo.py
 
 # Two test processes, each with its own SparkSession: the suite waits on Spark's scheduling and on
@@ -37,13 +37,11 @@ JVM_ARCHIVE := $(VENV)/spark-classes.jsa
 $(JVM_ARCHIVE): $(STAMP)
 	$(PY) tests/jvm_class_archive.py $@ || echo "no class archive: the tests' JVMs load Spark's classes themselves"
 
-test: $(STAMP) $(JVM_ARCHIVE)
-	$(BYTECODE)
+test: bytecode $(JVM_ARCHIVE)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The quick loop: every test that needs no JVM (no SparkSession, spark-submit or java).
-test-fast: $(STAMP)
-	$(BYTECODE)
+test-fast: bytecode
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not spark"
 
 lint: $(STAMP)

@@ -36,6 +36,17 @@ SPARK_CONF = {
 CONNECT_START_TIMEOUT_S = 180
 
 
+def session_settings(connect_port: int) -> dict[str, str]:
+    """The test session's settings: ``SPARK_CONF``, and its driver serving Spark Connect on ``connect_port`` of
+    127.0.0.1 (see ``connect_server``; 0 for any free port)."""
+    return {
+        **SPARK_CONF,
+        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(connect_port),
+    }
+
+
 def pytest_collection_finish(session):
     """The applications of their own that the collected tests assert on start now, beside the tests
     (``spark_helpers.background_job``)."""
@@ -50,14 +61,8 @@ def spark():
     os.environ["SPARK_TESTING"] = "1"
     from pyspark.sql import SparkSession
 
-    conf = {  # the driver also serves Spark Connect, on a free port of 127.0.0.1 (see connect_server)
-        **SPARK_CONF,
-        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(_free_port()),
-    }
     builder = SparkSession.builder.master(MASTER).appName("spark_credit_shuffle tests")
-    for key, value in conf.items():
+    for key, value in session_settings(_free_port()).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")

@@ -22,7 +22,7 @@ ARCHIVE_WRITE_TIMEOUT_S = 180
 def main(out: Path) -> None:
     tests = Path(__file__).resolve().parent
     sys.path.insert(0, str(tests))
-    from conftest import MASTER, SPARK_CONF
+    from conftest import MASTER, session_settings
     from spark_helpers import TEST_JVM_OPTIONS_WITHOUT_ARCHIVE
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -37,12 +37,9 @@ def main(out: Path) -> None:
     quiet = TEST_JVM_OPTIONS_WITHOUT_ARCHIVE.replace("-Xlog:all=warning:stderr", "-Xlog:all=error:stderr")
     builder = SparkSession.builder.master(MASTER).appName("class archive")
     conf = {
-        **SPARK_CONF,
+        **session_settings(0),
         # the classes it cannot archive (generated ones, signed jars) are no news: errors only
         "spark.driver.extraJavaOptions": f"{quiet} -XX:ArchiveClassesAtExit={written}",
-        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": "0",
     }
     for key, value in conf.items():
         builder = builder.config(key, value)

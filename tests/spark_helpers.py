@@ -91,6 +91,7 @@ def session_conf(spark, key: str, value: str) -> Iterator[None]:
 
 #: The applications of their own that test modules declare (:func:`background_job`), by the module's file.
 BACKGROUND_JOBS: dict[str, list[tuple[str, str]]] = {}
+#: The shells this process started: held so that none is reaped (and warned of as still running) before its end.
 _started: list[subprocess.Popen] = []
 #: No background application runs longer than this, whether or not a test waits for it.
 BACKGROUND_JOB_LIMIT_S = 900
