@@ -8,6 +8,7 @@ barrier stage of the session's ``local[4, 2]`` Spark.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import socket
@@ -25,7 +26,7 @@ from test_blocking_runtime import run as run_blocking
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.config import NetworkConfig
-from spark_credit_shuffle.errors import ConfigError, ExchangeTimeoutError, InsufficientSlotsError
+from spark_credit_shuffle.errors import ConfigError, CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
 from spark_credit_shuffle.protocol import AuthResponse, Hello, encode_to_bytes
 from spark_credit_shuffle.runtime import pipelined
@@ -315,12 +316,14 @@ def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
 
 
 class SilentPeer:
-    """A 'producer task' that accepts connections and never answers: a stalled peer."""
+    """A 'producer task' that accepts connections and never answers: a stalled peer; ``hangs_up``: one that
+    closes every connection it accepts (a task that failed before it could answer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hangs_up: bool = False) -> None:
         self.server = socket.create_server(("127.0.0.1", 0))
         self.address = self.server.getsockname()
         self.accepted: list[socket.socket] = []
+        self.hangs_up = hangs_up
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -328,7 +331,10 @@ class SilentPeer:
         try:
             while True:
                 conn, _ = self.server.accept()
-                self.accepted.append(conn)
+                if self.hangs_up:
+                    conn.close()
+                else:
+                    self.accepted.append(conn)
         except OSError:
             return
 
@@ -358,6 +364,27 @@ def test_a_stalled_peer_fails_the_consumer_with_a_timeout_naming_it():
         assert "consumer subtask 0 waited" in text and "partition_request_timeout_ms=400" in text
         assert all(not t.is_alive() for t in task.wiring.threads)  # every thread joined
         assert task.wiring.transport is not None and not task.wiring.transport.connections
+    finally:
+        peer.close()
+
+
+def test_a_producer_that_hangs_up_unanswered_is_a_lost_producer_of_the_consumer():
+    """A producer task that fails before it answers closes its connections without a cause: the consumer fails
+    naming the connection and records the producer as lost, the mark the Spark glue waits on before failing
+    (``pipelined.KNOCK_ON_GRACE_S``), so that the producer's own failure is the one Spark reports."""
+    plan = make_plan(scs.rebalance(), 2, 2, partition_request_timeout_ms=400)
+    peer = SilentPeer(hangs_up=True)
+    task = PipelinedTask(plan, 0, b"k" * 32, "127.0.0.1", attempt_id=1)
+
+    def all_gather(message: str) -> list[str]:
+        fake = {"task": 1, "host": peer.address[0], "port": peer.address[1], "partition": 2}
+        return [message, json.dumps(fake)]
+
+    try:
+        with pytest.raises(CreditShuffleError, match=r"connection to producer subtask 1 .* (closed|failed)"):
+            for _ in task.run(iter(inputs(1, 300)[0]), all_gather):
+                pass
+        assert task.wiring.lost_producers == {f"producer subtask 1 at {peer.address[0]}:{peer.address[1]}"}
     finally:
         peer.close()
 

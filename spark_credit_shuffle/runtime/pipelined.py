@@ -103,6 +103,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets as _secrets
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -143,6 +144,11 @@ _TAG = "__credit_shuffle_subtask"
 _ROWS = "__credit_shuffle_rows"
 #: The least time a task waits for the other tasks' addresses (tasks of a stage may start seconds apart).
 _MIN_ADDRESS_WAIT_S = 60.0
+#: How long a task whose producer's connection closed without a cause (:attr:`TaskWiring.lost_producers`:
+#: that producer's task failed before it could tell this one why) waits before it fails in turn. Spark
+#: reports the failure of a barrier stage's first failed task; the producer's own failure, on its way to
+#: the scheduler meanwhile, is that one, and this task is killed with the stage instead of racing it.
+KNOCK_ON_GRACE_S = 1.0
 #: Kept importable here: tests run tasks between threads with it.
 _ = _ThreadAllGather
 
@@ -357,6 +363,8 @@ def run_barrier_task(
         yield from task.run(batches, all_gather)
     except Exception as exc:
         if not is_deterministic(exc):
+            if task.wiring.lost_producers:
+                time.sleep(KNOCK_ON_GRACE_S)
             raise
         located = in_subtask(exc, PRODUCER, index)
         if rendezvous is not None:  # every later attempt fails the same way: fail the exchange once, now

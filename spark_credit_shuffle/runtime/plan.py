@@ -27,7 +27,8 @@ class Injection:
     """Faults and slowness injected into an exchange, for tests and demos.
 
     ``consumer_delay_s``: seconds a consumer subtask sleeps per record it receives, by subtask
-    index (``{0: 0.001}`` makes subtask 0 a slow receiver). ``fail_once``: (side, subtask) whose
+    index (``{0: 0.001}`` makes subtask 0 a slow receiver); in pipelined mode the sleep ends when the task
+    fails, as the kill of a failed stage's tasks ends their user code. ``fail_once``: (side, subtask) whose
     first attempt raises; the marker file in ``marker_dir`` remembers that it failed, so the
     retried attempt runs normally.
     """

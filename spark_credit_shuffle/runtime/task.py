@@ -527,7 +527,7 @@ class PipelinedTask:
                     for batch in batches:
                         if delay:  # a slow consumer (injected): what it returned goes out before it works
                             flush()
-                            time.sleep(delay * batch.num_rows)
+                            self.wiring.pause(delay * batch.num_rows)
                         add(batch)
                     ready = ready_now(polled.more_available, monotonic())
                     if ready is not None:

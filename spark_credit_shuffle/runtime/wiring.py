@@ -97,6 +97,9 @@ class TaskWiring:
         self._failure: BaseException | None = None
         self.failed_at: float | None = None  # monotonic time this task first failed (its peers fail after it)
         self.cause: BaseException | None = None  # what this task fails with, reported to its consumers
+        #: Producer tasks whose connection closed before the end of a partition without saying why (no fatal
+        #: ``ErrorResponse``): that task most likely failed before it could answer this one.
+        self.lost_producers: set[str] = set()
         self.attempt_id = attempt_id
         self.monitor: MonitorClient | None = None  # the live monitor's sender, while the task runs
         self.stopping = threading.Event()
@@ -202,6 +205,17 @@ class TaskWiring:
                 self._failure = exc
                 self.failed_at = time.monotonic() if self.failed_at is None else self.failed_at
             self._notify()
+
+    def pause(self, seconds: float) -> None:
+        """Spend ``seconds`` as an injected slow consumer's work (:class:`~.plan.Injection`), ending early if
+        the task fails meanwhile: a failed stage's tasks are killed, their user code included."""
+        deadline = time.monotonic() + seconds
+        with self.consumer_cond:
+            while self._failure is None and not self.stopping.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.consumer_cond.wait(left)
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -338,6 +352,7 @@ class TaskWiring:
                 self.consumer.start(time.monotonic(), time.time_ns())
             for conn in self.client_connections.values():  # closed before its channels were registered
                 if conn.closed:
+                    self.lost_producers.add(conn.peer)
                     raise CreditShuffleError(
                         f"consumer subtask {self.index}: the connection to {conn.peer} closed before its "
                         f"partitions were requested: {conn.error or 'closed by the producer'}"
@@ -398,12 +413,14 @@ class TaskWiring:
 
     def _on_connection_closed(self, conn: Connection) -> None:
         """A connection ended (lock held): a client connection that fails channels fails the task."""
-        if conn.role != "client" or conn.error is None:
+        if conn.role != "client":
             return
         handler = conn.handler
         open_channels = [c for c in handler.input_channels.values() if not c.received_end_of_partition]
         open_channels += [v for v in handler.local_views.values() if not v.listener.received_end_of_partition]
-        if open_channels and self._failure is None:
+        if open_channels:
+            self.lost_producers.add(conn.peer)
+        if open_channels and self._failure is None and conn.error is not None:
             hint = ""
             if conn.bytes_in == 0:  # closed before the producer answered anything: it never accepted us
                 hint = (
@@ -517,7 +534,7 @@ class TaskWiring:
         """Stop the timer, join the threads, close the sockets, release the partition and the gate."""
         self.stopping.set()
         self._notify()
-        failed = self._failure is not None
+        failed = self._failure is not None or self.cause is not None
         current = threading.current_thread()
         stuck = []
         for thread in self.threads:
