@@ -51,6 +51,9 @@ __all__ = ["TaskWiring"]
 log = logging.getLogger("spark_credit_shuffle")
 #: Messages from a consumer that say it read and recycled this producer's buffers: progress for the end wait.
 _PROGRESS = (AddCredit, RecycleBuffers)
+#: The most bytes of a failing task's cause that its fatal ``ErrorResponse`` carries (the smallest frame a
+#: connection accepts holds 4 KiB and 1 KiB of room).
+CAUSE_TEXT_BYTES = 4000
 
 
 class TaskWiring:
@@ -352,7 +355,8 @@ class TaskWiring:
                 self.consumer.start(time.monotonic(), time.time_ns())
             for conn in self.client_connections.values():  # closed before its channels were registered
                 if conn.closed:
-                    self.lost_producers.add(conn.peer)
+                    if getattr(conn.handler, "fatal_error", None) is None:
+                        self.lost_producers.add(conn.peer)
                     raise CreditShuffleError(
                         f"consumer subtask {self.index}: the connection to {conn.peer} closed before its "
                         f"partitions were requested: {conn.error or 'closed by the producer'}"
@@ -418,7 +422,7 @@ class TaskWiring:
         handler = conn.handler
         open_channels = [c for c in handler.input_channels.values() if not c.received_end_of_partition]
         open_channels += [v for v in handler.local_views.values() if not v.listener.received_end_of_partition]
-        if open_channels:
+        if open_channels and getattr(handler, "fatal_error", None) is None:  # closed without telling why
             self.lost_producers.add(conn.peer)
         if open_channels and self._failure is None and conn.error is not None:
             hint = ""
@@ -512,16 +516,17 @@ class TaskWiring:
         """Tell every consumer this task serves why it fails, before the connections close (Flink's fatal
         ``ErrorResponse``): their channels then fail with this first cause, which they raise in place of their
         own knock-on failure (a connection that closed), so that the driver hears the same typed error
-        whichever task's failure reaches it first."""
+        whichever task's failure reaches it first; an error not of this package reaches them as text, which
+        their failure quotes. At most :data:`CAUSE_TEXT_BYTES` of it go: a frame holds one segment and 1 KiB."""
         remote = getattr(cause, "remote", None)
         # its own failure with the subtask that met it (a partitioner's error names no subtask yet: the consumers
         # that raise it must not be taken for where it happened); a producer's failure passed on as it came
         first = remote if remote is not None else in_subtask(cause, PRODUCER, self.index)
-        if not isinstance(first, CreditShuffleError):
+        if not isinstance(first, Exception):  # stopped early (the task's output closed, an interrupt): no failure
             return
         transport = self.transport
         assert transport is not None
-        text = f"{qualified_name(first)}: {first}"
+        text = f"{qualified_name(first)}: {first}".encode()[:CAUSE_TEXT_BYTES].decode("utf-8", "ignore")
         try:
             with transport.sending(), self.lock:
                 for conn in transport.connections:
