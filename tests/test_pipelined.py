@@ -389,6 +389,47 @@ def test_a_producer_that_hangs_up_unanswered_is_a_lost_producer_of_the_consumer(
         peer.close()
 
 
+def test_a_producer_failing_with_any_error_tells_its_consumer_why():
+    """A task that fails with an error that is not this package's (a user's input raising) still sends it in
+    its fatal ErrorResponse: its consumer's failure quotes it, and that producer does not count as lost (no
+    knock-on wait before the consumer's task fails)."""
+    from spark_credit_shuffle.runtime.in_threads import _ThreadAllGather
+
+    plan = make_plan(scs.rebalance(), 2, 2, buffer_timeout_ms=5)
+    first_rows = threading.Event()
+    data = inputs(2, 2000)
+
+    def failing_input():
+        yield data[1][0]
+        assert first_rows.wait(30), "consumer 0 received no rows"
+        raise RuntimeError("the user's input failed")
+
+    gather = _ThreadAllGather(2, timeout_s=30)
+    tasks = [PipelinedTask(plan, i, b"k" * 32, "127.0.0.1", attempt_id=i) for i in range(2)]
+    errors: dict[int, BaseException] = {}
+
+    def run(i: int, batches) -> None:
+        try:
+            for _ in tasks[i].run(batches, gather.all_gather):
+                if i == 0:
+                    first_rows.set()
+        except BaseException as exc:
+            errors[i] = exc
+
+    threads = [
+        threading.Thread(target=run, args=(0, iter(data[0])), daemon=True),
+        threading.Thread(target=run, args=(1, failing_input()), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert isinstance(errors.get(1), RuntimeError) and "the user's input failed" in str(errors[1])
+    assert isinstance(errors.get(0), CreditShuffleError), errors.get(0)
+    assert "remote error: builtins.RuntimeError: the user's input failed" in str(errors[0])
+    assert tasks[0].wiring.lost_producers == set()
+
+
 def test_a_failing_task_fails_the_exchange_and_stops_every_task(tmp_path):
     plan = make_plan(scs.key_by("k"), 3, 3, injection=Injection(fail_once=("producer", 2), marker_dir=str(tmp_path)))
     with pytest.raises(RuntimeError, match="injected failure of producer subtask 2"):
