@@ -157,8 +157,8 @@ def job_report(config, name: str, timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     while not (work / "exit").exists():
         if time.monotonic() > deadline:
-            with contextlib.suppress(OSError, ValueError):
-                os.killpg(int((work / "pid").read_text()), signal.SIGKILL)
+            with contextlib.suppress(OSError, ValueError):  # the group of its shell: the shell, it and its JVMs
+                os.killpg(os.getpgid(int((work / "pid").read_text())), signal.SIGKILL)
             raise TimeoutError(f"application {name!r} did not end within {timeout_s:.0f} s: {_tail(work / 'stderr')}")
         time.sleep(0.2)
     code = (work / "exit").read_text().strip()
