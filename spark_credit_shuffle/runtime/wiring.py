@@ -355,8 +355,7 @@ class TaskWiring:
                 self.consumer.start(time.monotonic(), time.time_ns())
             for conn in self.client_connections.values():  # closed before its channels were registered
                 if conn.closed:
-                    if getattr(conn.handler, "fatal_error", None) is None:
-                        self.lost_producers.add(conn.peer)
+                    self._note_if_lost(conn)
                     raise CreditShuffleError(
                         f"consumer subtask {self.index}: the connection to {conn.peer} closed before its "
                         f"partitions were requested: {conn.error or 'closed by the producer'}"
@@ -422,8 +421,8 @@ class TaskWiring:
         handler = conn.handler
         open_channels = [c for c in handler.input_channels.values() if not c.received_end_of_partition]
         open_channels += [v for v in handler.local_views.values() if not v.listener.received_end_of_partition]
-        if open_channels and getattr(handler, "fatal_error", None) is None:  # closed without telling why
-            self.lost_producers.add(conn.peer)
+        if open_channels:
+            self._note_if_lost(conn)
         if open_channels and self._failure is None and conn.error is not None:
             hint = ""
             if conn.bytes_in == 0:  # closed before the producer answered anything: it never accepted us
@@ -436,6 +435,11 @@ class TaskWiring:
                 f"consumer subtask {self.index}: connection to {conn.peer} failed before the end of its "
                 f"partition: {conn.error}{hint}"
             )
+
+    def _note_if_lost(self, conn: Connection) -> None:
+        """A producer's connection closed before the end of its partitions: lost, if it did not say why."""
+        if conn.handler.fatal_error is None:
+            self.lost_producers.add(conn.peer)
 
     def channel_error(self, exc: Exception) -> Exception:
         gate = self.gate
