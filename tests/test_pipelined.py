@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from chispa import assert_df_equality
 from hypothesis import HealthCheck, given, settings
@@ -401,7 +402,7 @@ def test_a_producer_failing_with_any_error_tells_its_consumer_why():
 
     def failing_input():
         yield data[1][0]
-        assert first_rows.wait(30), "consumer 0 received no rows"
+        assert first_rows.wait(30), "consumer 0 received no rows of producer 1"
         raise RuntimeError("the user's input failed")
 
     gather = _ThreadAllGather(2, timeout_s=30)
@@ -410,8 +411,9 @@ def test_a_producer_failing_with_any_error_tells_its_consumer_why():
 
     def run(i: int, batches) -> None:
         try:
-            for _ in tasks[i].run(batches, gather.all_gather):
-                if i == 0:
+            for batch in tasks[i].run(batches, gather.all_gather):
+                # producer 1's rows (ids from 2000 on) prove its connection to consumer 0 is up
+                if i == 0 and batch.num_rows and pc.max(batch.column("id")).as_py() >= 2000:
                     first_rows.set()
         except BaseException as exc:
             errors[i] = exc

@@ -19,6 +19,7 @@ from spark_credit_shuffle.buffers import Buffer, RecordReader, RecordWriter
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ExchangeTimeoutError
 from spark_credit_shuffle.protocol import (
+    AddCredit,
     AuthChallenge,
     AuthResponse,
     CreditBasedPartitionRequestClientHandler,
@@ -411,3 +412,32 @@ def test_close_joins_the_io_thread_and_closes_every_socket():
     with pytest.raises(OSError):
         socket.create_connection(address, timeout=1).close()
     client.close()
+
+
+def test_a_lingering_close_delivers_the_fatal_error_and_ends_when_the_consumer_closed():
+    """A failing producer's close writes its fatal ErrorResponse, half-closes and reads on until its consumer
+    closed: credit the consumer sent meanwhile is read (no reset that could destroy the error before the
+    consumer read it) and ignored, and the close ends with the consumer's, long before its linger."""
+    producer = Producer(1)
+    consumer = Consumer(producer.transport.address, [0])
+    try:
+        assert wait_until(
+            lambda: any(c.role == "server" and c.handler.queue.all_readers for c in producer.transport.connections)
+        )
+        with producer.lock:
+            (server,) = [c for c in producer.transport.connections if c.role == "server"]
+            server.handler.queue.notify_fatal_error("the producer's input failed")
+        with consumer.lock:  # credit in flight while the producer closes (the transport writes under this lock)
+            consumer.conn.sock.sendall(encode_to_bytes(AddCredit(1, 1)))
+        closing = threading.Thread(target=producer.transport.close, kwargs={"timeout_s": 60, "linger_s": 60})
+        closing.start()
+        assert wait_until(lambda: consumer.conn.closed)
+        assert "the producer's input failed" in str(consumer.handler.fatal_error)
+        assert consumer.conn.error is None  # the producer's half-close, not a reset
+        consumer.transport.close()
+        closing.join(10)
+        assert not closing.is_alive(), "the producer's close waited out its linger after the consumer closed"
+        assert producer.transport.num_rejected == 0
+    finally:
+        consumer.transport.close()
+        producer.transport.close()

@@ -71,6 +71,9 @@ class PartitionRequestQueue:
         #: Called when the queue goes from nothing to send to something to send.
         self.listener: Callable[[], None] | None = None
         self.is_closed = False
+        #: A fatal ErrorResponse was queued (Flink's ``fatalError``): what the client sent before it read the
+        #: error (credits, acknowledgements for the readers just released) is ignored, not a protocol error.
+        self.fatal_error = False
 
     def notify_reader_created(self, reader: CreditBasedSequenceNumberingViewReader) -> None:
         if reader.receiver_id in self.all_readers:
@@ -149,6 +152,7 @@ class PartitionRequestQueue:
     def notify_fatal_error(self, message: str) -> None:
         """A handler error: release all readers and send a fatal ErrorResponse (then close)."""
         self.release_all_resources()
+        self.fatal_error = True
         self._outbox.clear()
         self._outbox.append(ErrorResponse(message, None))
         if self.listener is not None:
@@ -328,9 +332,10 @@ class PartitionRequestServerHandler:
     def _obtain_reader(self, receiver_id: int, what: str) -> CreditBasedSequenceNumberingViewReader | None:
         """The reader of ``receiver_id``, as Flink's ``obtainReader``: a message naming a receiver that never
         requested a partition on this connection (or was cancelled) is a protocol error. A receiver whose
-        request waits for its partition to be registered has no reader yet: None."""
+        request waits for its partition to be registered has no reader yet, and after a fatal error none has
+        one: None."""
         reader = self.queue.all_readers.get(receiver_id)
-        if reader is None and receiver_id not in self._pending:
+        if reader is None and receiver_id not in self._pending and not self.queue.fatal_error:
             raise ProtocolError(f"{what} for receiver {receiver_id}, which has no partition request on this connection")
         return reader
 

@@ -54,6 +54,9 @@ _PROGRESS = (AddCredit, RecycleBuffers)
 #: The most bytes of a failing task's cause that its fatal ``ErrorResponse`` carries (the smallest frame a
 #: connection accepts holds 4 KiB and 1 KiB of room).
 CAUSE_TEXT_BYTES = 4000
+#: How long a failing task's transport waits, once it sent the cause, for its consumers to close their
+#: connections (a lingering close, :meth:`TcpTransport.close`): they fail on reading it, within milliseconds.
+CAUSE_LINGER_S = 1.0
 
 
 class TaskWiring:
@@ -516,28 +519,32 @@ class TaskWiring:
         where = "local" if consumer == self.index else self.peers.get(consumer, "?")
         return f"consumer subtask {consumer} ({where})"
 
-    def _report_cause(self, cause: BaseException) -> None:
+    def _report_cause(self, cause: BaseException) -> bool:
         """Tell every consumer this task serves why it fails, before the connections close (Flink's fatal
         ``ErrorResponse``): their channels then fail with this first cause, which they raise in place of their
         own knock-on failure (a connection that closed), so that the driver hears the same typed error
         whichever task's failure reaches it first; an error not of this package reaches them as text, which
-        their failure quotes. At most :data:`CAUSE_TEXT_BYTES` of it go: a frame holds one segment and 1 KiB."""
+        their failure quotes. At most :data:`CAUSE_TEXT_BYTES` of it go: a frame holds one segment and 1 KiB.
+        Whether some consumer was told."""
         remote = getattr(cause, "remote", None)
         # its own failure with the subtask that met it (a partitioner's error names no subtask yet: the consumers
         # that raise it must not be taken for where it happened); a producer's failure passed on as it came
         first = remote if remote is not None else in_subtask(cause, PRODUCER, self.index)
         if not isinstance(first, Exception):  # stopped early (the task's output closed, an interrupt): no failure
-            return
+            return False
         transport = self.transport
         assert transport is not None
         text = f"{qualified_name(first)}: {first}".encode()[:CAUSE_TEXT_BYTES].decode("utf-8", "ignore")
+        told = False
         try:
             with transport.sending(), self.lock:
                 for conn in transport.connections:
                     if conn.role == "server" and not conn.closed:
                         conn.handler.queue.notify_fatal_error(text)
+                        told = True
         except Exception as exc:  # the connections close anyway; the consumers then fail on the close
             log.info("task %d: could not report its failure to its consumers: %s", self.index, exc)
+        return told
 
     def close(self) -> None:
         """Stop the timer, join the threads, close the sockets, release the partition and the gate."""
@@ -555,10 +562,11 @@ class TaskWiring:
                 stuck.append(thread.name)
         transport_error: BaseException | None = None
         if self.transport is not None:
-            if self.cause is not None:
-                self._report_cause(self.cause)
+            linger_s = 0.0
+            if self.cause is not None and self._report_cause(self.cause):
+                linger_s = CAUSE_LINGER_S
             try:
-                self.transport.close(self.config.partition_request_timeout_ms / 1000.0)
+                self.transport.close(self.config.partition_request_timeout_ms / 1000.0, linger_s=linger_s)
             except ExchangeTimeoutError as exc:
                 transport_error = exc
         if self.monitor is not None:  # the last samples, then its thread is joined

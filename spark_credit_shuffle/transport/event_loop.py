@@ -85,6 +85,13 @@ class EventLoop:
         # less; whatever its caller queued before calling it is seen by the round that follows.
         self._woken = False
 
+    def stop_accepting(self) -> None:
+        """Close the listener (new connections are refused; the registered ones go on)."""
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.selector.unregister(self.listener)
+        with contextlib.suppress(OSError):
+            self.listener.close()
+
     def close(self) -> None:
         """Close the listener, the wakeup pair and the selector (the connections are the owner's)."""
         for sock in (self.listener, self._wake_r, self._wake_w):

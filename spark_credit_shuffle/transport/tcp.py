@@ -193,6 +193,9 @@ class TcpTransport:
         self._local = threading.local()
         self._sending_block = _SendingBlock(self)
         self._stopping = False
+        #: When a lingering close ends (:meth:`close`'s ``linger_s``; monotonic seconds), None: no lingering.
+        self._linger_until: float | None = None
+        self._linger_started = False
         self._thread: threading.Thread | None = None
         #: The exception that stopped the I/O thread, if any (a bug or an OS failure, not a peer's fault).
         self.error: BaseException | None = None
@@ -364,12 +367,20 @@ class TcpTransport:
             raise ProtocolError(f"TLS handshake with {peer} failed: {exc}") from None
         return tls_sock
 
-    def close(self, timeout_s: float = 10.0) -> None:
+    def close(self, timeout_s: float = 10.0, *, linger_s: float = 0.0) -> None:
         """Stop the I/O thread (joining it within ``timeout_s``) and close every socket.
+
+        ``linger_s`` > 0: a lingering close of the accepted connections. The I/O thread stops accepting,
+        closes the others, writes what the accepted ones still have to send (a fatal ``ErrorResponse``), shuts
+        their sending side and reads, until each peer closed or ``linger_s`` passed. Closing a socket with
+        unread input makes the kernel answer with a reset, which can destroy the peer's unread copy of what
+        was sent last: the failure's cause its consumer needs.
 
         Raises :class:`ExchangeTimeoutError` if the thread does not stop in time (its sockets are closed
         anyway).
         """
+        if linger_s > 0:
+            self._linger_until = time.monotonic() + linger_s
         self._stopping = True
         self._loop.wakeup(force=True)
         thread = self._thread
@@ -394,8 +405,13 @@ class TcpTransport:
     def _run(self) -> None:
         started = time.thread_time()
         try:
-            while not self._stopping:
-                accept, ready = self._loop.poll(0.0 if self._tls_readable else self._select_timeout())
+            while not self._stopping or self._lingering():
+                timeout = 0.0 if self._tls_readable else self._select_timeout()
+                if self._linger_started:  # look again when the lingering ends at the latest
+                    assert self._linger_until is not None
+                    left = max(0.0, self._linger_until - time.monotonic())
+                    timeout = left if timeout is None else min(timeout, left)
+                accept, ready = self._loop.poll(timeout)
                 touched = self._attention
                 if self._tls_readable:  # decrypted input the selector cannot see
                     ready = [
@@ -415,7 +431,7 @@ class TcpTransport:
                         if mask & selectors.EVENT_WRITE and not conn.closed:
                             with self.lock:
                                 conn.write()
-                if accept:  # after the other sockets were read: a handshake that arrived counts
+                if accept and not self._stopping:  # after the other sockets were read: a handshake that arrived counts
                     self._accept()
                 self._adopt_pending()
                 self._pump()
@@ -431,6 +447,42 @@ class TcpTransport:
         finally:
             self.thread_cpu_s = time.thread_time() - started
             self._close_all()
+
+    def _lingering(self) -> bool:
+        """Whether the I/O thread serves another round after :meth:`close` asked for a lingering close (see
+        there): on the first call it stops accepting and closes every connection but the authenticated
+        accepted ones; then it half-closes those that wrote everything, until none is left open."""
+        until = self._linger_until
+        if until is None or time.monotonic() >= until:
+            return False
+        if not self._linger_started:
+            self._linger_started = True
+            self._loop.stop_accepting()
+            for conn in list(self._connections.values()):
+                if conn.role != "server" or not conn.is_authenticated:
+                    self._discard(conn)
+        open_connections = [c for c in self._connections.values() if not c.closed]
+        for conn in open_connections:
+            if not conn.write_shut and not conn.out and not conn.handler.has_data():
+                with self.lock:
+                    conn.write_shut = True
+                    with contextlib.suppress(OSError):
+                        socket.socket.shutdown(conn.sock, socket.SHUT_WR)  # the TCP socket's, as in _maybe_half_close
+        return bool(open_connections)
+
+    def _discard(self, conn: Connection) -> None:
+        """Close ``conn`` without telling its handler or the runtime (the transport is closing)."""
+        with self.lock:
+            conn.closed = True
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(conn.sock)
+            self._interest.pop(conn.id, None)
+            self._connections.pop(conn.id, None)
+            self._unauthenticated.pop(conn.id, None)
+            self._dirty.discard(conn)
+            self._tls_readable.discard(conn)
+            with contextlib.suppress(OSError):
+                conn.sock.close()
 
     def _select_timeout(self) -> float | None:
         waiting = self._unauthenticated

@@ -384,3 +384,24 @@ def test_cancelled_receiver_gets_no_more_credit_and_new_buffer_size_for_an_unkno
     # but credit for the cancelled receiver is a protocol error
     with pytest.raises(ProtocolError, match=r"AddCredit for receiver 7"):
         handler.receive_message(AddCredit(7, 1))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [AddCredit(7, 2), ResumeConsumption(7), AckAllUserRecordsProcessed(7)],
+    ids=lambda m: type(m).__name__,
+)
+def test_after_a_fatal_error_what_the_client_sent_before_reading_it_is_ignored(message):
+    # given receiver 7 served on a connection whose producer failed: the fatal ErrorResponse is queued and
+    # every reader released (Flink's PartitionRequestQueue sets fatalError)
+    subpartition = PipelinedSubpartition(0)
+    manager = ResultPartitionManager()
+    manager.register_partition(SinglePartition(subpartition))
+    handler = PartitionRequestServerHandler(manager)
+    handler.receive_message(PartitionRequest(7, 0, 2))
+    handler.queue.notify_fatal_error("the producer failed")
+    # when the client's credit, resumption or acknowledgement, sent before the error reached it, arrives
+    handler.receive_message(message)
+    # then it is ignored (not a protocol error that would close the connection before the error is sent),
+    # and the error is all the client gets
+    assert [type(m).__name__ for m in drain(handler.queue)] == ["ErrorResponse"]
