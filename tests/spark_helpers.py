@@ -13,6 +13,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from chispa import assert_basic_rows_equality
+from chispa.schema_comparer import assert_schema_equality
 
 #: The JVM options of every Spark JVM the tests start: short-lived JVMs spend less CPU compiling with the
 #: client compiler alone. JVM warnings go to stderr, where Spark's log goes, not into a job's output.
@@ -26,6 +30,22 @@ TEST_JVM_OPTIONS = TEST_JVM_OPTIONS_WITHOUT_ARCHIVE + (
 )
 #: The tests' Python worker daemon: workers import the installed PySpark's bytecode, not its zip's source.
 WORKER_DAEMON = "spark_credit_shuffle_daemon"
+
+
+def _row_order_key(row: Any) -> tuple[tuple[bool, str], ...]:
+    """A total order of rows of any column types (nulls last): the canonical order of a multiset of rows."""
+    return tuple((value is None, repr(value)) for value in row)
+
+
+def assert_same_rows(actual: Any, expected: Any, *, ignore_nullable: bool = False) -> None:
+    """chispa's ``assert_df_equality(actual, expected, ignore_row_order=True)``: the same schema and the same
+    multiset of rows, compared and reported by chispa. The rows are put in one order in this process instead
+    of by a sort in Spark, so each side runs once: chispa's sort runs each DataFrame a second time for the
+    sort's range bounds, and for an exchange that is a second exchange."""
+    assert_schema_equality(actual.schema, expected.schema, ignore_nullable=ignore_nullable)
+    assert_basic_rows_equality(
+        sorted(actual.collect(), key=_row_order_key), sorted(expected.collect(), key=_row_order_key)
+    )
 
 
 @contextlib.contextmanager

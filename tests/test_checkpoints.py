@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from chispa import assert_df_equality
 from pyspark.sql import functions as F
+from spark_helpers import assert_same_rows
 from test_blocking_runtime import SCHEMA as BLOCKING_SCHEMA
 from test_blocking_runtime import producer_batches
 from test_blocking_runtime import run as run_blocking
@@ -130,7 +130,7 @@ def test_rows_out_are_rows_in_with_checkpoints_on_spark(spark, mode):
         unaligned_checkpoints=True,
         segment_size=4096,
     )
-    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert_same_rows(ex.df, df)
     checkpoints = ex.checkpoints().collect()
     assert checkpoints and {r.subtask for r in checkpoints} <= {0, 1, 2}
     assert all(r.alignment == "unaligned" and r.alignment_time_ms >= 0 for r in checkpoints)
@@ -243,7 +243,7 @@ def test_unaligned_barriers_overtake_what_a_slow_consumer_has_not_consumed_on_sp
         segment_size=4096,
         local_channels=local_channels,
     )
-    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert_same_rows(ex.df, df)
     # then the slow consumer completes at least 90% of its checkpoints (finished producers inject on until
     # their consumers read them to the end)
     completed, failed = _checkpoint_counts(ex, 0)

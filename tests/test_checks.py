@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from chispa import assert_df_equality
 from pyspark.sql import functions as F
-from spark_helpers import background_job, cluster_job, job_group, job_report, no_spark_jobs
+from spark_helpers import assert_same_rows, background_job, cluster_job, job_group, job_report, no_spark_jobs
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import ConfigError, PartitionerError
@@ -85,10 +84,10 @@ def test_keys_as_column_references_positions_and_backticked_names(spark, df, mod
     for key in (scs.key_by(F.col("k")), scs.key_by(df["k"]), scs.key_by(df.k), scs.key_by(1), scs.key_by("`k`")):
         ex = scs.exchange(df, key, 3, mode)
         assert ex.plan.partitioner.columns in (("k",), (1,))
-        assert_df_equality(ex.df.withColumn("subtask", F.spark_partition_id()), by_name, ignore_row_order=True)
+        assert_same_rows(ex.df.withColumn("subtask", F.spark_partition_id()), by_name)
     dotted = scs.exchange(df, scs.key_by(F.col("`a.b`")), 3, mode)  # a top-level column named a.b
     expected = scs.with_channel(df, scs.key_by("`a.b`"), 3, column="subtask")
-    assert_df_equality(dotted.df.withColumn("subtask", F.spark_partition_id()), expected, ignore_row_order=True)
+    assert_same_rows(dotted.df.withColumn("subtask", F.spark_partition_id()), expected)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -103,13 +102,13 @@ def test_users_columns_named_like_internal_columns_travel_unchanged(spark, mode)
     )
     for key in ("__credit_shuffle_subtask", "__credit_shuffle_metrics"):
         ex = scs.exchange(df, scs.key_by(key), parallelism=3, mode=mode)  # 2 -> 3: the input is placed too
-        assert_df_equality(ex.df, df, ignore_row_order=True)
+        assert_same_rows(ex.df, df)
         expected = scs.with_channel(df, scs.key_by(key), 3, column="subtask")
-        assert_df_equality(ex.df.withColumn("subtask", F.spark_partition_id()), expected, ignore_row_order=True)
+        assert_same_rows(ex.df.withColumn("subtask", F.spark_partition_id()), expected)
         assert sum(r.value for r in ex.metric_rows() if r.metric == "numRecordsIn") == 60
     build = blocking.build if mode == "blocking" else pipelined.build
     out, collected = build(scs.exchange(df, scs.rebalance(seed=1), parallelism=3, mode=mode).plan, df, report=IN_BAND)
-    assert_df_equality(out, df, ignore_row_order=True)
+    assert_same_rows(out, df)
     assert sum(r.value for r in collected.rows() if r.metric == "numRecordsIn") == 60
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from chispa import assert_df_equality
 from pyspark.sql import functions as F
+from spark_helpers import assert_same_rows
 from test_blocking_runtime import SCHEMA as BLOCKING_SCHEMA
 from test_blocking_runtime import producer_batches
 from test_blocking_runtime import run as run_blocking
@@ -66,7 +66,7 @@ def test_compressed_blocking_exchange_on_spark(spark):
     ex = scs.exchange(
         df, scs.key_by("k"), parallelism=3, mode="blocking", blocking_shuffle_compression=True, compression_codec="zstd"
     )
-    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert_same_rows(ex.df, df)
     stored = ex.metrics().where("metric = 'numBytesStored'").agg(F.sum("value")).first()[0]
     raw = ex.metrics().where("metric = 'numBytesOut'").agg(F.sum("value")).first()[0]
     assert 0 < stored < raw

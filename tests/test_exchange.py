@@ -6,8 +6,8 @@ import collections
 
 import pyarrow as pa
 import pytest
-from chispa import assert_df_equality
 from pyspark.sql import functions as F
+from spark_helpers import assert_same_rows
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import (
@@ -58,7 +58,7 @@ def flink_channels(keys, parallelism):
 def test_output_equals_input_as_multiset(spark, mode, partitioner):
     df = rows_df(spark)
     ex = scs.exchange(df, partitioner, parallelism=4, mode=mode)
-    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert_same_rows(ex.df, df)
     assert ex.df.rdd.getNumPartitions() == 4
 
 
@@ -69,7 +69,7 @@ def test_broadcast_delivers_every_row_to_every_consumer(any_spark, mode):
     out = placed(ex.df).collect()  # one run of the exchange; each consumer's rows compared on their own
     for subtask in range(3):
         received = any_spark.createDataFrame([r[:-1] for r in out if r["_subtask"] == subtask], df.schema)
-        assert_df_equality(received, df, ignore_row_order=True)
+        assert_same_rows(received, df)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -108,7 +108,7 @@ def test_parallelism_shapes(spark, mode, shape):
     df = rows_df(spark, n=700, partitions=producers)
     for partitioner in (scs.key_by("k"), scs.rebalance(), scs.rescale()):
         ex = scs.exchange(df, partitioner, parallelism=consumers, mode=mode)
-        assert_df_equality(ex.df, df, ignore_row_order=True)
+        assert_same_rows(ex.df, df)
         assert ex.df.rdd.getNumPartitions() == consumers
 
 
@@ -119,7 +119,7 @@ def test_skew_empty_partitions_and_large_rows(spark, mode):
     # every row on producer 0: producers 1-3 have empty partitions
     df = df.withColumn("_p", F.lit(0)).repartitionById(4, "_p").drop("_p")
     ex = scs.exchange(df, scs.key_by("k"), parallelism=4, mode=mode)
-    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert_same_rows(ex.df, df)
     sizes = placed(ex.df).groupBy("_subtask").count().collect()
     assert [(r["_subtask"], r["count"]) for r in sizes] == [(flink_channels([1], 4)[0], 9)]
 
@@ -156,7 +156,7 @@ def test_metrics_in_band_as_on_spark_connect_equal_the_accumulated_ones(spark, m
     build = blocking.build if mode == "blocking" else pipelined.build
     out, collected = build(ex.plan, df, report=IN_BAND)
     assert out.columns == ex.df.columns == df.columns
-    assert_df_equality(out, df, ignore_row_order=True)
+    assert_same_rows(out, df)
     ex.df.write.format("noop").mode("overwrite").save()
 
     def records(rows):
@@ -215,7 +215,7 @@ def test_task_failing_once_is_retried_and_output_and_metrics_stay_exact(request,
     df = rows_df(spark, n=1500)
     injection = scs.Injection(fail_once=(side, 1), marker_dir=str(tmp_path))
     ex = scs.exchange(df, scs.key_by("k"), parallelism=3, mode=mode, injection=injection)
-    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert_same_rows(ex.df, df)
     assert (tmp_path / f"failed-{side}-1").exists()  # the first attempt really failed
     rows = ex.metric_rows()
     assert sum(r.value for r in rows if r.metric == "numRecordsOut") == 1500
@@ -236,11 +236,11 @@ def test_blocking_exchange_bounds_the_arrow_batches_of_its_consumers_unless_the_
         assert spark.conf.get(ARROW_BATCH_BYTES_KEY, None) is None  # only the blocking consumers need it
         ex = scs.exchange(df, scs.key_by("k"), parallelism=2, mode="blocking")
         assert spark.conf.get(ARROW_BATCH_BYTES_KEY, None) == f"{blocking.CONSUMER_INPUT_BATCH_BYTES}b"
-        assert_df_equality(ex.df, df, ignore_row_order=True)
+        assert_same_rows(ex.df, df)
         spark.conf.set(ARROW_BATCH_BYTES_KEY, "64k")  # the session's own bound is kept
         ex = scs.exchange(df, scs.key_by("k"), parallelism=2, mode="blocking")
         assert spark.conf.get(ARROW_BATCH_BYTES_KEY, None) == "64k"
-        assert_df_equality(ex.df, df, ignore_row_order=True)
+        assert_same_rows(ex.df, df)
     finally:
         if before is None:
             spark.conf.unset(ARROW_BATCH_BYTES_KEY)
@@ -292,7 +292,7 @@ def test_the_producer_count_is_the_inputs_partition_count_without_being_told(any
     df, _ = inputs["empty partitions"]
     ex = scs.exchange(df, scs.key_by("k"), 4, mode=mode)
     assert (ex.plan.num_producers, ex.plan.num_consumers) == (4, 4)
-    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert_same_rows(ex.df, df)
     assert sorted({r.subtask for r in ex.metric_rows() if r.side == "producer"}) == [0, 1, 2, 3]
 
 
@@ -323,7 +323,7 @@ def test_rdd_and_transform_forms(spark):
         assert all(flink_channels([r[1]], 4)[0] == subtask for r in part)
     df = rows_df(spark, n=100)
     out = df.transform(scs.exchanged(scs.rebalance(seed=1), 2))
-    assert_df_equality(out, df, ignore_row_order=True)
+    assert_same_rows(out, df)
     assert out.rdd.getNumPartitions() == 2
 
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from chispa import assert_df_equality
+from spark_helpers import assert_same_rows
 from test_pipelined import expected_placement, inputs, make_plan, spark_rows, table
 
 import spark_credit_shuffle as scs
@@ -146,7 +146,7 @@ def test_silent_connections_to_task_ports_and_the_address_service_leave_a_spark_
         flood.close()
     threads_after, rss_after = threading.active_count(), rss_bytes()
     assert flood.opened == {"service": TO_SERVICE, **{f"task {t}": PER_TASK for t in range(3)}}
-    assert_df_equality(spark.createDataFrame(result["rows"], df.schema), df, ignore_row_order=True)
+    assert_same_rows(spark.createDataFrame(result["rows"], df.schema), df)
     # the service runs one thread whatever connects (it was running before): the test's own two (runner,
     # flood) and at most two that PySpark may start for the action are the rest, not one per connection
     threads_max = max(s[0] for s in samples)

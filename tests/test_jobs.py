@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from chispa import assert_df_equality
 from pyspark.sql import functions as F
-from spark_helpers import no_spark_jobs
+from spark_helpers import assert_same_rows, no_spark_jobs
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -161,7 +160,7 @@ def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys
     assert headline["rows"] == 2000 and headline["consumers"] == 3 and headline["partitioner"] == "HASH"
     assert headline["timeline_samples"] >= 2 + 3  # at least the last sample of every side
     out = spark.read.parquet(str(tmp_path / "out.parquet"))
-    assert_df_equality(out, source, ignore_row_order=True, ignore_nullable=True)
+    assert_same_rows(out, source, ignore_nullable=True)
     read = {"csv": pd.read_csv, "json": lambda p: pd.read_json(p, lines=True), "parquet": pd.read_parquet}
     metrics_path, timeline_path = tmp_path / "written" / metrics_file, tmp_path / timeline_file
     assert metrics_path.is_file() and timeline_path.is_file()  # one file each, as named

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from chispa import assert_df_equality
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
+from spark_helpers import assert_same_rows
 from test_pipelined import spark_rows
 
 import spark_credit_shuffle as scs
@@ -71,7 +71,7 @@ def test_the_retryable_output_shuffles_one_nested_row_per_output_batch(spark):
     unnest = "posexplode(" if columnar_layout(df.schema, ansi) else "inline("
     assert unnest in plan and plan.count("Exchange") == 1 and plan.count("MapInArrow") == 1
     got = ex.df.withColumn("_subtask", F.spark_partition_id())
-    assert_df_equality(got.drop("_subtask"), df, ignore_row_order=True)
+    assert_same_rows(got.drop("_subtask"), df)
     keys = sorted({(r["k"], r["_subtask"]) for r in got.collect()})
     assert [s for _, s in keys] == scs.key_group_channels(pa.array([k for k, _ in keys], pa.int32()), 2, 128).tolist()
     assert ex.df.schema == df.schema  # names, types and nullability as they came in
@@ -102,7 +102,7 @@ def test_the_nested_layout_gives_back_the_input_schema_and_rows_exactly(spark, a
         ex = scs.exchange(df, scs.rebalance(), parallelism=2, mode="pipelined")
         assert unnest in ex.df._jdf.queryExecution().executedPlan().toString()
         assert ex.df.schema == df.schema  # names, types and nullability as they came in
-        assert_df_equality(ex.df, df, ignore_row_order=True)
+        assert_same_rows(ex.df, df)
         assert ex.df.where("s is null").count() == 600  # every null where it was
         assert len(ex.df.take(3)) == 3 and ex.df.limit(7).count() == 7
     finally:

@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from chispa import assert_df_equality
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
+from spark_helpers import assert_same_rows
 from test_blocking_runtime import run as run_blocking
 
 import spark_credit_shuffle as scs
@@ -614,7 +614,7 @@ def test_a_task_killed_on_its_first_attempt_is_retried_and_the_output_is_exact(s
     df = spark_rows(spark, 2000, 3)
     injection = scs.Injection(fail_once=("consumer", 1), marker_dir=str(tmp_path))
     ex = scs.exchange(df, scs.key_by("k"), parallelism=3, mode="pipelined", injection=injection)
-    assert_df_equality(ex.df, df, ignore_row_order=True)
+    assert_same_rows(ex.df, df)
     assert (tmp_path / "failed-consumer-1").exists()
     rows = ex.metric_rows()
     assert sum(r.value for r in rows if r.metric == "numRecordsIn") == 2000  # the successful attempt, once

@@ -7,8 +7,8 @@ import struct
 import mmh3
 import numpy as np
 import pytest
-from chispa import assert_df_equality
 from pyspark.sql import functions as F
+from spark_helpers import assert_same_rows
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.partitioners.murmur3 import spark_hash_partition_keys, spark_int_hashes
@@ -53,7 +53,7 @@ def test_hash_placement_puts_every_row_where_repartition_by_id_does(spark, adapt
             assert ("direct_shuffle_partition_id" in plan) == by_id
             where = placed.withColumn("p", F.spark_partition_id())
             assert where.where(F.col("p") != F.col("target")).count() == 0
-            assert_df_equality(placed, df, ignore_row_order=True)
+            assert_same_rows(placed, df)
     finally:
         spark.conf.set("spark.sql.adaptive.enabled", previous)
 
@@ -66,4 +66,4 @@ def test_exchange_without_repartition_by_id_as_on_pyspark_4_0(spark, monkeypatch
     ex = scs.exchange(df, scs.key_by("k"), parallelism=3, mode=mode)  # 2 -> 3: the input is placed too
     assert "direct_shuffle_partition_id" not in ex.df._jdf.queryExecution().optimizedPlan().toString()
     expected = scs.with_channel(df, scs.key_by("k"), 3, column="subtask")
-    assert_df_equality(ex.df.withColumn("subtask", F.spark_partition_id()), expected, ignore_row_order=True)
+    assert_same_rows(ex.df.withColumn("subtask", F.spark_partition_id()), expected)

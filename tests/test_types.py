@@ -8,7 +8,7 @@ import decimal
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
-from spark_helpers import no_spark_jobs
+from spark_helpers import assert_same_rows, no_spark_jobs
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import UnsupportedColumnTypeError, UnsupportedKeyTypeError
@@ -84,7 +84,7 @@ def test_every_type_goes_through_unchanged(spark, new_york, mode):
     df = all_types_df(spark)
     ex = scs.exchange(df, scs.rebalance(seed=2), parallelism=2, mode=mode)
     assert ex.plan.schema.field("ts").type.tz == "America/New_York"
-    assert_df_equality(comparable(ex.df), comparable(df), ignore_row_order=True)
+    assert_same_rows(comparable(ex.df), comparable(df))
     assert sum(r.value for r in ex.metric_rows() if r.metric == "numRecordsIn") == 12
 
 
@@ -93,7 +93,7 @@ def test_every_type_with_metrics_in_band(spark, new_york):
     df = all_types_df(spark)
     plan = scs.exchange(df, scs.rebalance(seed=1), parallelism=2).plan
     out, collected = blocking.build(plan, df, report=IN_BAND)
-    assert_df_equality(comparable(out), comparable(df), ignore_row_order=True)
+    assert_same_rows(comparable(out), comparable(df))
     assert sum(r.value for r in collected.rows() if r.metric == "numRecordsIn") == 12
 
 
@@ -106,7 +106,7 @@ def test_variant_void_and_timestamp_in_the_default_time_zone_go_through(spark):
         ex = scs.exchange(df, scs.key_by("id"), parallelism=2, mode=mode)
         as_text = ex.df.select("id", F.col("v").cast("string").alias("v"), "nothing", "at")
         expected = df.select("id", F.col("v").cast("string").alias("v"), "nothing", "at")
-        assert_df_equality(as_text, expected, ignore_row_order=True)
+        assert_same_rows(as_text, expected)
 
 
 @pytest.mark.parametrize("mode", MODES)
