@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from chispa import assert_basic_rows_equality
+from chispa.row_comparer import are_rows_equal_enhanced
+from chispa.rows_comparer import assert_generic_rows_equality
 from chispa.schema_comparer import assert_schema_equality
 
 #: The JVM options of every Spark JVM the tests start: short-lived JVMs spend less CPU compiling with the
@@ -37,15 +39,20 @@ def _row_order_key(row: Any) -> tuple[tuple[bool, str], ...]:
     return tuple((value is None, repr(value)) for value in row)
 
 
-def assert_same_rows(actual: Any, expected: Any, *, ignore_nullable: bool = False) -> None:
-    """chispa's ``assert_df_equality(actual, expected, ignore_row_order=True)``: the same schema and the same
-    multiset of rows, compared and reported by chispa. The rows are put in one order in this process instead
-    of by a sort in Spark, so each side runs once: chispa's sort runs each DataFrame a second time for the
-    sort's range bounds, and for an exchange that is a second exchange."""
+def assert_same_rows(
+    actual: Any, expected: Any, *, ignore_nullable: bool = False, allow_nan_equality: bool = False
+) -> None:
+    """chispa's ``assert_df_equality(actual, expected, ignore_row_order=True, ...)``: the same schema and the
+    same multiset of rows, compared and reported by chispa. The rows are put in one order in this process
+    instead of by a sort in Spark, so each side runs once: chispa's sort runs each DataFrame a second time for
+    the sort's range bounds, and for an exchange that is a second exchange."""
     assert_schema_equality(actual.schema, expected.schema, ignore_nullable=ignore_nullable)
-    assert_basic_rows_equality(
-        sorted(actual.collect(), key=_row_order_key), sorted(expected.collect(), key=_row_order_key)
-    )
+    got = sorted(actual.collect(), key=_row_order_key)
+    want = sorted(expected.collect(), key=_row_order_key)
+    if allow_nan_equality:
+        assert_generic_rows_equality(got, want, are_rows_equal_enhanced, {"allow_nan_equality": True})
+    else:
+        assert_basic_rows_equality(got, want)
 
 
 @contextlib.contextmanager

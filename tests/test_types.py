@@ -6,7 +6,6 @@ import datetime
 import decimal
 
 import pytest
-from chispa import assert_df_equality
 from pyspark.sql import functions as F
 from spark_helpers import assert_same_rows, no_spark_jobs
 
@@ -116,7 +115,7 @@ def test_keyed_by_each_keyable_type_lands_where_with_channel_says(spark, mode):
         ex = scs.exchange(df, scs.key_by(column, null_keys="zero"), parallelism=3, mode=mode)
         expected = scs.with_channel(df, scs.key_by(column, null_keys="zero"), parallelism=3, column="subtask")
         got = ex.df.withColumn("subtask", F.spark_partition_id())
-        assert_df_equality(got, expected, ignore_row_order=True, ignore_nullable=True, allow_nan_equality=True)
+        assert_same_rows(got, expected, ignore_nullable=True, allow_nan_equality=True)
 
 
 def test_types_that_cannot_travel_or_be_keys_are_refused_before_launch(spark):
