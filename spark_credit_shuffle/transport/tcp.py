@@ -450,17 +450,17 @@ class TcpTransport:
 
     def _lingering(self) -> bool:
         """Whether the I/O thread serves another round after :meth:`close` asked for a lingering close (see
-        there): on the first call it stops accepting and closes every connection but the authenticated
-        accepted ones; then it half-closes those that wrote everything, until none is left open."""
+        there): it stops accepting, closes every connection but the authenticated accepted ones (also one
+        adopted since) and half-closes those that wrote everything, until none is left open."""
         until = self._linger_until
         if until is None or time.monotonic() >= until:
             return False
         if not self._linger_started:
             self._linger_started = True
             self._loop.stop_accepting()
-            for conn in list(self._connections.values()):
-                if conn.role != "server" or not conn.is_authenticated:
-                    self._discard(conn)
+        for conn in list(self._connections.values()):
+            if conn.role != "server" or not conn.is_authenticated:
+                self._discard(conn)
         open_connections = [c for c in self._connections.values() if not c.closed]
         for conn in open_connections:
             if not conn.write_shut and not conn.out and not conn.handler.has_data():
