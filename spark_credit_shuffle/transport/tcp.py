@@ -464,10 +464,7 @@ class TcpTransport:
         open_connections = [c for c in self._connections.values() if not c.closed]
         for conn in open_connections:
             if not conn.write_shut and not conn.out and not conn.handler.has_data():
-                with self.lock:
-                    conn.write_shut = True
-                    with contextlib.suppress(OSError):
-                        socket.socket.shutdown(conn.sock, socket.SHUT_WR)  # the TCP socket's, as in _maybe_half_close
+                self._shut_write(conn)
         return bool(open_connections)
 
     def _discard(self, conn: Connection) -> None:
@@ -670,17 +667,8 @@ class TcpTransport:
         with self.lock:
             if conn.closed:
                 return
-            conn.closed = True
             conn.error = exc
-            with contextlib.suppress(KeyError, ValueError, OSError):
-                self._selector.unregister(conn.sock)
-            self._interest.pop(conn.id, None)
-            self._connections.pop(conn.id, None)
-            self._unauthenticated.pop(conn.id, None)
-            self._dirty.discard(conn)
-            self._tls_readable.discard(conn)
-            with contextlib.suppress(OSError):
-                conn.sock.close()
+            self._discard(conn)
             conn.out.clear()
             conn.out_bytes = 0
             try:
@@ -730,11 +718,16 @@ class TcpTransport:
         handler = conn.handler
         with self.lock:  # no other thread writes while the sending side is shut
             if getattr(handler, "is_closed", False) and not handler.has_data() and not conn.out:
-                conn.write_shut = True
-                with contextlib.suppress(OSError):
-                    # the TCP socket's own shutdown: SSLSocket.shutdown would also drop its TLS state, and
-                    # the answer still has to be read through it
-                    socket.socket.shutdown(conn.sock, socket.SHUT_WR)
+                self._shut_write(conn)
+
+    def _shut_write(self, conn: Connection) -> None:
+        """Shut ``conn``'s sending side (a half-close: its peer reads the end, this side reads on)."""
+        with self.lock:  # no other thread writes while the sending side is shut
+            conn.write_shut = True
+            with contextlib.suppress(OSError):
+                # the TCP socket's own shutdown: SSLSocket.shutdown would also drop its TLS state, and what
+                # the peer still sends has to be read through it
+                socket.socket.shutdown(conn.sock, socket.SHUT_WR)
 
     def _update_interest(self, conn: Connection) -> None:
         interest = 0

@@ -51,6 +51,16 @@ class SingleView:
         return self.subpartition.create_read_view(listener)
 
 
+def serving_receiver_7() -> tuple[PipelinedSubpartition, PartitionRequestServerHandler]:
+    """A server connection on which receiver 7 requested subpartition 0 of a registered partition."""
+    subpartition = PipelinedSubpartition(0)
+    manager = ResultPartitionManager()
+    manager.register_partition(SinglePartition(subpartition))
+    handler = PartitionRequestServerHandler(manager)
+    handler.receive_message(PartitionRequest(7, 0, 2))
+    return subpartition, handler
+
+
 def drain(queue: PartitionRequestQueue) -> list:
     out = []
     while (message := queue.next_message()) is not None:
@@ -135,11 +145,7 @@ def test_announce_backlog():
 
 def test_notify_new_buffer_size():
     """NewBufferSize reaches the subpartition, whose ``add`` then returns the size the writer trims to."""
-    subpartition = PipelinedSubpartition(0)
-    manager = ResultPartitionManager()
-    manager.register_partition(SinglePartition(subpartition))
-    handler = PartitionRequestServerHandler(manager)
-    handler.receive_message(PartitionRequest(7, 0, 2))
+    subpartition, handler = serving_receiver_7()
     assert subpartition.add(filled_finished_consumer(128)) == DEFAULT_BUFFER_SIZE
     handler.receive_message(NewBufferSize(7, 65))
     assert subpartition.add(filled_finished_consumer(10)) == 65
@@ -357,11 +363,7 @@ def test_request_for_unregistered_partition_waits_then_fails():
 )
 def test_message_for_a_receiver_without_partition_request_is_a_protocol_error(message):
     # given a connection on which receiver 7 requested a partition
-    subpartition = PipelinedSubpartition(0)
-    manager = ResultPartitionManager()
-    manager.register_partition(SinglePartition(subpartition))
-    handler = PartitionRequestServerHandler(manager)
-    handler.receive_message(PartitionRequest(7, 0, 2))
+    _, handler = serving_receiver_7()
     # when a message names receiver 9, which never requested one (Flink's obtainReader fails)
     # then it is refused, naming the message and the receiver
     with pytest.raises(ProtocolError, match=rf"{type(message).__name__} for receiver 9"):
@@ -370,11 +372,7 @@ def test_message_for_a_receiver_without_partition_request_is_a_protocol_error(me
 
 def test_cancelled_receiver_gets_no_more_credit_and_new_buffer_size_for_an_unknown_one_is_ignored():
     # given receiver 7 that requested a partition and then cancelled it
-    subpartition = PipelinedSubpartition(0)
-    manager = ResultPartitionManager()
-    manager.register_partition(SinglePartition(subpartition))
-    handler = PartitionRequestServerHandler(manager)
-    handler.receive_message(PartitionRequest(7, 0, 2))
+    _, handler = serving_receiver_7()
     handler.receive_message(AddCredit(7, 1))  # known: accepted
     handler.receive_message(CancelPartitionRequest(7))
     # when a buffer size for an unknown receiver arrives, then it is ignored, as in Flink (a consumer announces
@@ -394,11 +392,7 @@ def test_cancelled_receiver_gets_no_more_credit_and_new_buffer_size_for_an_unkno
 def test_after_a_fatal_error_what_the_client_sent_before_reading_it_is_ignored(message):
     # given receiver 7 served on a connection whose producer failed: the fatal ErrorResponse is queued and
     # every reader released (Flink's PartitionRequestQueue sets fatalError)
-    subpartition = PipelinedSubpartition(0)
-    manager = ResultPartitionManager()
-    manager.register_partition(SinglePartition(subpartition))
-    handler = PartitionRequestServerHandler(manager)
-    handler.receive_message(PartitionRequest(7, 0, 2))
+    _, handler = serving_receiver_7()
     handler.queue.notify_fatal_error("the producer failed")
     # when the client's credit, resumption or acknowledgement, sent before the error reached it, arrives
     handler.receive_message(message)
