@@ -34,6 +34,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import resource
 import select
 import socket
@@ -172,6 +173,7 @@ def _lean_task(task: int, tasks: int, rows: int, port_base: int, results: Any) -
     queued: dict[int, deque[pa.Buffer | None]] = {peer: deque() for peer in outs}
     unsent: dict[int, bytes] = dict.fromkeys(outs, b"")
     received = {sock: bytearray() for sock in (*ins, *outs.values())}
+    open_socks = set(received)
     inputs = iter(data)
     input_done = False
     ends = 0
@@ -226,13 +228,14 @@ def _lean_task(task: int, tasks: int, rows: int, port_base: int, results: Any) -
                 send(peer)
         can_produce = not input_done and all(len(q) < CREDITS for q in queued.values())
         writable = [outs[p] for p in outs if unsent[p]]
-        readable, _, _ = select.select([*ins, *outs.values()], writable, [], 0.0 if can_produce else 10.0)
+        readable, _, _ = select.select(list(open_socks), writable, [], 0.0 if can_produce else 10.0)
         for sock in readable:
             try:
                 chunk = sock.recv(1 << 20)
             except BlockingIOError:
                 continue
-            if not chunk:
+            if not chunk:  # the peer ended (after its end of data and what it owed): nothing more to read
+                open_socks.discard(sock)
                 continue
             consumer = out_socks.get(sock)
             pending = received[sock]
@@ -258,9 +261,12 @@ def _lean_task(task: int, tasks: int, rows: int, port_base: int, results: Any) -
                 credits += 1
             del pending[:offset]
             if credits:
-                sock.setblocking(True)
-                sock.sendall(_HEADER.pack(credits, _CREDIT))
-                sock.setblocking(False)
+                try:
+                    sock.setblocking(True)
+                    sock.sendall(_HEADER.pack(credits, _CREDIT))
+                    sock.setblocking(False)
+                except (BrokenPipeError, ConnectionResetError):  # a producer that ended needs no more credit
+                    open_socks.discard(sock)
     core.flush_output()
     cpu = _cpu_s() - started
     for sock in (*outs.values(), *ins, server):
@@ -277,7 +283,10 @@ def _run_processes(target: Any, arguments: list[tuple[Any, ...]]) -> tuple[float
     for p in procs:
         p.start()
     try:
-        got = [results.get(timeout=300) for _ in procs]
+        try:
+            got = [results.get(timeout=300) for _ in procs]
+        except queue.Empty:
+            raise SystemExit(f"{target.__name__}: a process did not report within 300 s") from None
     finally:
         for p in procs:
             p.join(30)

@@ -408,6 +408,13 @@ class NetworkConfig:
         "producers, the slowest consumer, pool usage), from samples the tasks send to the driver; classic "
         "sessions only (on Spark Connect the executors cannot reach the client)",
     )  # fmt: skip
+    freeze_worker_heap: bool = _setting(
+        True, "none (a JVM's garbage collector does not walk a Python heap)", _parse_bool,
+        "an exchange's task makes the collection PySpark runs after each task of its reused Python worker walk "
+        "only what that task left, as the workers of spark_credit_shuffle_daemon do (each collection freezes its "
+        "survivors, every 64th walks everything): that collection took half an identity mapInArrow's Python CPU "
+        "and a fifth of a blocking exchange's (see the README); the worker's later tasks keep the saving",
+    )  # fmt: skip
     ssl: str = _setting(
         "auto", "security.ssl.internal.enabled", _parse_ssl,
         "pipelined mode: mutual TLS on every connection of the exchange (task to task and task to the driver's "

@@ -225,6 +225,13 @@ def test_address_exchange_setting():
         NetworkConfig(address_exchange="gossip")
 
 
+def test_freeze_worker_heap_setting():
+    assert NetworkConfig().freeze_worker_heap is True
+    assert NetworkConfig.from_conf({"spark.creditShuffle.freezeWorkerHeap": "false"}).freeze_worker_heap is False
+    with pytest.raises(ConfigError, match=r"freeze_worker_heap.*true or false"):
+        NetworkConfig(freeze_worker_heap="sometimes")
+
+
 def test_local_channels_setting():
     assert NetworkConfig().local_channels == "executor"
     assert NetworkConfig.from_conf({"spark.creditShuffle.localChannels": "Task"}).local_channels == "task"

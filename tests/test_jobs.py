@@ -245,6 +245,18 @@ def test_timeline_pictures_job_draws_the_live_and_the_after_run_timelines(spark,
     assert headline["live_timeline"]["draws"] >= 1
 
 
+def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(JOBS))  # it runs the pipelined path's own benchmark, as a script finds it
+    job = load_job("bench_path_floor")
+    # both paths fail the job if a row is lost or duplicated
+    assert job.main(["--rows", "60000", "--repeat", "1", "--parallelism", "2", "3"]) == 0
+    headline = last_json(capsys.readouterr().out)
+    for p in (2, 3):
+        assert headline[f"p{p}_lean_core_us"] > 0 and headline[f"p{p}_lean_path_us"] > 0
+        assert 0 < headline[f"p{p}_pipelined_core_us"] and headline[f"p{p}_pipelined_path_us"] > 0
+        assert headline[f"p{p}_pipelined_vs_lean_path_ratio"] > 0
+
+
 def test_pipelined_path_job_measures_every_thread_and_stage_of_an_exchange_between_processes(capsys):
     job = load_job("bench_pipelined_path")
     # 3 tasks in processes of their own; the job itself fails if a row is lost or duplicated

@@ -107,3 +107,22 @@ def test_workers_of_the_tests_session_import_the_installed_pyspark(spark):
     assert pyspark_file == pyspark.__file__ and total == sum(range(100))
     assert not [a for a in archives if "pyspark" in a], archives
     assert collector == "TaskEndCollector" and frozen > 0  # what the daemon imported is frozen before the fork
+
+
+def test_an_exchange_task_sets_up_the_task_end_collection_in_pyspark_s_own_daemon():
+    """A worker forked by PySpark's own daemon (``python -m pyspark.daemon``, whose loop calls its module's
+    ``gc.collect()`` after each task): the exchange's first task there puts the TaskEndCollector in its place,
+    once; a worker of any other origin is left alone."""
+    import pyspark.daemon as pyspark_daemon
+
+    from spark_credit_shuffle.runtime.resources import freeze_worker_heap
+
+    assert pyspark_daemon.gc is gc
+    try:
+        assert freeze_worker_heap(pyspark_daemon) is True
+        assert isinstance(pyspark_daemon.gc, daemon.TaskEndCollector)
+        assert freeze_worker_heap(pyspark_daemon) is False  # set up already: an earlier task, or that daemon
+    finally:
+        pyspark_daemon.gc = gc
+    assert freeze_worker_heap() is False  # this process's __main__ is not PySpark's daemon
+    assert freeze_worker_heap(daemon) is False

@@ -117,6 +117,7 @@ from .in_threads import _ThreadAllGather, run_in_threads
 from .metrics_report import IN_BAND, CollectedMetrics, MetricsReport, finish_plan, metrics_report
 from .nested_output import columnar_layout, nest, nested_spark_type, unnest
 from .placement import place_by, unused_name
+from .resources import freeze_worker_heap
 from .session import available_slots, barrier_refusal, dynamic_allocation, is_connect, spark_context
 from .task import PipelinedTask, TaskOptions
 
@@ -359,6 +360,8 @@ def run_barrier_task(
             fallback=ctx.allGather,
             tls=tls,
         )
+    if plan.config.freeze_worker_heap:
+        freeze_worker_heap()
     try:
         yield from task.run(batches, all_gather)
     except Exception as exc:

@@ -30,6 +30,7 @@ from ...errors import PartitionerError, in_subtask
 from ...metrics import PRODUCER
 from ..metrics_report import CollectedMetrics, MetricsReport, finish_plan, metrics_report
 from ..placement import place_by
+from ..resources import freeze_worker_heap
 from ..session import bound_arrow_batches
 from .consumer import consume_partition
 from .producer import produce_partition
@@ -67,11 +68,15 @@ def build(
     def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         producer = _partition_id()
         try:
+            if plan.config.freeze_worker_heap:
+                freeze_worker_heap()
             yield from produce_partition(batches, producer, plan)
         except PartitionerError as exc:
             raise in_subtask(exc, PRODUCER, producer) from None
 
     def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        if plan.config.freeze_worker_heap:
+            freeze_worker_heap()
         yield from consume_partition(batches, _partition_id(), plan, report=report)
 
     label = plan.name.replace("-", "_")
