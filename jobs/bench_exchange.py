@@ -33,6 +33,10 @@ latency marker every ``--marker-ms`` from every producer, printing throughput an
 (p50, p99 of the markers: the worst task's), drawn into ``--png`` (``buffer_timeout_sweep.png``), and the
 peak resident memory of a task at 1x (``--rows / 10``) and 10x (``--rows``) input, which must stay flat.
 
+Beside each case's time it prints the CPU the case used, the JVM's and the Python workers' (from ``/proc``, on
+Linux), and the headline ratios in CPU (``*_cpu_ratio``): on a shared machine one run's wall time moves by up
+to 2x, the CPU much less (docs/benchmarks.md, "The floor under the pipelined path").
+
 Then the same cases (no sweep) run again on two executors, Spark's ``local-cluster[2,2,2048]`` master in a
 subprocess (``--cluster-master``; ``--no-cluster`` skips it), so that the channels between executors go
 over TCP between processes of different executors; their headline figures come back prefixed ``cluster_``.
