@@ -48,6 +48,7 @@ import bench_pipelined_path as path  # the pipelined path's own benchmark (its r
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from bench_exchange import rotated
 
 #: Segment size and buffers in flight per channel: Flink's defaults (32 KiB; 2 exclusive + 8 floating).
 SEGMENT = 32 * 1024
@@ -337,22 +338,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     figures: dict[int, dict[str, list[float]]] = {}
     ports = iter(range(20000 + (os.getpid() % 500) * 40, 65000, 20))  # fresh ports each run: no TIME_WAIT
-
-    def next_ports() -> int:
-        return next(ports)
-
     for parallelism in args.parallelism:
         rows = args.rows // parallelism
         cases = {
             "lean core": lambda p=parallelism, r=rows: lean_core(p, r),
-            "lean path": lambda p=parallelism, r=rows: lean_path(p, r, next_ports()),
+            "lean path": lambda p=parallelism, r=rows: lean_path(p, r, next(ports)),
             "pipelined core": lambda p=parallelism, r=rows: pipelined_core(p, r),
             "pipelined path": lambda p=parallelism, r=rows: pipelined_path(p, r),
         }
-        names = list(cases)
-        got: dict[str, list[float]] = {name: [] for name in names}
+        got: dict[str, list[float]] = {name: [] for name in cases}
         for round_ in range(args.repeat):  # rotated, so that no case always runs first or last
-            for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            for name in rotated(list(cases), round_):
                 got[name].append(cases[name]())
         figures[parallelism] = got
     print()

@@ -52,20 +52,27 @@ def _cycle() -> weakref.ref:
     return weakref.ref(a)
 
 
+def _frozen(obj: object) -> bool:
+    """``obj`` is tracked by the collector but in none of its generations: in the permanent one (``gc.freeze``)."""
+    return gc.is_tracked(obj) and all(o is not obj for o in gc.get_objects())
+
+
 def test_the_collection_after_a_task_reclaims_its_cycles_and_every_nth_the_older_ones():
     collector = daemon.TaskEndCollector(full_every=3)
     gc.disable()  # only the collector's collections, as between a worker's tasks
     try:
+        survivor = _Node()  # alive at the first task's end and after
         collector.collect()
-        frozen = gc.get_freeze_count()
-        assert frozen > 0  # the survivors are out of the collector's generations
+        assert gc.get_freeze_count() > 0 and _frozen(survivor)  # the survivors are out of the generations
         older = _Node()  # alive at the next task's end: frozen with the survivors
         older.other = older
         collector.collect()  # the end of task 2
+        # the earlier survivors stay frozen and the new one joins them (counting the frozen objects would not
+        # say so: reference counting frees frozen objects as any others)
+        assert _frozen(survivor) and _frozen(older)
         older_ref = weakref.ref(older)
         del older  # now a cycle among frozen objects
         task_garbage = _cycle()  # garbage the next task leaves in a cycle
-        assert gc.get_freeze_count() >= frozen
         collector.collect()  # the third collection: unfreezes and walks everything
         assert task_garbage() is None and older_ref() is None
         older = _Node()
@@ -119,10 +126,12 @@ def test_an_exchange_task_sets_up_the_task_end_collection_in_pyspark_s_own_daemo
 
     assert pyspark_daemon.gc is gc
     try:
-        assert freeze_worker_heap(pyspark_daemon) is True
+        assert freeze_worker_heap(False, daemon=pyspark_daemon) is False  # freeze_worker_heap=False: left alone
+        assert pyspark_daemon.gc is gc
+        assert freeze_worker_heap(daemon=pyspark_daemon) is True
         assert isinstance(pyspark_daemon.gc, daemon.TaskEndCollector)
-        assert freeze_worker_heap(pyspark_daemon) is False  # set up already: an earlier task, or that daemon
+        assert freeze_worker_heap(daemon=pyspark_daemon) is False  # set up already: an earlier task, or that daemon
     finally:
         pyspark_daemon.gc = gc
     assert freeze_worker_heap() is False  # this process's __main__ is not PySpark's daemon
-    assert freeze_worker_heap(daemon) is False
+    assert freeze_worker_heap(daemon=daemon) is False

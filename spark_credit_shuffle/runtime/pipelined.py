@@ -360,8 +360,7 @@ def run_barrier_task(
             fallback=ctx.allGather,
             tls=tls,
         )
-    if plan.config.freeze_worker_heap:
-        freeze_worker_heap()
+    freeze_worker_heap(plan.config.freeze_worker_heap)
     try:
         yield from task.run(batches, all_gather)
     except Exception as exc:

@@ -39,7 +39,7 @@ def thread_cpu_seconds(thread: threading.Thread | None) -> float | None:
         return None
 
 
-def freeze_worker_heap(daemon: ModuleType | None = None) -> bool:
+def freeze_worker_heap(enabled: bool = True, daemon: ModuleType | None = None) -> bool:
     """Make the collection PySpark's daemon runs after each task of a reused Python worker walk only what that task
     left, as the workers of ``spark_credit_shuffle_daemon`` do (README, "Faster Python workers"): each collection
     freezes the objects that survive it (``gc.freeze``), every 64th walks everything again, so a reference cycle
@@ -50,7 +50,10 @@ def freeze_worker_heap(daemon: ModuleType | None = None) -> bool:
     task walks all of them: half the Python workers' CPU of an identity ``mapInArrow`` of 4 M rows on
     ``local[4]``, a fifth of a blocking exchange's (docs/benchmarks.md, "Garbage collection in the Python
     workers"). The worker's later tasks, of any kind, keep the saving. ``daemon``: the module whose loop runs
-    the worker, by default this process's ``__main__`` (PySpark's daemon runs as ``python -m pyspark.daemon``)."""
+    the worker, by default this process's ``__main__`` (PySpark's daemon runs as ``python -m pyspark.daemon``).
+    ``enabled``: the exchange's ``freeze_worker_heap`` setting (False: nothing happens)."""
+    if not enabled:
+        return False
     module = daemon if daemon is not None else sys.modules.get("__main__")
     spec = getattr(module, "__spec__", None)
     if module is None or getattr(spec, "name", None) != "pyspark.daemon" or getattr(module, "gc", None) is not gc:

@@ -68,15 +68,13 @@ def build(
     def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         producer = _partition_id()
         try:
-            if plan.config.freeze_worker_heap:
-                freeze_worker_heap()
+            freeze_worker_heap(plan.config.freeze_worker_heap)
             yield from produce_partition(batches, producer, plan)
         except PartitionerError as exc:
             raise in_subtask(exc, PRODUCER, producer) from None
 
     def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        if plan.config.freeze_worker_heap:
-            freeze_worker_heap()
+        freeze_worker_heap(plan.config.freeze_worker_heap)
         yield from consume_partition(batches, _partition_id(), plan, report=report)
 
     label = plan.name.replace("-", "_")
