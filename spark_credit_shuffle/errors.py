@@ -248,15 +248,33 @@ def task_error(exc: BaseException) -> CreditShuffleError | None:
     return error_in_text(str(exc))
 
 
+#: What Python prints between an exception and the one raised from it or while handling it: the first is a cause.
+_CHAINED = (
+    "The above exception was the direct cause of the following exception",
+    "During handling of the above exception, another exception occurred",
+)
+
+
 def error_in_text(text: str) -> CreditShuffleError | None:
     """The first of this package's errors that ``text`` names as a traceback prints one
-    (``spark_credit_shuffle.errors.NullKeyError: message``), rebuilt; None if it names none."""
-    for match in _RAISED.finditer(text):
+    (``spark_credit_shuffle.errors.NullKeyError: message``), rebuilt; None if it names none.
+
+    A chained traceback prints the causes before the exception raised (a consumer raises its producer's failure
+    ``from`` its own channel error): an error followed by Python's chaining words is passed over for the one
+    raised, and taken only if no error of this package follows it."""
+    matches = list(_RAISED.finditer(text))
+    causes: list[CreditShuffleError] = []
+    for i, match in enumerate(matches):
         message = _SQL_STATE.sub("", match.group(3).strip())
         error = rebuild(f"{match.group(1)}.{match.group(2)}", message)
-        if error is not None:
-            return error
-    return None
+        if error is None:
+            continue
+        after = text[match.end() : matches[i + 1].start() if i + 1 < len(matches) else len(text)]
+        if any(words in after for words in _CHAINED):
+            causes.append(error)
+            continue
+        return error
+    return causes[0] if causes else None
 
 
 @contextlib.contextmanager

@@ -651,6 +651,28 @@ def test_a_stalled_consumer_fails_the_stage_with_a_named_timeout(spark):
     assert "consumer subtask 1" in str(err.value)
 
 
+def test_a_consumer_s_chained_failure_names_its_producer_s_typed_error():
+    """When the consumer's task, not the producer's, fails the stage first, Spark's message holds the consumer's
+    chained traceback: its channel error (the cause, printed first) and the producer's failure it raised."""
+    cause = (
+        "spark_credit_shuffle.protocol.channels.InputChannelError: producer subtask 1 at 127.0.0.1:36931: remote "
+        "error: spark_credit_shuffle.errors.ExchangeTimeoutError: producer subtask 1 waited 1500 ms for a network "
+        "buffer"
+    )
+    raised = "spark_credit_shuffle.errors.ExchangeTimeoutError: producer subtask 1 waited 1500 ms for a network buffer"
+    chained = (
+        'Traceback (most recent call last):\n  File "task.py", line 583, in _next_burst\n'
+        f"{cause}\n\nThe above exception was the direct cause of the following exception:\n\n"
+        'Traceback (most recent call last):\n  File "task.py", line 254, in run\n    raise remote from exc\n'
+        f"{raised}\n SQLSTATE: 38000\n\tat org.apache.spark.api.python.BasePythonRunner"
+    )
+    error = scs.task_error(RuntimeError(chained))
+    assert type(error) is ExchangeTimeoutError and str(error).startswith("producer subtask 1 waited 1500 ms")
+    # a cause with nothing of this package raised after it is still the typed error
+    alone = chained.replace(raised, "ValueError: the user's code")
+    assert type(scs.task_error(RuntimeError(alone))).__name__ == "InputChannelError"
+
+
 @pytest.mark.spark
 def test_a_rogue_connection_during_a_spark_exchange_changes_nothing(spark, tmp_path):
     df = spark_rows(spark, 6000, 3)
