@@ -31,6 +31,7 @@ every row arrived once. The last line printed is one JSON object with the headli
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -40,14 +41,17 @@ import select
 import socket
 import statistics
 import struct
+import sys
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import bench_pipelined_path as path  # the pipelined path's own benchmark (its runs, its input): jobs/ is on the path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from bench_exchange import TARGET_STREAMING_VS_MAP as TARGET_STREAMING
 from bench_exchange import rotated
 
 #: Segment size and buffers in flight per channel: Flink's defaults (32 KiB; 2 exclusive + 8 floating).
@@ -55,8 +59,8 @@ SEGMENT = 32 * 1024
 CREDITS = 10
 #: Rows per output batch, as the exchange's OutputBatcher.
 OUTPUT_ROWS = 8192
-#: Frame header: payload bytes, kind.
-_HEADER = struct.Struct("<II")
+#: Frame header: payload bytes, kind (a format: a ``struct.Struct`` does not pickle into a Spark task).
+_HEADER_FORMAT = "<II"
 _DATA, _CREDIT, _END = 0, 1, 2
 
 
@@ -67,6 +71,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--parallelism", type=int, nargs="+", default=[2, 4], help="task counts to measure (default 2 4)"
     )
+    parser.add_argument(
+        "--spark",
+        action="store_true",
+        help="also run both paths in Spark barrier stages on local[P] (P the largest --parallelism), beside "
+        "mapInArrow alone and repartition + mapInArrow",
+    )
+    parser.add_argument("--only-spark", action="store_true", help="the Spark part only")
     return parser.parse_args(argv)
 
 
@@ -76,20 +87,21 @@ def _cpu_s() -> float:
 
 
 class LeanCore:
-    """Routing, cutting, serialising and decoding of one task's rows: the work any design must do."""
+    """Routing, cutting, serialising and decoding of one task's rows: the work any design must do.
 
-    def __init__(self, task: int, tasks: int, sample: pa.RecordBatch) -> None:
-        plan = path.make_plan(tasks)
+    ``selector`` is the task's channel selector (the exchange's own), ``sample`` an input batch (its schema
+    and bytes per row size the messages)."""
+
+    def __init__(self, selector: Any, tasks: int, sample: pa.RecordBatch) -> None:
         self.tasks = tasks
-        self.selector = plan.partitioner.selector(task, tasks, tasks, plan.max_parallelism)
+        self.selector = selector
+        self.schema = sample.schema
         one = sample.slice(0, 1).serialize().size
         rows = min(sample.num_rows, 1001)
         per_row = (sample.slice(0, rows).serialize().size - one) / max(1, rows - 1)
         self.rows_per_buffer = max(1, int((SEGMENT - one) / per_row * 0.98))  # 2% for longer rows
         self.output: list[pa.RecordBatch] = []
         self.output_rows = 0
-        self.rows_in = 0
-        self.sum_in = 0
 
     def cut(self, batch: pa.RecordBatch) -> list[tuple[int, pa.Buffer]]:
         """(channel, IPC message of at most a segment) for every buffer of ``batch``, by channel."""
@@ -109,170 +121,227 @@ class LeanCore:
             lo += count
         return out
 
-    def decode(self, message: pa.Buffer) -> None:
-        batch = pa.ipc.read_record_batch(message, path.SCHEMA)
+    def decode(self, message: pa.Buffer) -> pa.RecordBatch | None:
+        """Decode and validate one message; an output batch once :data:`OUTPUT_ROWS` rows are there."""
+        batch = pa.ipc.read_record_batch(message, self.schema)
         batch.validate(full=True)
         self.output.append(batch)
         self.output_rows += batch.num_rows
-        if self.output_rows >= OUTPUT_ROWS:
-            self.flush_output()
+        return self.flush_output() if self.output_rows >= OUTPUT_ROWS else None
 
-    def flush_output(self) -> None:
-        if self.output:
-            out = pa.Table.from_batches(self.output).combine_chunks()
-            self.rows_in += out.num_rows
-            self.sum_in += pc.sum(out.column(0)).as_py() or 0
-            self.output, self.output_rows = [], 0
+    def flush_output(self) -> pa.RecordBatch | None:
+        """The rows decoded since the last output batch, as one batch (None if there are none)."""
+        if not self.output:
+            return None
+        out = pa.Table.from_batches(self.output).combine_chunks().to_batches()[0]
+        self.output, self.output_rows = [], 0
+        return out
+
+
+class LeanTask:
+    """One task of the lean path: produces and consumes in one thread over non-blocking sockets.
+
+    Task ``task`` of ``tasks`` listens on ``port_base + task`` of ``host`` and connects to every other task's
+    port; :meth:`run` takes the task's input batches and yields its output batches."""
+
+    def __init__(self, task: int, tasks: int, selector: Any, port_base: int, host: str = "127.0.0.1") -> None:
+        self.task, self.tasks, self.selector = task, tasks, selector
+        self.port_base, self.host = port_base, host
+        #: Data buffers this task sent or decoded in place.
+        self.buffers = 0
+
+    def _connect(self) -> tuple[socket.socket, dict[int, socket.socket], list[socket.socket]]:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((self.host, self.port_base + self.task))
+        server.listen(self.tasks)
+        outs: dict[int, socket.socket] = {}
+        for peer in range(self.tasks):
+            if peer == self.task:
+                continue
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    outs[peer] = socket.create_connection((self.host, self.port_base + peer))
+                    break
+                except ConnectionRefusedError:
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"lean task {self.task}: task {peer} did not listen within 30 s") from None
+                    time.sleep(0.01)
+        server.settimeout(30)
+        ins = [server.accept()[0] for _ in range(self.tasks - 1)]
+        for sock in (*outs.values(), *ins):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+        return server, outs, ins
+
+    def run(self, inputs: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The task's output batches, while its input batches go out to their channels."""
+        inputs = iter(inputs)
+        first = next(inputs, None)
+        if first is None:
+            raise SystemExit(f"lean task {self.task}: no input (every task of this benchmark has rows)")
+        core = LeanCore(self.selector, self.tasks, first)
+        header = struct.Struct(_HEADER_FORMAT)
+        tasks, task = self.tasks, self.task
+        server, outs, ins = self._connect()
+        out_socks = {sock: peer for peer, sock in outs.items()}
+        credit = dict.fromkeys(outs, CREDITS)
+        queued: dict[int, deque[pa.Buffer | None]] = {peer: deque() for peer in outs}
+        unsent: dict[int, bytes] = dict.fromkeys(outs, b"")
+        received = {sock: bytearray() for sock in (*ins, *outs.values())}
+        open_socks = set(received)
+        inputs = itertools.chain([first], inputs)
+        input_done = False
+        ends = 0
+        ready: list[pa.RecordBatch] = []
+
+        def decode(message: pa.Buffer) -> None:
+            out = core.decode(message)
+            if out is not None:
+                ready.append(out)
+
+        def send(peer: int) -> None:
+            sock, queue = outs[peer], queued[peer]
+            if unsent[peer]:
+                try:
+                    sent = sock.send(unsent[peer])
+                except BlockingIOError:
+                    return
+                unsent[peer] = unsent[peer][sent:]
+                if unsent[peer]:
+                    return
+            while queue and (credit[peer] > 0 or queue[0] is None):
+                message = queue.popleft()
+                if message is None:
+                    frame: list[Any] = [header.pack(0, _END)]
+                else:
+                    frame = [header.pack(message.size, _DATA), message]
+                    credit[peer] -= 1
+                    self.buffers += 1
+                try:
+                    sent = sock.sendmsg(frame)
+                except BlockingIOError:
+                    sent = 0
+                total = sum(len(memoryview(part)) for part in frame)
+                if sent < total:
+                    unsent[peer] = b"".join(bytes(memoryview(part)) for part in frame)[sent:]
+                    return
+
+        try:
+            while ends < tasks - 1 or not input_done or any(queued.values()) or any(unsent.values()):
+                can_produce = not input_done and all(len(q) < CREDITS for q in queued.values())
+                if can_produce:
+                    batch = next(inputs, None)
+                    if batch is None:
+                        input_done = True
+                        for queue in queued.values():
+                            queue.append(None)
+                    else:
+                        for channel, message in core.cut(batch):
+                            if channel == task:
+                                decode(message)
+                                self.buffers += 1
+                            else:
+                                queued[channel].append(message)
+                for peer in outs:
+                    if queued[peer] or unsent[peer]:
+                        send(peer)
+                can_produce = not input_done and all(len(q) < CREDITS for q in queued.values())
+                writable = [outs[p] for p in outs if unsent[p]]
+                readable, _, _ = select.select(list(open_socks), writable, [], 0.0 if can_produce else 10.0)
+                for sock in readable:
+                    try:
+                        chunk = sock.recv(1 << 20)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:  # the peer ended (after its end of data and what it owed): nothing more to read
+                        open_socks.discard(sock)
+                        continue
+                    consumer = out_socks.get(sock)
+                    pending = received[sock]
+                    pending += chunk
+                    if consumer is not None:  # credit from a consumer
+                        whole = len(pending) - len(pending) % header.size
+                        for offset in range(0, whole, header.size):
+                            credit[consumer] += header.unpack_from(pending, offset)[0]
+                        del pending[:whole]
+                        continue
+                    offset, credits = 0, 0
+                    while len(pending) - offset >= header.size:
+                        size, kind = header.unpack_from(pending, offset)
+                        if kind == _END:
+                            ends += 1
+                            offset += header.size
+                            continue
+                        if len(pending) - offset - header.size < size:
+                            break
+                        start = offset + header.size
+                        decode(pa.py_buffer(bytes(pending[start : start + size])))
+                        offset = start + size
+                        credits += 1
+                    del pending[:offset]
+                    if credits:
+                        try:
+                            sock.setblocking(True)
+                            sock.sendall(header.pack(credits, _CREDIT))
+                            sock.setblocking(False)
+                        except (BrokenPipeError, ConnectionResetError):  # a producer that ended needs no credit
+                            open_socks.discard(sock)
+                if ready:
+                    yield from ready
+                    ready.clear()
+            last = core.flush_output()
+            if last is not None:
+                yield last
+        finally:
+            for sock in (*outs.values(), *ins, server):
+                sock.close()
+
+
+def _tally(batch: pa.RecordBatch) -> tuple[int, int]:
+    """Rows of ``batch`` and the sum of its ``a``: what the checks compare."""
+    return batch.num_rows, pc.sum(batch.column(0)).as_py() or 0
+
+
+def _selector(task: int, tasks: int, plan: Any) -> Any:
+    return plan.partitioner.selector(task, tasks, tasks, plan.max_parallelism)
 
 
 def _lean_cores(tasks: int, rows: int, results: Any) -> None:
     """Every task's rows through the lean core, one task after the other, in this process."""
+    plan = path.make_plan(tasks)
     cpu = 0.0
     buffers = rows_in = sum_in = 0
     for task in range(tasks):
         data = path.make_input(task, rows)
-        core = LeanCore(task, tasks, data[0])
+        core = LeanCore(_selector(task, tasks, plan), tasks, data[0])
+        outputs = []
         started = _cpu_s()
         for batch in data:
             for _, message in core.cut(batch):
-                core.decode(message)
+                outputs.append(core.decode(message))
                 buffers += 1
-        core.flush_output()
+        outputs.append(core.flush_output())
         cpu += _cpu_s() - started
-        rows_in += core.rows_in
-        sum_in += core.sum_in
+        for out in outputs:
+            if out is not None:
+                n, s = _tally(out)
+                rows_in, sum_in = rows_in + n, sum_in + s
     results.put((cpu, buffers, rows_in, sum_in))
 
 
 def _lean_task(task: int, tasks: int, rows: int, port_base: int, results: Any) -> None:
-    """One task of the lean path: produce and consume in one thread over non-blocking sockets."""
+    """One task of the lean path in this process; reports its CPU, buffers, rows and sum."""
     data = path.make_input(task, rows)
-    core = LeanCore(task, tasks, data[0])
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", port_base + task))
-    server.listen(tasks)
-    outs: dict[int, socket.socket] = {}
-    for peer in range(tasks):
-        if peer == task:
-            continue
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                outs[peer] = socket.create_connection(("127.0.0.1", port_base + peer))
-                break
-            except ConnectionRefusedError:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"lean task {task}: task {peer} did not listen within 30 s") from None
-                time.sleep(0.02)
-    ins = [server.accept()[0] for _ in range(tasks - 1)]
-    for sock in (*outs.values(), *ins):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setblocking(False)
-    out_socks = {sock: peer for peer, sock in outs.items()}
-    credit = dict.fromkeys(outs, CREDITS)
-    queued: dict[int, deque[pa.Buffer | None]] = {peer: deque() for peer in outs}
-    unsent: dict[int, bytes] = dict.fromkeys(outs, b"")
-    received = {sock: bytearray() for sock in (*ins, *outs.values())}
-    open_socks = set(received)
-    inputs = iter(data)
-    input_done = False
-    ends = 0
-    buffers = 0
+    lean = LeanTask(task, tasks, _selector(task, tasks, path.make_plan(tasks)), port_base)
+    rows_in = sum_in = 0
     started = _cpu_s()
-
-    def send(peer: int) -> None:
-        nonlocal buffers
-        sock, queue = outs[peer], queued[peer]
-        if unsent[peer]:
-            try:
-                sent = sock.send(unsent[peer])
-            except BlockingIOError:
-                return
-            unsent[peer] = unsent[peer][sent:]
-            if unsent[peer]:
-                return
-        while queue and (credit[peer] > 0 or queue[0] is None):
-            message = queue.popleft()
-            if message is None:
-                frame: list[Any] = [_HEADER.pack(0, _END)]
-            else:
-                frame = [_HEADER.pack(message.size, _DATA), message]
-                credit[peer] -= 1
-                buffers += 1
-            try:
-                sent = sock.sendmsg(frame)
-            except BlockingIOError:
-                sent = 0
-            total = sum(len(memoryview(part)) for part in frame)
-            if sent < total:
-                unsent[peer] = b"".join(bytes(memoryview(part)) for part in frame)[sent:]
-                return
-
-    while ends < tasks - 1 or not input_done or any(queued.values()) or any(unsent.values()):
-        can_produce = not input_done and all(len(q) < CREDITS for q in queued.values())
-        if can_produce:
-            batch = next(inputs, None)
-            if batch is None:
-                input_done = True
-                for queue in queued.values():
-                    queue.append(None)
-            else:
-                for channel, message in core.cut(batch):
-                    if channel == task:
-                        core.decode(message)
-                        buffers += 1
-                    else:
-                        queued[channel].append(message)
-        for peer in outs:
-            if queued[peer] or unsent[peer]:
-                send(peer)
-        can_produce = not input_done and all(len(q) < CREDITS for q in queued.values())
-        writable = [outs[p] for p in outs if unsent[p]]
-        readable, _, _ = select.select(list(open_socks), writable, [], 0.0 if can_produce else 10.0)
-        for sock in readable:
-            try:
-                chunk = sock.recv(1 << 20)
-            except BlockingIOError:
-                continue
-            if not chunk:  # the peer ended (after its end of data and what it owed): nothing more to read
-                open_socks.discard(sock)
-                continue
-            consumer = out_socks.get(sock)
-            pending = received[sock]
-            pending += chunk
-            if consumer is not None:  # credit from a consumer
-                whole = len(pending) - len(pending) % _HEADER.size
-                for offset in range(0, whole, _HEADER.size):
-                    credit[consumer] += _HEADER.unpack_from(pending, offset)[0]
-                del pending[:whole]
-                continue
-            offset, credits = 0, 0
-            while len(pending) - offset >= _HEADER.size:
-                size, kind = _HEADER.unpack_from(pending, offset)
-                if kind == _END:
-                    ends += 1
-                    offset += _HEADER.size
-                    continue
-                if len(pending) - offset - _HEADER.size < size:
-                    break
-                start = offset + _HEADER.size
-                core.decode(pa.py_buffer(bytes(pending[start : start + size])))
-                offset = start + size
-                credits += 1
-            del pending[:offset]
-            if credits:
-                try:
-                    sock.setblocking(True)
-                    sock.sendall(_HEADER.pack(credits, _CREDIT))
-                    sock.setblocking(False)
-                except (BrokenPipeError, ConnectionResetError):  # a producer that ended needs no more credit
-                    open_socks.discard(sock)
-    core.flush_output()
+    for out in lean.run(iter(data)):
+        n, s = _tally(out)
+        rows_in, sum_in = rows_in + n, sum_in + s
     cpu = _cpu_s() - started
-    for sock in (*outs.values(), *ins, server):
-        sock.close()
-    results.put((cpu, buffers, core.rows_in, core.sum_in))
+    results.put((cpu, lean.buffers, rows_in, sum_in))
 
 
 def _run_processes(target: Any, arguments: list[tuple[Any, ...]]) -> tuple[float, int, int, int]:
@@ -330,6 +399,149 @@ def pipelined_core(tasks: int, rows: int) -> float:
     return cpu / buffers * 1e6
 
 
+# -- the same paths inside Spark -----------------------------------------------------------------------------------
+
+#: The cases of the Spark part, in the order printed.
+SPARK_CASES = (
+    "mapInArrow",
+    "repartition + mapInArrow",
+    "lean, streaming",
+    "lean, retryable",
+    "pipelined, streaming",
+    "pipelined, retryable",
+)
+
+
+def _barrier_lean(plan: Any, tasks: int, port_base: int, nested: tuple[str, str, bool] | None) -> Any:
+    """The function of a barrier ``mapInArrow`` whose task *i* is lean task *i*; with ``nested`` (tag, rows
+    column, columnar) its output batches leave as the retryable exchange's nested rows."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import BarrierTaskContext
+
+        from spark_credit_shuffle.runtime.nested_output import nest
+
+        task = BarrierTaskContext.get().partitionId()
+        out = LeanTask(task, tasks, _selector(task, tasks, plan), port_base).run(batches)
+        if nested is not None:
+            out = nest(out, task, *nested)
+        yield from out
+
+    return run
+
+
+def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[int]) -> dict[str, Any]:
+    """The lean path and the pipelined exchange in Spark barrier stages of ``tasks`` tasks, beside an identity
+    ``mapInArrow`` alone and ``repartition`` + identity ``mapInArrow``; both forms of each path (streaming
+    into the sink, and retryable: its output placed by the exchange's nested rows and identity shuffle).
+    Returns each case's seconds and CPU (JVM, Python workers) per run, medians of ``repeat`` rotated rounds,
+    and the targets' ratios. Every case of a path first checks that each row arrives once."""
+    import bench_exchange as be
+    from pyspark import cloudpickle
+
+    import spark_credit_shuffle as scs
+    from spark_credit_shuffle.runtime import pipelined
+    from spark_credit_shuffle.runtime.nested_output import columnar_layout, nested_spark_type, unnest
+    from spark_credit_shuffle.runtime.placement import place_by
+
+    module = sys.modules.get(__name__)
+    if module is not None and __name__ != "__main__":  # imported by name: the workers get the lean code by value
+        cloudpickle.register_pickle_by_value(module)
+    df = be.make_data(spark, rows, tasks)
+    plan = path.make_plan(tasks)
+    ansi = str(spark.conf.get("spark.sql.ansi.enabled", "true")).strip().lower() == "true"
+    columnar = columnar_layout(df.schema, ansi)
+    tag, rows_column = "lean_tag", "lean_rows"
+
+    def identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from batches
+
+    def lean(retryable: bool) -> Any:
+        port_base = next(ports)
+        if not retryable:
+            return df.mapInArrow(_barrier_lean(plan, tasks, port_base, None), df.schema, barrier=True)
+        nested = nested_spark_type(df.schema, tag, rows_column, columnar)
+        placed = df.mapInArrow(
+            _barrier_lean(plan, tasks, port_base, (tag, rows_column, columnar)), nested, barrier=True
+        )
+        return unnest(place_by(placed, tasks, tag), rows_column, df.schema, columnar)
+
+    def pipelined_form(retryable: bool) -> Any:
+        ex = scs.exchange(df, scs.key_by("a"), tasks, mode="pipelined")
+        return pipelined.build(ex.plan, df, retryable=retryable)[0]
+
+    forms = {
+        "lean, streaming": lambda: lean(False),
+        "lean, retryable": lambda: lean(True),
+        "pipelined, streaming": lambda: pipelined_form(False),
+        "pipelined, retryable": lambda: pipelined_form(True),
+    }
+    expected = (rows, rows * (rows - 1) // 2)
+    for name, form in forms.items():  # each row once, then the warm-up of every case
+        got = tuple(form().selectExpr("count(*)", "sum(a)").first())
+        if got != expected:
+            raise SystemExit(f"{name}: {got[0]} rows (sum of a {got[1]}) arrived, expected {expected[0]}")
+    cases = {
+        "mapInArrow": lambda: be.noop(df.mapInArrow(identity, df.schema)),
+        "repartition + mapInArrow": lambda: be.noop(df.repartition(tasks, "a").mapInArrow(identity, df.schema)),
+        **{name: (lambda form=form: be.noop(form())) for name, form in forms.items()},
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
+    try:
+        for action in cases.values():
+            action()
+        for round_ in range(repeat):
+            for name in rotated(list(cases), round_):
+                before = be.process_tree_cpu()
+                started = time.perf_counter()
+                cases[name]()
+                seconds[name].append(time.perf_counter() - started)
+                after = be.process_tree_cpu()
+                if before is not None and after is not None:
+                    cpu[name].append({kind: after[kind] - before[kind] for kind in after})
+    finally:
+        df.unpersist()
+    out: dict[str, Any] = {"seconds": {}, "cpu_jvm_s": {}, "cpu_python_s": {}, "runs": seconds}
+    for name in cases:
+        out["seconds"][name] = statistics.median(seconds[name])
+        if cpu[name]:
+            out["cpu_jvm_s"][name] = statistics.median(c["jvm"] for c in cpu[name])
+            out["cpu_python_s"][name] = statistics.median(c["python"] for c in cpu[name])
+    s = out["seconds"]
+    out["ratios"] = {
+        f"{form}_streaming_vs_mapinarrow_throughput": s["mapInArrow"] / s[f"{form}, streaming"]
+        for form in ("lean", "pipelined")
+    } | {
+        f"{form}_retryable_vs_reference_throughput": s["repartition + mapInArrow"] / s[f"{form}, retryable"]
+        for form in ("lean", "pipelined")
+    }
+    return out
+
+
+def print_spark_floor(figures: dict[str, Any], headline: dict[str, Any]) -> None:
+    """The Spark part's table and ratios; its headline figures go into ``headline``."""
+    print(f"\nin Spark{'':<24} {'median s':>9} {'JVM CPU s':>10} {'Python CPU s':>13}   runs")
+    for name in SPARK_CASES:
+        jvm = figures["cpu_jvm_s"].get(name, float("nan"))
+        python = figures["cpu_python_s"].get(name, float("nan"))
+        runs = ", ".join(f"{v:.2f}" for v in figures["runs"][name])
+        print(f"  {name:<30} {figures['seconds'][name]:9.2f} {jvm:10.2f} {python:13.2f}   {runs}")
+        key = name.replace(" + ", "_plus_").replace(", ", "_").replace(" ", "_")
+        headline[f"spark_seconds_{key}"] = round(figures["seconds"][name], 3)
+        if name in figures["cpu_python_s"]:
+            headline[f"spark_cpu_python_s_{key}"] = round(figures["cpu_python_s"][name], 3)
+            headline[f"spark_cpu_jvm_s_{key}"] = round(figures["cpu_jvm_s"][name], 3)
+    ratios = figures["ratios"]
+    for form in ("lean", "pipelined"):
+        print(
+            f"  {form}: streaming {ratios[f'{form}_streaming_vs_mapinarrow_throughput']:.2f}x the throughput of "
+            f"mapInArrow alone (target >= {TARGET_STREAMING:.2f}x), retryable "
+            f"{ratios[f'{form}_retryable_vs_reference_throughput']:.2f}x repartition + mapInArrow (target >= 1.0x)"
+        )
+    headline.update({f"spark_{k}_ratio": round(v, 3) for k, v in ratios.items()})
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(
@@ -338,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     figures: dict[int, dict[str, list[float]]] = {}
     ports = iter(range(20000 + (os.getpid() % 500) * 40, 65000, 20))  # fresh ports each run: no TIME_WAIT
-    for parallelism in args.parallelism:
+    for parallelism in [] if args.only_spark else args.parallelism:
         rows = args.rows // parallelism
         cases = {
             "lean core": lambda p=parallelism, r=rows: lean_core(p, r),
@@ -351,8 +563,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in rotated(list(cases), round_):
                 got[name].append(cases[name]())
         figures[parallelism] = got
-    print()
-    print("  P   lean core   lean path   beyond   pipelined core   pipelined path   beyond   path / lean path")
+    if figures:
+        print()
+        print("  P   lean core   lean path   beyond   pipelined core   pipelined path   beyond   path / lean path")
     headline: dict[str, Any] = {"rows": args.rows, "credits_per_channel": CREDITS, "unit": "us of CPU per buffer"}
     for parallelism, got in figures.items():
         med = {name: statistics.median(values) for name, values in got.items()}
@@ -371,6 +584,13 @@ def main(argv: list[str] | None = None) -> int:
         headline[f"p{parallelism}_pipelined_path_us"] = round(med["pipelined path"], 1)
         headline[f"p{parallelism}_pipelined_beyond_core_us"] = round(beyond, 1)
         headline[f"p{parallelism}_pipelined_vs_lean_path_ratio"] = round(ratio, 2)
+    if args.spark or args.only_spark:
+        import bench_exchange as be
+
+        tasks = max(args.parallelism)
+        spark = be.session(be.parse_args(["--parallelism", str(tasks)]))
+        print(f"\n{args.rows:,} rows on {tasks} tasks in Spark ({spark.sparkContext.master}), medians of {args.repeat}")
+        print_spark_floor(spark_floor(spark, args.rows, tasks, args.repeat, ports), headline)
     print(json.dumps(headline, sort_keys=True))
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -255,6 +256,32 @@ def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(ca
         assert headline[f"p{p}_lean_core_us"] > 0 and headline[f"p{p}_lean_path_us"] > 0
         assert headline[f"p{p}_pipelined_core_us"] > 0 and headline[f"p{p}_pipelined_path_us"] > 0
         assert headline[f"p{p}_pipelined_vs_lean_path_ratio"] > 0
+
+
+@pytest.mark.spark
+def test_path_floor_job_runs_the_lean_and_the_pipelined_path_in_spark_barrier_stages(spark, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(JOBS))
+    job = load_job("bench_path_floor")
+    with socket.socket() as probe:  # a free port; the lean tasks listen on it and the next
+        probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1]
+    cached = spark.sparkContext._jsc.getPersistentRDDs().size()
+    # every form of both paths first checks that each row arrived once (the job fails otherwise)
+    figures = job.spark_floor(spark, 30_000, 2, 1, iter(range(base, base + 1000, 10)))
+    headline: dict = {}
+    job.print_spark_floor(figures, headline)
+    out = capsys.readouterr().out
+    for case in job.SPARK_CASES:
+        assert figures["seconds"][case] > 0 and case in out
+    assert set(figures["ratios"]) == {
+        "lean_streaming_vs_mapinarrow_throughput",
+        "lean_retryable_vs_reference_throughput",
+        "pipelined_streaming_vs_mapinarrow_throughput",
+        "pipelined_retryable_vs_reference_throughput",
+    }
+    assert headline["spark_lean_streaming_vs_mapinarrow_throughput_ratio"] > 0
+    assert headline["spark_cpu_python_s_lean_streaming"] >= 0
+    assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached  # its data is not left cached
 
 
 def test_pipelined_path_job_measures_every_thread_and_stage_of_an_exchange_between_processes(capsys):
