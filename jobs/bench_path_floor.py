@@ -57,6 +57,8 @@ from bench_exchange import rotated
 #: Segment size and buffers in flight per channel: Flink's defaults (32 KiB; 2 exclusive + 8 floating).
 SEGMENT = 32 * 1024
 CREDITS = 10
+#: Ports a run of the lean path may listen on, one per task from its base (at most this many tasks).
+PORTS_PER_RUN = 20
 #: Rows per output batch, as the exchange's OutputBatcher.
 OUTPUT_ROWS = 8192
 #: Frame header: payload bytes, kind (a format: a ``struct.Struct`` does not pickle into a Spark task).
@@ -78,7 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "mapInArrow alone and repartition + mapInArrow",
     )
     parser.add_argument("--only-spark", action="store_true", help="the Spark part only")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if any(not 2 <= p <= PORTS_PER_RUN for p in args.parallelism):
+        parser.error(f"--parallelism: task counts from 2 to {PORTS_PER_RUN}, got {args.parallelism}")
+    if args.rows < 1 or args.repeat < 1:
+        parser.error(f"--rows and --repeat: at least 1, got {args.rows} and {args.repeat}")
+    return args
 
 
 def _cpu_s() -> float:
@@ -297,6 +304,27 @@ class LeanTask:
         finally:
             for sock in (*outs.values(), *ins, server):
                 sock.close()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_bases() -> Iterator[int]:
+    """Bases of :data:`PORTS_PER_RUN` ports that nothing holds when it is taken, for the lean tasks of one run
+    each. Below Linux's ephemeral range (32768-60999), where no connection of Spark's or of the pipelined
+    runtime takes a port by chance, and from a place per process, so runs one after the other use fresh ports."""
+    bases = list(range(10_000, 32_000, PORTS_PER_RUN))
+    k = os.getpid() % len(bases)
+    for base in bases[k:] + bases[:k]:
+        if all(_bindable(base + i) for i in range(PORTS_PER_RUN)):
+            yield base
 
 
 def _tally(batch: pa.RecordBatch) -> tuple[int, int]:
@@ -549,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{CREDITS} in flight per channel; CPU of all processes per data buffer, median of {args.repeat} rounds"
     )
     figures: dict[int, dict[str, list[float]]] = {}
-    ports = iter(range(20000 + (os.getpid() % 500) * 40, 65000, 20))  # fresh ports each run: no TIME_WAIT
+    ports = free_port_bases()
     for parallelism in [] if args.only_spark else args.parallelism:
         rows = args.rows // parallelism
         cases = {

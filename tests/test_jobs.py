@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -262,12 +261,9 @@ def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(ca
 def test_path_floor_job_runs_the_lean_and_the_pipelined_path_in_spark_barrier_stages(spark, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(JOBS))
     job = load_job("bench_path_floor")
-    with socket.socket() as probe:  # a free port; the lean tasks listen on it and the next
-        probe.bind(("127.0.0.1", 0))
-        base = probe.getsockname()[1]
     cached = spark.sparkContext._jsc.getPersistentRDDs().size()
     # every form of both paths first checks that each row arrived once (the job fails otherwise)
-    figures = job.spark_floor(spark, 30_000, 2, 1, iter(range(base, base + 1000, 10)))
+    figures = job.spark_floor(spark, 30_000, 2, 1, job.free_port_bases())
     headline: dict = {}
     job.print_spark_floor(figures, headline)
     out = capsys.readouterr().out
