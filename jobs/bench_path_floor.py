@@ -23,9 +23,18 @@ task, all on 127.0.0.1, as Spark's ``local[P]`` runs a pipelined exchange's task
 Every figure is the CPU of all processes (``getrusage``: every thread, ended ones too, from the first buffer to
 the last) divided by the data buffers moved, median of ``--repeat`` rotated rounds. "Beyond the core" is a
 path's figure less its own core's: what moving the buffers between processes costs. Every run checks that
-every row arrived once. The last line printed is one JSON object with the headline figures. Run
-``python jobs/bench_path_floor.py`` (about two minutes). The figures and what they say: docs/benchmarks.md,
-"The floor under the pipelined path".
+every row arrived once.
+
+With ``--spark`` (or ``--only-spark``) both paths also run inside Spark, on ``local[P]`` for the largest
+``--parallelism``: the lean tasks as the tasks of a barrier ``mapInArrow`` (the Spark task thread reads the
+input, drives the sockets and yields the output), beside an identity ``mapInArrow`` alone, ``repartition`` +
+identity ``mapInArrow`` and the pipelined exchange, each path streaming into the sink and retryable (placed by
+the exchange's nested rows and identity shuffle): wall time, CPU of the JVM and of the Python workers, the
+targets' ratios, and the pipelined tasks' CPU per buffer by thread from their own metrics.
+
+The last line printed is one JSON object with the headline figures. Run ``python jobs/bench_path_floor.py``
+(about two minutes; ``--spark`` adds about two more). The figures and what they say: docs/benchmarks.md,
+"The floor under the pipelined path" and its "In Spark".
 """
 
 from __future__ import annotations
@@ -494,9 +503,14 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
         )
         return unnest(place_by(placed, tasks, tag), rows_column, df.schema, columnar)
 
+    streaming_metrics: list[Any] = []  # the metrics of the pipelined streaming form's last run
+
     def pipelined_form(retryable: bool) -> Any:
         ex = scs.exchange(df, scs.key_by("a"), tasks, mode="pipelined")
-        return pipelined.build(ex.plan, df, retryable=retryable)[0]
+        out, collected = pipelined.build(ex.plan, df, retryable=retryable)
+        if not retryable:
+            streaming_metrics[:] = [collected]
+        return out
 
     forms = {
         "lean, streaming": lambda: lean(False),
@@ -516,6 +530,7 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
     }
     seconds: dict[str, list[float]] = {name: [] for name in cases}
     cpu: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
+    threads: list[dict[str, float]] = []  # the pipelined streaming form's CPU per data buffer, by thread
     try:
         for action in cases.values():
             action()
@@ -528,6 +543,8 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
                 after = be.process_tree_cpu()
                 if before is not None and after is not None:
                     cpu[name].append({kind: after[kind] - before[kind] for kind in after})
+                if name == "pipelined, streaming":
+                    threads.append(_thread_cpu_per_buffer(streaming_metrics[0]))
     finally:
         df.unpersist()
     out: dict[str, Any] = {"seconds": {}, "cpu_jvm_s": {}, "cpu_python_s": {}, "runs": seconds}
@@ -536,6 +553,9 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
         if cpu[name]:
             out["cpu_jvm_s"][name] = statistics.median(c["jvm"] for c in cpu[name])
             out["cpu_python_s"][name] = statistics.median(c["python"] for c in cpu[name])
+    out["pipelined_streaming_us_per_buffer"] = {
+        thread: statistics.median(run[thread] for run in threads) for thread in threads[0]
+    }
     s = out["seconds"]
     out["ratios"] = {
         f"{form}_streaming_vs_mapinarrow_throughput": s["mapInArrow"] / s[f"{form}, streaming"]
@@ -545,6 +565,27 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
         for form in ("lean", "pipelined")
     }
     return out
+
+
+#: The pipelined tasks' CPU metrics by thread (``PipelinedTask``'s: the task thread is the consumer, and Spark's
+#: own work for the task runs on the thread that reads its input, the producer, or writes its output, the
+#: consumer), and the whole task's.
+_THREAD_METRICS = {
+    "producer thread": "producerThreadCpuTimeMs",
+    "I/O thread": "ioThreadCpuTimeMs",
+    "consumer thread": "consumerThreadCpuTimeMs",
+    "task": "taskCpuTimeMs",
+}
+
+
+def _thread_cpu_per_buffer(collected: Any) -> dict[str, float]:
+    """us of CPU per data buffer of a pipelined exchange's run, by thread, over all its tasks."""
+    rows = list(collected.rows())
+    buffers = sum(r.value for r in rows if r.metric == "numBuffersOut" and r.channel is not None)
+    return {
+        thread: sum(r.value for r in rows if r.metric == metric) * 1000.0 / max(1.0, buffers)
+        for thread, metric in _THREAD_METRICS.items()
+    } | {"buffers": buffers}
 
 
 def print_spark_floor(figures: dict[str, Any], headline: dict[str, Any]) -> None:
@@ -568,6 +609,16 @@ def print_spark_floor(figures: dict[str, Any], headline: dict[str, Any]) -> None
             f"{ratios[f'{form}_retryable_vs_reference_throughput']:.2f}x repartition + mapInArrow (target >= 1.0x)"
         )
     headline.update({f"spark_{k}_ratio": round(v, 3) for k, v in ratios.items()})
+    per_buffer = figures["pipelined_streaming_us_per_buffer"]
+    print(
+        f"  pipelined, streaming: {per_buffer['buffers']:,.0f} data buffers, us of CPU per buffer by thread (the "
+        "producer's includes reading the input from Spark, the consumer's handing the output to it): "
+        + ", ".join(f"{t} {per_buffer[t]:.1f}" for t in _THREAD_METRICS)
+    )
+    for thread in _THREAD_METRICS:
+        headline[f"spark_pipelined_streaming_{thread.replace(' ', '_').replace('/', '')}_us_per_buffer"] = round(
+            per_buffer[thread], 1
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

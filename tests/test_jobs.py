@@ -277,6 +277,9 @@ def test_path_floor_job_runs_the_lean_and_the_pipelined_path_in_spark_barrier_st
     }
     assert headline["spark_lean_streaming_vs_mapinarrow_throughput_ratio"] > 0
     assert headline["spark_cpu_python_s_lean_streaming"] >= 0
+    per_buffer = figures["pipelined_streaming_us_per_buffer"]
+    assert per_buffer["buffers"] > 0 and per_buffer["producer thread"] > 0 and per_buffer["consumer thread"] > 0
+    assert per_buffer["task"] >= per_buffer["producer thread"]
     assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached  # its data is not left cached
 
 
