@@ -89,9 +89,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "mapInArrow alone and repartition + mapInArrow",
     )
     parser.add_argument("--only-spark", action="store_true", help="the Spark part only")
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="the Spark part's master: local[P] (default) or local-cluster[...] (the lean tasks listen on "
+        "127.0.0.1, so one machine only)",
+    )
     args = parser.parse_args(argv)
     if any(not 2 <= p <= PORTS_PER_RUN for p in args.parallelism):
         parser.error(f"--parallelism: task counts from 2 to {PORTS_PER_RUN}, got {args.parallelism}")
+    if args.master is not None and not args.master.startswith(("local[", "local-cluster[")):
+        parser.error(f"--master: local[P] or local-cluster[N,C,M] (one machine), got {args.master!r}")
     if args.rows < 1 or args.repeat < 1:
         parser.error(f"--rows and --repeat: at least 1, got {args.rows} and {args.repeat}")
     return args
@@ -667,7 +675,8 @@ def main(argv: list[str] | None = None) -> int:
         import bench_exchange as be
 
         tasks = max(args.parallelism)
-        spark = be.session(be.parse_args(["--parallelism", str(tasks)]))
+        master = ["--master", args.master] if args.master else []
+        spark = be.session(be.parse_args(["--parallelism", str(tasks), *master]))
         print(f"\n{args.rows:,} rows on {tasks} tasks in Spark ({spark.sparkContext.master}), medians of {args.repeat}")
         print_spark_floor(spark_floor(spark, args.rows, tasks, args.repeat, ports), headline)
     print(json.dumps(headline, sort_keys=True))

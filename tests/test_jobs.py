@@ -248,6 +248,10 @@ def test_timeline_pictures_job_draws_the_live_and_the_after_run_timelines(spark,
 def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(JOBS))  # it runs the pipelined path's own benchmark, as a script finds it
     job = load_job("bench_path_floor")
+    for bad in (["--parallelism", "1"], ["--parallelism", "21"], ["--master", "yarn"], ["--repeat", "0"]):
+        with pytest.raises(SystemExit) as refused:  # named before anything runs
+            job.parse_args(bad)
+        assert refused.value.code == 2 and bad[0] in capsys.readouterr().err
     # both paths fail the job if a row is lost or duplicated
     assert job.main(["--rows", "60000", "--repeat", "1", "--parallelism", "2", "3"]) == 0
     headline = last_json(capsys.readouterr().out)
