@@ -565,13 +565,20 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
         thread: statistics.median(run[thread] for run in threads) for thread in threads[0]
     }
     s = out["seconds"]
-    out["ratios"] = {
-        f"{form}_streaming_vs_mapinarrow_throughput": s["mapInArrow"] / s[f"{form}, streaming"]
-        for form in ("lean", "pipelined")
-    } | {
-        f"{form}_retryable_vs_reference_throughput": s["repartition + mapInArrow"] / s[f"{form}, retryable"]
-        for form in ("lean", "pipelined")
-    }
+    out["ratios"] = (
+        {
+            f"{form}_streaming_vs_mapinarrow_throughput": s["mapInArrow"] / s[f"{form}, streaming"]
+            for form in ("lean", "pipelined")
+        }
+        | {
+            f"{form}_retryable_vs_reference_throughput": s["repartition + mapInArrow"] / s[f"{form}, retryable"]
+            for form in ("lean", "pipelined")
+        }
+        | {
+            f"pipelined_{form}_vs_lean_throughput": s[f"lean, {form}"] / s[f"pipelined, {form}"]
+            for form in ("streaming", "retryable")
+        }
+    )
     return out
 
 
@@ -616,6 +623,11 @@ def print_spark_floor(figures: dict[str, Any], headline: dict[str, Any]) -> None
             f"mapInArrow alone (target >= {TARGET_STREAMING:.2f}x), retryable "
             f"{ratios[f'{form}_retryable_vs_reference_throughput']:.2f}x repartition + mapInArrow (target >= 1.0x)"
         )
+    streaming, retryable = (ratios[f"pipelined_{form}_vs_lean_throughput"] for form in ("streaming", "retryable"))
+    print(
+        f"  the pipelined exchange against the lean path: streaming {streaming:.2f}x, retryable {retryable:.2f}x "
+        "the throughput"
+    )
     headline.update({f"spark_{k}_ratio": round(v, 3) for k, v in ratios.items()})
     per_buffer = figures["pipelined_streaming_us_per_buffer"]
     print(

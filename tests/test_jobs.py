@@ -278,6 +278,8 @@ def test_path_floor_job_runs_the_lean_and_the_pipelined_path_in_spark_barrier_st
         "lean_retryable_vs_reference_throughput",
         "pipelined_streaming_vs_mapinarrow_throughput",
         "pipelined_retryable_vs_reference_throughput",
+        "pipelined_streaming_vs_lean_throughput",
+        "pipelined_retryable_vs_lean_throughput",
     }
     assert headline["spark_lean_streaming_vs_mapinarrow_throughput_ratio"] > 0
     assert headline["spark_cpu_python_s_lean_streaming"] >= 0
