@@ -554,6 +554,33 @@ def test_insufficient_slots_are_reported_before_launch(spark):
     assert pipelined.available_slots(spark) == (4, 1, 4)
 
 
+def test_a_barrier_stage_waits_for_the_executors_still_registering():
+    seen: list[int] = []
+
+    def registered() -> int:  # executors register one by one after the session starts
+        seen.append(len(seen))
+        return seen[-1]
+
+    # 4 tasks on executors of 2 slots: the wait ends when the second executor is there, long before its bound
+    pipelined.await_executors("hash-pipelined-4", 4, 2, 2, registered, timeout_ms=60_000)
+    assert seen == [0, 1, 2]
+
+
+def test_executors_that_do_not_register_fail_the_exchange_naming_the_wait_and_its_setting():
+    with pytest.raises(InsufficientSlotsError) as info:
+        pipelined.await_executors("hash-pipelined-4", 4, 2, 2, lambda: 1, timeout_ms=50)
+    text = str(info.value)
+    assert "runs 4 barrier tasks" in text and "spark.scheduler.maxRegisteredResourcesWaitingTime=50 ms" in text
+    assert "1 of the 2 the session is configured with, offer only 2 task slots" in text
+
+
+@pytest.mark.spark
+def test_local_mode_runs_a_barrier_stage_without_waiting_for_executors(spark):
+    assert pipelined.registered_executors(spark) is None  # its one executor is the driver: nothing registers
+    ex = scs.exchange(spark_rows(spark, 200, 2), scs.key_by("k"), parallelism=2, mode="pipelined")
+    assert ex.df.count() == 200
+
+
 @pytest.mark.spark
 def test_streaming_into_the_sink_is_exact_and_keeps_flinks_placement(spark):
     df = spark_rows(spark, 3000, 4)

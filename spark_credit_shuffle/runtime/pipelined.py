@@ -34,7 +34,9 @@ of a task are guarded by one re-entrant lock. What those threads do and when is 
 are the glue around it, and this module the Spark side.
 
 **Placement.** The stage has max(S, T) tasks, and the cluster must be able to run them all at once
-(:class:`InsufficientSlotsError` before launch otherwise). With S == T (the common case) the input's
+(:class:`InsufficientSlotsError` before launch otherwise; on a cluster it first waits for executors still
+registering, as long as Spark's ``spark.scheduler.maxRegisteredResourcesWaitingTime``: Spark itself refuses a
+barrier stage with more tasks than the slots registered). With S == T (the common case) the input's
 partitions feed the stage directly. With S < T, or when the input's last stage holds an operator whose
 partitions are not its input's (a ``union``, a ``coalesce``, a cartesian product: Spark refuses a barrier
 stage over those, see :func:`~.session.barrier_refusal`), the input is first placed by an identity shuffle
@@ -109,6 +111,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ..config import parse_duration_ms
 from ..errors import BarrierStageError, CreditShuffleError, InsufficientSlotsError, in_subtask, is_deterministic
 from ..metrics import PRODUCER
 from ..transport.tcp import resolve_host
@@ -118,7 +121,16 @@ from .metrics_report import IN_BAND, CollectedMetrics, MetricsReport, finish_pla
 from .nested_output import columnar_layout, nest, nested_spark_type, unnest
 from .placement import place_by, unused_name
 from .resources import freeze_worker_heap
-from .session import available_slots, barrier_refusal, dynamic_allocation, is_connect, spark_context
+from .session import (
+    available_slots,
+    barrier_refusal,
+    configured_executors,
+    dynamic_allocation,
+    is_connect,
+    registered_executors,
+    spark_context,
+    wait_for_executors,
+)
 from .task import PipelinedTask, TaskOptions
 
 if TYPE_CHECKING:
@@ -130,9 +142,11 @@ __all__ = [
     "PipelinedTask",
     "TaskOptions",
     "available_slots",
+    "await_executors",
     "build",
     "check_cluster",
     "check_slots",
+    "registered_executors",
     "run_barrier_task",
     "run_in_threads",
 ]
@@ -180,7 +194,11 @@ def check_slots(plan: ExchangePlan, spark: Any, input_partitions: int | None = N
         log.info("%s: cannot tell how many task slots the cluster has; not checking %d", plan.name, needed)
         return
     total, executors, per = slots
-    if needed > total:
+    configured = configured_executors(spark)
+    registered = registered_executors(spark)
+    if configured is not None:  # what the session is configured with: never more, though perhaps not yet all
+        total, executors = configured * per, configured
+    if needed > total and (configured is not None or registered is None):
         if input_partitions is not None and plan.num_producers > total:
             way_out = (
                 f"the input DataFrame has {input_partitions} partitions and each is a producer subtask (any "
@@ -195,6 +213,40 @@ def check_slots(plan: ExchangePlan, spark: Any, input_partitions: int | None = N
             f"{total} task slots ({executors} executor(s) x {per} slots); {way_out}add executors or cores, or "
             f"use mode='blocking'"
         )
+    if registered is not None and registered * per < needed:
+        timeout_ms = parse_duration_ms(str(spark.conf.get(REGISTRATION_WAIT, "30s")), REGISTRATION_WAIT)
+        await_executors(plan.name, needed, per, configured, lambda: registered_executors(spark), timeout_ms)
+
+
+#: Spark's bound on its own wait for executors to register before it schedules; the exchange waits as long for
+#: the task slots of its barrier stage (Spark refuses a barrier stage with more tasks than the slots registered).
+REGISTRATION_WAIT = "spark.scheduler.maxRegisteredResourcesWaitingTime"
+
+
+def await_executors(
+    name: str, needed: int, per: int, configured: int | None, registered: Callable[[], int | None], timeout_ms: int
+) -> None:
+    """Wait until the executors registered with the driver (``registered()``, ``per`` task slots each) offer the
+    ``needed`` slots of exchange ``name``'s barrier stage: a session's executors register seconds after it
+    starts (tens of seconds on a loaded machine, or with a cluster manager granting them one by one), and Spark
+    refuses a barrier stage with more tasks than the slots registered. Raises :class:`InsufficientSlotsError`
+    naming the wait and its setting if they do not within ``timeout_ms`` (Spark's
+    ``spark.scheduler.maxRegisteredResourcesWaitingTime``, 30 s by default); ``configured``: the executors the
+    session is configured with, if known."""
+    started = time.monotonic()
+    count = wait_for_executors(needed, per, registered, timeout_ms / 1000.0)
+    waited = time.monotonic() - started
+    if count * per >= needed:
+        log.info("%s: waited %.1f s for %d executors to register", name, waited, count)
+        return
+    of = f" of the {configured} the session is configured with" if configured is not None else ""
+    raise InsufficientSlotsError(
+        f"pipelined exchange {name} runs {needed} barrier tasks at once (one per subtask), but after waiting "
+        f"{waited:.0f} s ({REGISTRATION_WAIT}={timeout_ms} ms) the executors registered with the driver, "
+        f"{count}{of}, offer only {count * per} task slots ({per} each): executors failed to start or "
+        f"the cluster manager has not granted them; raise {REGISTRATION_WAIT}, lower the parallelism, or use "
+        f"mode='blocking'"
+    )
 
 
 def build(

@@ -18,7 +18,8 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -40,8 +41,10 @@ __all__ = [
     "is_connect",
     "num_partitions",
     "physical_plan",
+    "registered_executors",
     "spark_context",
     "task_partition_id",
+    "wait_for_executors",
 ]
 
 _log = logging.getLogger(__name__)
@@ -244,12 +247,37 @@ def available_slots(spark: Any) -> tuple[int, int, int] | None:
     master = _master(spark)
     executors = 0
     if not (_LOCAL.match(master) or _LOCAL_CLUSTER.match(master)):
-        sc = spark_context(spark)
-        if sc is not None:  # classic session: the executors registered now
-            with contextlib.suppress(Exception):
-                executors = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1
+        executors = registered_executors(spark) or 0
     if executors <= 0:
         executors = configured_executors(spark) or 0
     if executors <= 0:
         return None
     return executors * per, executors, per
+
+
+def wait_for_executors(
+    slots_needed: int, per: int, registered: Callable[[], int | None], timeout_s: float, poll_s: float = 0.05
+) -> int:
+    """Executors registered once they offer ``slots_needed`` task slots (``per`` each), or the number registered
+    when ``timeout_s`` seconds have passed: ``registered()`` reports them (None: unknown now, counted as none)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        count = registered() or 0
+        if count * per >= slots_needed or time.monotonic() >= deadline:
+            return count
+        time.sleep(poll_s)
+
+
+def registered_executors(spark: Any) -> int | None:
+    """Executors registered with the driver now (the driver excluded) on a classic session of a cluster
+    (``local-cluster`` or a cluster manager): they register some seconds after the session starts, one by
+    one. None in local mode (its one executor is the driver) and on Spark Connect (no driver here)."""
+    if _LOCAL.match(_master(spark)):
+        return None
+    sc = spark_context(spark)
+    if sc is None:
+        return None
+    try:
+        return max(0, int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1)
+    except Exception:
+        return None
