@@ -494,6 +494,7 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
         cloudpickle.register_pickle_by_value(module)
     df = be.make_data(spark, rows, tasks)
     plan = path.make_plan(tasks)
+    pipelined.check_slots(plan, spark)  # the lean barrier stages too need every task slot registered
     ansi = str(spark.conf.get("spark.sql.ansi.enabled", "true")).strip().lower() == "true"
     columnar = columnar_layout(df.schema, ansi)
     tag, rows_column = "lean_tag", "lean_rows"
