@@ -488,6 +488,7 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
     from spark_credit_shuffle.runtime import pipelined
     from spark_credit_shuffle.runtime.nested_output import columnar_layout, nested_spark_type, unnest
     from spark_credit_shuffle.runtime.placement import place_by
+    from spark_credit_shuffle.runtime.session import ansi_mode
 
     module = sys.modules.get(__name__)
     if module is not None and __name__ != "__main__":  # imported by name: the workers get the lean code by value
@@ -495,8 +496,7 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
     df = be.make_data(spark, rows, tasks)
     plan = path.make_plan(tasks)
     pipelined.check_slots(plan, spark)  # the lean barrier stages too need every task slot registered
-    ansi = str(spark.conf.get("spark.sql.ansi.enabled", "true")).strip().lower() == "true"
-    columnar = columnar_layout(df.schema, ansi)
+    columnar = columnar_layout(df.schema, ansi_mode(spark))
     tag, rows_column = "lean_tag", "lean_rows"
 
     def identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -527,11 +527,6 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
         "pipelined, streaming": lambda: pipelined_form(False),
         "pipelined, retryable": lambda: pipelined_form(True),
     }
-    expected = (rows, rows * (rows - 1) // 2)
-    for name, form in forms.items():  # each row once, then the warm-up of every case
-        got = tuple(form().selectExpr("count(*)", "sum(a)").first())
-        if got != expected:
-            raise SystemExit(f"{name}: {got[0]} rows (sum of a {got[1]}) arrived, expected {expected[0]}")
     cases = {
         "mapInArrow": lambda: be.noop(df.mapInArrow(identity, df.schema)),
         "repartition + mapInArrow": lambda: be.noop(df.repartition(tasks, "a").mapInArrow(identity, df.schema)),
@@ -540,7 +535,12 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
     seconds: dict[str, list[float]] = {name: [] for name in cases}
     cpu: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
     threads: list[dict[str, float]] = []  # the pipelined streaming form's CPU per data buffer, by thread
+    expected = (rows, rows * (rows - 1) // 2)
     try:
+        for name, form in forms.items():  # each row once, then the warm-up of every case
+            got = tuple(form().selectExpr("count(*)", "sum(a)").first())
+            if got != expected:
+                raise SystemExit(f"{name}: {got[0]} rows (sum of a {got[1]}) arrived, expected {expected[0]}")
         for action in cases.values():
             action()
         for round_ in range(repeat):

@@ -122,10 +122,12 @@ from .nested_output import columnar_layout, nest, nested_spark_type, unnest
 from .placement import place_by, unused_name
 from .resources import freeze_worker_heap
 from .session import (
+    ansi_mode,
     available_slots,
     barrier_refusal,
     configured_executors,
     dynamic_allocation,
+    executor_slots,
     is_connect,
     registered_executors,
     spark_context,
@@ -189,16 +191,15 @@ def check_slots(plan: ExchangePlan, spark: Any, input_partitions: int | None = N
     ``input_partitions``: the input DataFrame's partition count when its partitions are the producers (no
     ``num_producers`` given): the message then names it and ``num_producers=`` as the usual way out."""
     needed = max(plan.num_producers, plan.num_consumers)
-    slots = available_slots(spark)
-    if slots is None:
+    per = executor_slots(spark)
+    configured = configured_executors(spark)  # what the session is configured with: never more, perhaps not yet all
+    registered = registered_executors(spark)
+    executors = configured if configured is not None else registered
+    if not executors:
         log.info("%s: cannot tell how many task slots the cluster has; not checking %d", plan.name, needed)
         return
-    total, executors, per = slots
-    configured = configured_executors(spark)
-    registered = registered_executors(spark)
-    if configured is not None:  # what the session is configured with: never more, though perhaps not yet all
-        total, executors = configured * per, configured
-    if needed > total and (configured is not None or registered is None):
+    total = executors * per
+    if needed > total and configured is not None:  # it can never run; fewer registered than needed: wait below
         if input_partitions is not None and plan.num_producers > total:
             way_out = (
                 f"the input DataFrame has {input_partitions} partitions and each is a producer subtask (any "
@@ -295,7 +296,7 @@ def build(
     output_type = report.output_type(df)
     placed = producers > consumers or retryable
     rows_column = unused_name(_ROWS, [tag])
-    columnar = placed and columnar_layout(output_type, _ansi(df.sparkSession))
+    columnar = placed and columnar_layout(output_type, ansi_mode(df.sparkSession))
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         output = run_barrier_task(batches, plan, secret, options, rendezvous, report, tls)
@@ -313,11 +314,6 @@ def build(
     else:
         consumed = source.mapInArrow(run, output_type, barrier=True)
     return finish_plan(plan, consumed, report)
-
-
-def _ansi(spark: Any) -> bool:
-    """True if ``spark`` runs in ANSI mode (``spark.sql.ansi.enabled``, on by default in Spark 4)."""
-    return str(spark.conf.get("spark.sql.ansi.enabled", "true")).strip().lower() == "true"
 
 
 def _address_service(

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARROW_BATCH_BYTES_KEY",
+    "ansi_mode",
     "available_slots",
     "barrier_refusal",
     "bound_arrow_batches",
@@ -192,6 +193,11 @@ def dynamic_allocation(spark: Any) -> bool:
     (``BarrierJobRunWithDynamicAllocationException``); Spark ignores the setting in local mode."""
     enabled = str(spark.conf.get("spark.dynamicAllocation.enabled", "false") or "false").strip().lower()
     return enabled == "true" and _LOCAL.match(_master(spark)) is None
+
+
+def ansi_mode(spark: Any) -> bool:
+    """True if ``spark`` runs in ANSI mode (``spark.sql.ansi.enabled``, on by default in Spark 4)."""
+    return str(spark.conf.get("spark.sql.ansi.enabled", "true")).strip().lower() == "true"
 
 
 # -- executors and task slots ----------------------------------------------------------------------------
