@@ -66,6 +66,8 @@ from bench_exchange import rotated
 #: Segment size and buffers in flight per channel: Flink's defaults (32 KiB; 2 exclusive + 8 floating).
 SEGMENT = 32 * 1024
 CREDITS = 10
+#: A lean task that hears nothing from its peers this long stops, naming the wait (a peer that failed).
+STALL_S = 60.0
 #: Ports a run of the lean path may listen on, one per task from its base (at most this many tasks).
 PORTS_PER_RUN = 20
 #: Rows per output batch, as the exchange's OutputBatcher.
@@ -252,6 +254,7 @@ class LeanTask:
                     unsent[peer] = b"".join(bytes(memoryview(part)) for part in frame)[sent:]
                     return
 
+        progressed = time.monotonic()
         try:
             while ends < tasks - 1 or not input_done or any(queued.values()) or any(unsent.values()):
                 can_produce = not input_done and all(len(q) < CREDITS for q in queued.values())
@@ -273,7 +276,13 @@ class LeanTask:
                         send(peer)
                 can_produce = not input_done and all(len(q) < CREDITS for q in queued.values())
                 writable = [outs[p] for p in outs if unsent[p]]
-                readable, _, _ = select.select(list(open_socks), writable, [], 0.0 if can_produce else 10.0)
+                readable, ready_to_write, _ = select.select(
+                    list(open_socks), writable, [], 0.0 if can_produce else 10.0
+                )
+                if readable or ready_to_write or can_produce:
+                    progressed = time.monotonic()
+                elif time.monotonic() - progressed > STALL_S:
+                    raise SystemExit(f"lean task {task}: no data, credit or end from its peers for {STALL_S:.0f} s")
                 for sock in readable:
                     try:
                         chunk = sock.recv(1 << 20)
