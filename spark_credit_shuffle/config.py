@@ -24,6 +24,7 @@ __all__ = [
     "CONF_PREFIX",
     "DEFAULT_SEGMENT_SIZE",
     "MAX_PARALLELISM_UPPER_BOUND",
+    "MAX_SEGMENT_SIZE",
     "MIN_SEGMENT_SIZE",
     "AlignmentType",
     "CheckpointOptions",
@@ -47,6 +48,9 @@ def has_conf_prefix(key: str) -> bool:
 DEFAULT_SEGMENT_SIZE = 32 * 1024
 #: Flink's smallest memory segment (``MemoryManager.MIN_PAGE_SIZE``).
 MIN_SEGMENT_SIZE = 4096
+#: The largest memory segment Flink accepts: ``ConfigurationParserUtils.getPageSize`` casts the size to a Java
+#: int (``checkedDownCast``: at most 2^31 - 1 bytes) and wants a power of two, so 2^30 bytes (1 GiB).
+MAX_SEGMENT_SIZE = 1 << 30
 #: Flink's ``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``.
 MAX_PARALLELISM_UPPER_BOUND = 1 << 15
 #: Flink's ``DEFAULT_LOWER_BOUND_MAX_PARALLELISM``.
@@ -206,6 +210,14 @@ COMPRESSION_CODECS = ("lz4", "zstd", "none")
 _parse_codec = _choice(COMPRESSION_CODECS, "'lz4' (Flink's default), 'zstd' or 'none' (no compression)")
 
 
+def _bytes(n: int) -> str:
+    """``n`` bytes for people: ``64 MiB``, ``32 KiB``, ``1536 bytes``."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -272,7 +284,7 @@ class NetworkConfig:
 
     segment_size: int = _setting(
         DEFAULT_SEGMENT_SIZE, "taskmanager.memory.segment-size", parse_size,
-        "bytes in one network buffer; a power of two, at least 4 KiB",
+        "bytes in one network buffer; a power of two from 4 KiB to 1 GiB (Flink's bounds), at most network_memory",
     )  # fmt: skip
     buffers_per_channel: int = _setting(
         2, "taskmanager.network.memory.buffers-per-channel", _parse_int,
@@ -405,8 +417,8 @@ class NetworkConfig:
     monitor: bool = _setting(
         False, "none (Flink's web UI shows back pressure while a job runs)", _parse_bool,
         "print one line per exchange to stderr every few seconds while it runs (rows moved, back-pressured "
-        "producers, the slowest consumer, pool usage), from samples the tasks send to the driver; classic "
-        "sessions only (on Spark Connect the executors cannot reach the client)",
+        "producers, the consumer where backpressure starts, pool usage), from samples the tasks send to the "
+        "driver; classic sessions only (on Spark Connect the executors cannot reach the client)",
     )  # fmt: skip
     freeze_worker_heap: bool = _setting(
         True, "none (a JVM's garbage collector does not walk a Python heap)", _parse_bool,
@@ -424,15 +436,27 @@ class NetworkConfig:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
+        given: dict[str, Any] = {}
         for f in fields(self):
-            raw = getattr(self, f.name)
+            given[f.name] = raw = getattr(self, f.name)
             object.__setattr__(self, f.name, f.metadata["parse"](raw, f.name))
-        self._validate()
+        try:
+            self._validate()
+        except ConfigError as exc:  # the value as the user wrote it ("1 GiB"), not as parsed (1073741824)
+            raw = given.get(exc.setting)
+            if type(exc) is ConfigError and isinstance(raw, str):
+                raise ConfigError(exc.setting, raw, exc.allowed, exc.detail) from None
+            raise
 
     def _validate(self) -> None:
-        if self.segment_size < MIN_SEGMENT_SIZE or not _is_power_of_two(self.segment_size):
+        if not MIN_SEGMENT_SIZE <= self.segment_size <= MAX_SEGMENT_SIZE or not _is_power_of_two(self.segment_size):
             raise ConfigError(
-                "segment_size", self.segment_size, f"a power of two of at least {MIN_SEGMENT_SIZE} bytes (4 KiB)"
+                "segment_size",
+                self.segment_size,
+                f"a power of two of at least {MIN_SEGMENT_SIZE} bytes (4 KiB) and at most {MAX_SEGMENT_SIZE} bytes "
+                "(1 GiB)",
+                "Flink's taskmanager.memory.segment-size: at least MemoryManager.MIN_PAGE_SIZE, a power of 2, and a "
+                "Java int",
             )
         for name in ("buffers_per_channel", "floating_buffers_per_gate", "max_overdraft_buffers_per_gate"):
             if getattr(self, name) < 0:
@@ -461,9 +485,7 @@ class NetworkConfig:
                 "max_parallelism", self.max_parallelism, f"an integer in [1, {MAX_PARALLELISM_UPPER_BOUND}]"
             )
         if self.network_memory < self.segment_size:
-            raise ConfigError(
-                "network_memory", self.network_memory, f"at least one segment ({self.segment_size} bytes)"
-            )
+            self._segment_over_network_memory()
         if self.metrics_sample_interval_ms < 0:
             raise ConfigError(
                 "metrics_sample_interval_ms", self.metrics_sample_interval_ms, "0 (no timeline) or a duration > 0 ms"
@@ -484,6 +506,27 @@ class NetworkConfig:
         for name in ("buffers_request_timeout_ms", "partition_request_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, getattr(self, name), "a duration > 0 ms")
+
+    def _segment_over_network_memory(self) -> None:
+        """One executor's network memory holds less than one segment: the error names the setting the user
+        changed. With ``network_memory`` at its default, the segment size is what went too far; otherwise the
+        network memory is what is too small for the segment."""
+        default_memory = NetworkConfig.settings()["network_memory"].default
+        if self.network_memory == default_memory:
+            raise ConfigError(
+                "segment_size",
+                self.segment_size,
+                f"a power of two from {MIN_SEGMENT_SIZE} bytes (4 KiB) up to network_memory "
+                f"({_bytes(self.network_memory)}, the default)",
+                "one executor's network memory must hold at least one segment; raise network_memory "
+                f"({CONF_PREFIX}networkMemory) to at least {_bytes(self.segment_size)} for segments this large",
+            )
+        raise ConfigError(
+            "network_memory",
+            self.network_memory,
+            f"at least one segment: segment_size, {_bytes(self.segment_size)}",
+            "or lower segment_size",
+        )
 
     # -- construction -------------------------------------------------------------------------------
 
@@ -517,8 +560,15 @@ class NetworkConfig:
         unknown = set(overrides) - set(by_key.values())
         if unknown:
             raise UnknownSettingError(sorted(unknown)[0], by_key.values())
+        from_conf = {name: key for key, name in by_key.items() if name in values and name not in overrides}
         values.update(overrides)
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ConfigError as exc:  # a value of the conf: the message names the key the user set
+            conf_key = from_conf.get(exc.setting)
+            if type(exc) is ConfigError and conf_key is not None:
+                raise ConfigError(exc.setting, exc.value, exc.allowed, exc.detail, conf_key=conf_key) from None
+            raise
 
     @classmethod
     def from_spark(cls, spark: Any, **overrides: Any) -> NetworkConfig:

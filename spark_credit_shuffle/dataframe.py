@@ -25,7 +25,7 @@ from .config import NetworkConfig, check_count
 from .errors import ConfigError, PartitionerError, UnsupportedInputError, UnsupportedKeyTypeError
 from .partitioners import SUPPORTED_KEY_TYPES, CustomPartitionerWrapper, KeyGroupStreamPartitioner, Partitioner
 from .partitioners.partitioner import identifier_parts
-from .runtime.session import num_partitions, task_partition_id
+from .runtime.session import check_worker_python, num_partitions, task_partition_id
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -247,6 +247,7 @@ def with_channel(
     if column in df.columns:
         raise ConfigError("column", column, f"a name that is not already a column (the columns are {df.columns})")
     partitioner = resolve_key_columns(df, partitioner)
+    check_worker_python(df.sparkSession)  # local masters: the Python the workers start imports this package
     names = df.columns
     plain = _plain_names([*names, column])[:-1]  # none of them the channel column's name
     if plain != names:  # PySpark hands mapInArrow its input as df[name], which reads "a.b" as a nested field

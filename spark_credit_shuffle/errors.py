@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import difflib
 import re
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any
 
 
 class CreditShuffleError(Exception):
@@ -16,14 +19,20 @@ class ConfigError(CreditShuffleError, ValueError):
     """An invalid setting, raised before any Spark job starts.
 
     ``setting`` is the option name (as a keyword argument or ``spark.creditShuffle.*`` key), ``value``
-    the rejected value and ``allowed`` a human description of what is accepted.
+    the rejected value and ``allowed`` a human description of what is accepted. ``conf_key``, when the value
+    came from a Spark conf, is the key the user set: the message names it beside the setting.
     """
 
-    def __init__(self, setting: str, value: object, allowed: str, detail: str = "") -> None:
+    def __init__(
+        self, setting: str, value: object, allowed: str, detail: str = "", *, conf_key: str | None = None
+    ) -> None:
         self.setting = setting
         self.value = value
         self.allowed = allowed
-        message = f"invalid value {value!r} for setting '{setting}': allowed is {allowed}"
+        self.detail = detail
+        self.conf_key = conf_key
+        named = f"'{setting}' ({conf_key})" if conf_key else f"'{setting}'"
+        message = f"invalid value {value!r} for setting {named}: allowed is {allowed}"
         if detail:
             message += f" ({detail})"
         super().__init__(message)
@@ -76,6 +85,11 @@ class SchemaMismatchError(CreditShuffleError, TypeError):
     a timestamp's zone, which the exchange reconciles)."""
 
 
+class ChainedOperatorError(CreditShuffleError, TypeError):
+    """A function chained into an exchange's tasks (``map_in_pandas`` / ``map_in_arrow``) yielded something
+    other than its declared schema: the message names the operator and the column."""
+
+
 class InsufficientNetworkBuffersError(CreditShuffleError):
     """The buffer pools asked for more network buffers than the executor's network memory holds."""
 
@@ -122,6 +136,27 @@ class UnsupportedInputError(CreditShuffleError, TypeError):
 class BarrierStageError(CreditShuffleError):
     """A pipelined exchange that Spark would refuse to run as one barrier stage on this session (dynamic
     allocation, too few task slots); the message names the ways out."""
+
+
+class WorkerPythonError(ConfigError):
+    """The Python interpreter Spark would start the session's Python workers with on this machine cannot run
+    the exchange's tasks (it lacks pyarrow or this package, it is missing, or it runs another Python version):
+    raised on the driver before any job, instead of one failed task after another. ``setting`` is
+    ``PYSPARK_PYTHON``, ``value`` the interpreter as Spark names it (``python3`` when nothing is set),
+    ``python`` the file it resolves to (None if none) and ``problem`` what it lacks."""
+
+    def __init__(self, value: str, python: str | None, problem: str, chosen_by: str, fix: str) -> None:
+        super().__init__(
+            "PYSPARK_PYTHON", value, f"an interpreter that imports pyarrow and spark_credit_shuffle: {fix}"
+        )
+        self.python = python
+        self.problem = problem
+        where = python if python is not None else value
+        self.args = (
+            f"Spark's Python workers would start {where} ({chosen_by}), which {problem}, so every task of the "
+            f"exchange would fail. Set PYSPARK_PYTHON to an interpreter that imports pyarrow and "
+            f"spark_credit_shuffle, such as this one, before the session starts: {fix}",
+        )
 
 
 class InsufficientSlotsError(BarrierStageError):
@@ -297,12 +332,109 @@ def typed_errors() -> Iterator[None]:
         raise typed from exc
 
 
+def _typed_line(exc: BaseException) -> str | None:
+    """``module.Class: message`` of the typed error a Spark exception carries from an exchange's task; None
+    for an exception of this package (its own traceback names it already) or one that carries none."""
+    if isinstance(exc, CreditShuffleError) or not isinstance(exc, Exception):
+        return None
+    try:
+        typed = task_error(exc)
+    except Exception:  # whatever the text holds, reporting the exception must not fail on it
+        return None
+    return None if typed is None else f"{qualified_name(typed)}: {typed}"
+
+
+def _header(line: str, spark_error: type[BaseException]) -> str:
+    return (
+        f"{line}\n(raised in a Spark task of the exchange; Spark's {spark_error.__name__} follows. "
+        "`with spark_credit_shuffle.typed_errors():` raises the typed error itself)\n\n"
+    )
+
+
+ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+#: What :func:`install_error_hook` replaced: ``sys.excepthook``'s hook, and IPython's custom handler and the
+#: exceptions it claimed; empty when no hook is installed.
+_INSTALLED: dict[str, Any] = {}
+
+
+def _excepthook(etype: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    previous: ExceptHook = _INSTALLED.get("excepthook") or sys.__excepthook__
+    line = _typed_line(value)
+    if line is None:
+        previous(etype, value, tb)
+        return
+    sys.stderr.write(_header(line, etype))
+    sys.stderr.flush()
+    previous(etype, value, tb)
+    sys.stderr.write(f"\n{line}\n")
+    sys.stderr.flush()
+
+
+def _ipython_handler(
+    shell: Any, etype: type[BaseException], value: BaseException, tb: TracebackType | None, tb_offset: Any = None
+) -> None:
+    line = _typed_line(value)
+    if line is not None:
+        sys.stderr.write(_header(line, etype))
+        sys.stderr.flush()  # before the traceback, which a kernel sends as a message of its own
+    claimed, handler = _INSTALLED.get("ipython", ((), None))
+    if handler is not None and claimed and issubclass(etype, claimed):
+        handler(etype, value, tb, tb_offset=tb_offset)  # the custom handler installed before this one
+    else:
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    if line is not None:
+        sys.stderr.write(f"\n{line}\n")
+        sys.stderr.flush()
+
+
+def install_error_hook() -> None:
+    """Report an uncaught exception of a Spark action with the typed error of the exchange's task first.
+
+    An error inside an exchange's task reaches the driver as Spark's exception (``Py4JJavaError: An error
+    occurred while calling o130.count.``, ``PythonException``), its Java stack first, the task's typed error
+    somewhere inside. Opt-in, as it changes how the process reports every uncaught exception: after this call
+    one that carries a typed error (:func:`task_error`) is printed after ``module.Class: message`` of that
+    error (``spark_credit_shuffle.errors.NullKeyError: producer subtask 1: key column 'k' has 1 null
+    value(s) ...``), with that line again after Spark's traceback; any other exception as before. In a script
+    the hook is ``sys.excepthook`` (wrapping the one there); in IPython and Jupyter, where ``sys.excepthook``
+    does not run, also IPython's custom exception handler (``InteractiveShell.set_custom_exc``, wrapping a
+    handler installed before). Calling it again changes nothing; :func:`uninstall_error_hook` puts back what
+    was there. Code that catches the error itself uses :func:`typed_errors` instead."""
+    if not _INSTALLED:
+        _INSTALLED["excepthook"] = sys.excepthook
+        sys.excepthook = _excepthook
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None and "shell" not in _INSTALLED:
+        _INSTALLED["shell"] = shell
+        _INSTALLED["ipython"] = (shell.custom_exceptions, shell.CustomTB if shell.custom_exceptions else None)
+        shell.set_custom_exc((Exception,), _ipython_handler)
+    _INSTALLED.setdefault("installed", True)
+
+
+def uninstall_error_hook() -> None:
+    """Undo :func:`install_error_hook`: the excepthook and IPython's custom handler that were there before."""
+    if not _INSTALLED:
+        return
+    if sys.excepthook is _excepthook:
+        sys.excepthook = _INSTALLED["excepthook"]
+    shell = _INSTALLED.get("shell")
+    if shell is not None:
+        claimed, handler = _INSTALLED["ipython"]
+        if handler is None:
+            shell.set_custom_exc((), None)
+        else:
+            shell.CustomTB, shell.custom_exceptions = handler, claimed
+    _INSTALLED.clear()
+
+
 def is_deterministic(exc: BaseException) -> bool:
     """True for a failure that the same input raises again on every attempt: a null key, a key that cannot be
     hashed, a custom partitioner's function that raised or returned bad channels (:class:`PartitionerError`),
     a network buffer of the exchange's own data that does not decode (:class:`BufferDecodeError`). Retrying
-    such a task or stage only repeats the failure; a runtime fails the exchange at once instead."""
-    return isinstance(exc, (PartitionerError, BufferDecodeError))
+    such a task or stage only repeats the failure; a runtime fails the exchange at once instead. A chained
+    operator's output that does not fit its declared schema (:class:`ChainedOperatorError`) is one too."""
+    return isinstance(exc, (PartitionerError, BufferDecodeError, ChainedOperatorError))
 
 
 def in_subtask(exc: BaseException, side: str, subtask: int) -> BaseException:

@@ -24,15 +24,16 @@ import pyarrow as pa
 
 from .config import NetworkConfig, check_operator_parallelism
 from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, check_dataframe, resolve_key_columns
-from .diagnosis import SUMMARY_DDL, Diagnosis, SubtaskSummary, diagnose, summarize
+from .diagnosis import SUMMARY_DDL, Diagnosis, SubtaskSummary, cpu_use, diagnose, summarize
 from .engine.checkpoints import CHECKPOINTS_DDL, CheckpointRecord
-from .errors import ConfigError, UnsupportedColumnTypeError
+from .errors import ConfigError, CreditShuffleError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow, row_values
 from .partitioners import Partitioner
+from .runtime.chain import ChainedOperator, as_chain
 from .runtime.monitor import MonitorAddress
 from .runtime.plan import ExchangePlan, Injection
 from .runtime.security import use_tls
-from .runtime.session import num_partitions
+from .runtime.session import check_worker_python, num_partitions
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODES",
+    "ChainedOperator",
     "Exchange",
     "ExchangePlan",
     "Injection",
@@ -51,6 +53,8 @@ __all__ = [
     "exchanged",
     "exchanges_of",
     "install_dataframe_method",
+    "map_in_arrow",
+    "map_in_pandas",
 ]
 
 log = logging.getLogger("spark_credit_shuffle")
@@ -66,13 +70,34 @@ _KEPT = 256
 _STAGE_FUNCTION = re.compile(r"\bcredit_shuffle_(?:produce_|consume_)?([a-z0-9_]+?_(?:blocking|pipelined)_\d+)\(")
 
 
+#: Builds the exchange's output again with other operators chained after it: (DataFrame, its metrics).
+Rebuild = Callable[[tuple[ChainedOperator, ...]], "tuple[DataFrame, CollectedMetrics]"]
+
+
+def map_in_pandas(fn: Callable[[Iterator[Any]], Any], schema: Any) -> ChainedOperator:
+    """An operator to chain into an exchange's tasks, shaped as PySpark's ``mapInPandas``: ``fn`` takes an
+    iterator of pandas DataFrames and yields pandas DataFrames of ``schema`` (a DDL string or StructType).
+    Pass it as ``exchange(..., after=...)`` (run in the consumer tasks, on the rows received) or
+    ``before=...`` (run in the producer tasks, on the input); see :mod:`.runtime.chain`."""
+    return ChainedOperator(fn, schema, "pandas")
+
+
+def map_in_arrow(fn: Callable[[Iterator[pa.RecordBatch]], Any], schema: Any) -> ChainedOperator:
+    """:func:`map_in_pandas` for a function of Arrow record batches (PySpark's ``mapInArrow`` shape)."""
+    return ChainedOperator(fn, schema, "arrow")
+
+
 class Exchange:
     """One planned exchange: its output DataFrame and, after an action, its metrics."""
 
-    def __init__(self, plan: ExchangePlan, df: DataFrame, collected: CollectedMetrics) -> None:
+    def __init__(
+        self, plan: ExchangePlan, df: DataFrame, collected: CollectedMetrics, rebuild: Rebuild | None = None
+    ) -> None:
         self.plan = plan
         self.df = df
-        self._collected = collected
+        #: The metrics of ``df`` and of every output built with chained operators (:meth:`map_in_pandas`).
+        self._collected = [collected]
+        self._rebuild = rebuild
         label = _label(plan.name)
         _planned[label] = _held[label] = self
         while len(_planned) > _KEPT:
@@ -96,7 +121,53 @@ class Exchange:
         return [r for r in self._all_metric_rows() if r.time_ms is None]
 
     def _all_metric_rows(self) -> list[MetricRow]:
-        return self._collected.rows()
+        failure: Exception | None = None
+        for collected in self._collected:  # the outputs share one accumulator on a classic session
+            try:
+                rows = collected.rows()
+            except CreditShuffleError as exc:  # not run (yet)
+                failure = failure or exc
+                continue
+            if rows:
+                return rows
+        if failure is not None:
+            raise failure
+        return []
+
+    def map_in_pandas(self, fn: Callable[[Iterator[Any]], Any], schema: Any) -> DataFrame:
+        """The exchange's output with ``fn`` chained into its consumer tasks, as Flink chains an operator after
+        a network exchange: ``fn`` (PySpark's ``mapInPandas`` shape: an iterator of pandas DataFrames in,
+        DataFrames of ``schema`` out) runs in consumer subtask *i*'s task on the rows it receives, so its time
+        is the consumer's busy time and a slow ``fn`` back-pressures the producers through credits. Partition
+        *i* of the result is ``fn``'s output on what consumer *i* received. Running it fills this exchange's
+        metrics, summary and diagnosis (:func:`exchange_of` finds it from the result too). Unlike
+        ``ex.df.mapInPandas(fn, schema)``, whose ``fn`` runs behind Spark's buffers in another Python worker
+        (see docs/diagnosis.md, "What Spark holds between two Python steps")."""
+        return self.chain(map_in_pandas(fn, schema))
+
+    def map_in_arrow(self, fn: Callable[[Iterator[pa.RecordBatch]], Any], schema: Any) -> DataFrame:
+        """:meth:`map_in_pandas` for a function of Arrow record batches (PySpark's ``mapInArrow`` shape)."""
+        return self.chain(map_in_arrow(fn, schema))
+
+    # PySpark's spelling, on the exchange (never on PySpark's DataFrame)
+    mapInPandas = map_in_pandas
+    mapInArrow = map_in_arrow
+
+    def chain(self, *operators: ChainedOperator) -> DataFrame:
+        """The exchange's output with ``operators`` (:func:`map_in_pandas`, :func:`map_in_arrow`) chained into
+        its consumer tasks after any chained already, in order (see :meth:`map_in_pandas`)."""
+        chained = as_chain(list(operators), "operators")
+        if not chained:
+            raise ConfigError("operators", "()", "at least one operator made by map_in_pandas or map_in_arrow")
+        if self._rebuild is None:
+            raise ConfigError(
+                "operators",
+                ", ".join(op.name for op in chained),
+                "an exchange whose input has partitions (this one moves nothing, so nothing runs its consumers)",
+            )
+        out, collected = self._rebuild(self.plan.after + resolve_chain(self.df.sparkSession, chained))
+        self._collected.append(collected)
+        return out
 
     def timeline_rows(self) -> list[MetricRow]:
         """The timeline samples of the first action that ran ``df`` (``stat == "sample"``), by time."""
@@ -136,7 +207,8 @@ class Exchange:
         """Where backpressure starts (the busy consumer subtask the back-pressured producers send to), told
         apart from data skew and from an idle exchange; ``str()`` of it is a sentence for people, its fields
         a result for code (see :class:`~spark_credit_shuffle.diagnosis.Diagnosis`)."""
-        return diagnose(self.summary_rows())
+        rows = self.metric_rows()
+        return diagnose(summarize(rows), cpu_use(rows), self.plan.mode)
 
     def checkpoint_records(self) -> list[CheckpointRecord]:
         """The checkpoints each consumer subtask completed (``checkpoint_interval_ms`` > 0), one
@@ -312,6 +384,8 @@ def exchange(
     injection: Injection | None = None,
     retryable: bool | None = None,
     monitor: bool | Callable[[list[MetricRow]], Any] | None = None,
+    before: ChainedOperator | list[ChainedOperator] | tuple[ChainedOperator, ...] | None = None,
+    after: ChainedOperator | list[ChainedOperator] | tuple[ChainedOperator, ...] | None = None,
     **settings: Any,
 ) -> Exchange:
     """Move ``df``'s rows through Flink's network stack to ``parallelism`` consumer subtasks.
@@ -342,8 +416,16 @@ def exchange(
     gets the samples (lists of the metric rows :meth:`Exchange.timeline_rows` returns) as they arrive, on a
     thread of its own (``spark_credit_shuffle.plot.LiveTimeline`` draws them in a notebook). Classic sessions
     only: on Spark Connect the exchange says so once and runs without (see :mod:`.runtime.monitor`).
+
+    ``after`` (one operator of :func:`map_in_pandas` / :func:`map_in_arrow`, or a list of them): chained into
+    the consumer tasks, on the rows each consumer receives, as Flink chains an operator after an exchange: its
+    time is the consumer's busy time, and while it works the consumer returns no credit, so a slow operator
+    back-pressures the producers. The output is then the last operator's (``Exchange.map_in_pandas`` chains
+    after an exchange already built). ``before``: chained into the producer tasks, on the input; the
+    producers partition and write its output (key columns name its columns). See :mod:`.runtime.chain`.
     """
     df = check_dataframe(df)
+    before_ops, after_ops = as_chain(before, "before"), as_chain(after, "after")
     if not isinstance(mode, str) or mode not in MODES:
         raise ConfigError("mode", mode, " or ".join(repr(m) for m in MODES))
     if retryable is not None and not isinstance(retryable, bool):
@@ -365,18 +447,23 @@ def exchange(
         parallelism = check_operator_parallelism(parallelism, "parallelism")
     if num_producers is not None:
         num_producers = check_operator_parallelism(num_producers, "num_producers")
-    partitioner = resolve_key_columns(df, partitioner)
+    spark = df.sparkSession
+    before_ops, after_ops = resolve_chain(spark, before_ops), resolve_chain(spark, after_ops)
+    written = _schema_frame(spark, before_ops[-1]) if before_ops else df  # the rows the producers write
+    partitioner = resolve_key_columns(written, partitioner)
     names = df.columns
     plain = _plain_names(names)
     if plain != names:  # PySpark hands mapInArrow its input as df[name], which reads "a.b" as a nested field
         df = df.toDF(*plain)
-        partitioner = _renamed_keys(partitioner, dict(zip(names, plain)))
-    schema = arrow_schema(df)
-    spark = df.sparkSession
+        if not before_ops:
+            partitioner = _renamed_keys(partitioner, dict(zip(names, plain)))
+    schema = before_ops[-1].arrow_schema if before_ops else arrow_schema(df)
+    assert schema is not None
     if config is None:
         config = NetworkConfig.from_spark(spark, **settings)
     elif settings:
         config = config.replace(**settings)
+    check_worker_python(spark)  # local masters: the Python the workers start imports pyarrow and this package
     if mode == "pipelined":
         from .runtime.pipelined import check_cluster
 
@@ -408,7 +495,10 @@ def exchange(
         injection=injection,
         retryable=retryable,
         tls=tls,
+        before=before_ops,
+        after=after_ops,
     )
+    rebuild: Rebuild | None = None
     if producers:
         from .runtime.planning import check_fits
 
@@ -421,23 +511,63 @@ def exchange(
 
             check_slots(plan, spark, input_partitions=None if num_producers else producers)
         if wanted is not False:  # registered with the driver's service once every check passed
-            plan = dataclasses.replace(plan, monitor=_live_monitor(spark, name, wanted))
-        out, collected = build(plan, df)
+            plan = dataclasses.replace(plan, monitor=_live_monitor(spark, name, wanted, producers, consumers))
+        from .runtime.metrics_report import metrics_report
+
+        report = metrics_report(spark)  # one for every output of the exchange (an accumulator on classic Spark)
+        planned, source = plan, df
+
+        def rebuild(chained: tuple[ChainedOperator, ...]) -> tuple[DataFrame, CollectedMetrics]:
+            return build(dataclasses.replace(planned, after=chained), source, report=report)
+
+        out, collected = build(plan, df, report=report)
     else:  # an empty df with the input's schema, no metric rows; no task runs
         from .runtime.metrics_report import NoMetrics
 
         log.info("%s: the input has no partitions, nothing to move", plan.describe())
         out = df.repartition(consumers) if consumers else df  # consumer subtask i is partition i, as always
         collected = NoMetrics()
-    if plain != names:
+    if plain != names and not before_ops and not after_ops:
         out = out.toDF(*names)
-    return Exchange(plan, out, collected)
+    if not producers and after_ops:  # no consumer task runs: the output has the chained operators' schema
+        out = _schema_frame(spark, after_ops[-1])
+    return Exchange(plan, out, collected, rebuild)
+
+
+def resolve_chain(spark: Any, operators: tuple[ChainedOperator, ...]) -> tuple[ChainedOperator, ...]:
+    """``operators`` with their schemas resolved on ``spark`` (Spark and Arrow types), before any job: a schema
+    Spark cannot parse, or a type ``mapInArrow`` cannot carry, is a :class:`ConfigError` here."""
+    resolved = []
+    for op in operators:
+        if op.arrow_schema is not None:
+            resolved.append(op)
+            continue
+        try:
+            frame = spark.createDataFrame([], op.schema)
+            spark_schema = frame.schema
+        except Exception as exc:
+            raise ConfigError(
+                "schema", _short(op.schema), "a Spark DDL string or StructType", f"of operator {op.name}: {exc}"
+            ) from None
+        resolved.append(op.resolved(spark_schema, arrow_schema(frame)))
+    return tuple(resolved)
+
+
+def _schema_frame(spark: Any, op: ChainedOperator) -> DataFrame:
+    """An empty DataFrame of ``op``'s output schema: what key columns are resolved against."""
+    return spark.createDataFrame([], op.spark_schema)
 
 
 _said_no_monitor: list[bool] = []
 
 
-def _live_monitor(spark: Any, name: str, wanted: bool | Callable[[list[MetricRow]], Any]) -> MonitorAddress | None:
+def _live_monitor(
+    spark: Any,
+    name: str,
+    wanted: bool | Callable[[list[MetricRow]], Any],
+    producers: int | None = None,
+    consumers: int | None = None,
+) -> MonitorAddress | None:
     """Where the tasks of exchange ``name`` send their samples (the driver's monitor service), or None on
     Spark Connect (said once per process) or when the service cannot start."""
     from .runtime.monitor import Monitor, driver_monitor
@@ -452,7 +582,13 @@ def _live_monitor(spark: Any, name: str, wanted: bool | Callable[[list[MetricRow
             )
         return None
     callback = None if isinstance(wanted, bool) else wanted
-    sink = Monitor(name, callback=callback, print_to=sys.stderr if callback is None else None)
+    sink = Monitor(
+        name,
+        callback=callback,
+        print_to=sys.stderr if callback is None else None,
+        producers=producers,
+        consumers=consumers,
+    )
     try:
         service = driver_monitor(spark.conf.get("spark.driver.host", None) or "127.0.0.1")
     except OSError as exc:

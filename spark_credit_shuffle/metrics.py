@@ -39,7 +39,9 @@ samples both of its sides on time, whether data moves or the task waits.
   window; see ``TimeAccount`` in :mod:`spark_credit_shuffle.engine.rules`); busy + idle +
   back-pressured = 1000 in every sample.
 - Consumers: ``inPoolUsage``, ``inputExclusiveBuffersUsage``, ``inputFloatingBuffersUsage``,
-  ``numRecordsInPerSecond`` since the previous sample and, per channel (channel = producer),
+  ``numRecordsInPerSecond`` since the previous sample, ``isBackPressured`` (0/1: waiting to hand its output
+  on, what follows it in the task being slower; its time is the consumer's back-pressured time) and, per
+  channel (channel = producer),
   ``credit`` (buffers the sender may send now, as the receiver knows it: its free buffers for the
   channel minus the credit not yet announced), ``unannouncedCredit`` (credit not yet announced to the
   sender), ``backlog`` (the sender's last announced backlog) and ``inputQueueLength``. In pipelined

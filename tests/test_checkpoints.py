@@ -214,6 +214,60 @@ def test_a_late_timer_injects_the_next_checkpoint_at_once_and_does_not_burst_to_
     assert trigger.next_barrier().id == 2
 
 
+def test_a_barrier_no_subpartition_took_after_the_finish_is_not_counted():
+    # given a finished producer's unaligned trigger, due
+    clock = _Clock(1_000_000)
+    trigger = CheckpointTrigger(
+        0, 10, scs.NetworkConfig(unaligned_checkpoints=True).checkpoint_options, clock.wall_ns, clock.monotonic
+    )
+    trigger.arm(clock.now_ms - 10_000)
+    # when every consumer released its subpartition meanwhile (none takes the barrier)
+    assert trigger.inject_after_finish(lambda barrier: 0) == 0
+    # then nothing went out: not counted, not recorded, and its id is still the next one
+    assert trigger.num_barriers == 0 and not trigger.rows and trigger.last_id == 0
+    assert trigger.metric_rows()[0].value == 0
+    # and a barrier that one subpartition took is counted once, with that id
+    seen = []
+    assert trigger.inject_after_finish(lambda barrier: seen.append(barrier.id) or 1) == 1
+    assert seen == [1] and trigger.num_barriers == 1 and [r.value for r in trigger.rows] == [1.0]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_barriers_out_are_exactly_the_barriers_the_consumers_received(mode):
+    # consumer 0 sleeps per row behind small pools, so the producers are back-pressured through many checkpoint
+    # instants; with unaligned barriers the finished producers still inject them while consumer 0 reads on
+    plan = make_plan(
+        scs.key_by("k"),
+        3,
+        3,
+        injection=Injection(consumer_delay_s=((0, 1e-4),)),
+        checkpoint_interval_ms=10,
+        max_buffers_per_channel=4,
+        floating_buffers_per_gate=2,
+        **MODES[mode],
+    )
+    _, rows = run_in_threads(plan, inputs(3, 6000))
+    out = {r.subtask: r.value for r in metric(rows, PRODUCER, "numCheckpointBarriersOut")}
+    injected = {
+        p: len([r for r in rows if r.metric == "checkpointBarrier" and r.side == PRODUCER and r.subtask == p])
+        for p in range(3)
+    }
+    received: dict[int, dict[int, set[int]]] = {p: {c: set() for c in range(3)} for p in range(3)}
+    for r in metric(rows, CONSUMER, "checkpointBarrier"):
+        received[r.channel][r.subtask].add(int(r.value))
+    assert sum(out.values()) > 0
+    for p in range(3):
+        counts = {c: len(ids) for c, ids in received[p].items()}
+        assert out[p] == injected[p], (p, out, injected)  # every barrier counted is one the producer recorded
+        if mode != "unaligned":  # aligned barriers queue before the end of partition: every consumer gets each
+            assert set(counts.values()) == {out[p]}, (p, out, counts)
+        else:
+            # each went into a subpartition a consumer still read: the consumer that read longest received them
+            # all, but for a last one that followed an end of partition it had consumed just before its
+            # release of the subpartition reached the producer (a consumer drops a barrier behind its end)
+            assert out[p] - 1 <= max(counts.values()) <= out[p], (p, out, counts)
+
+
 def _checkpoint_counts(ex, subtask: int) -> tuple[float, float]:
     counts = {
         r.metric: r.value

@@ -76,9 +76,44 @@ def test_bad_durations_name_setting_and_value(text):
 def test_segment_size_below_flinks_minimum():
     with pytest.raises(ConfigError, match=r"'segment_size'.*at least 4096 bytes") as info:
         NetworkConfig(segment_size="2kb")
-    assert info.value.value == 2048
+    assert info.value.value == "2kb"  # as the user wrote it
     with pytest.raises(ConfigError, match=r"power of two"):
         NetworkConfig(segment_size=5000)
+
+
+@pytest.mark.parametrize("value", [2**31, 2**33, "2 GiB", "8g"])
+def test_segment_size_above_flinks_maximum_names_segment_size_and_the_bound(value):
+    # Flink's getPageSize casts the segment size to a Java int: 1 GiB is the largest power of two it takes,
+    # however much network memory there is
+    with pytest.raises(ConfigError) as info:
+        NetworkConfig(segment_size=value, network_memory="64 GiB")
+    assert info.value.setting == "segment_size" and info.value.value == value
+    assert "at most 1073741824 bytes (1 GiB)" in str(info.value) and "network_memory" not in str(info.value)
+    assert NetworkConfig(segment_size="1 GiB", network_memory="2 GiB").total_network_buffers == 2
+
+
+def test_a_segment_larger_than_the_network_memory_names_the_setting_the_user_changed():
+    # given a segment size beyond the default network memory (64 MiB), the segment size is at fault
+    with pytest.raises(ConfigError) as info:
+        NetworkConfig(segment_size="1 GiB")
+    assert info.value.setting == "segment_size" and info.value.value == "1 GiB"
+    assert "up to network_memory (64 MiB, the default)" in str(info.value)
+    assert "raise network_memory (spark.creditShuffle.networkMemory) to at least 1 GiB" in str(info.value)
+    # given a network memory below the (default) segment size, the network memory is
+    with pytest.raises(ConfigError) as info:
+        NetworkConfig(network_memory="16kb")
+    assert info.value.setting == "network_memory" and "segment_size, 32 KiB" in str(info.value)
+
+
+def test_a_conf_value_error_names_the_conf_key_the_user_set():
+    with pytest.raises(ConfigError) as info:
+        NetworkConfig.from_conf({"spark.creditShuffle.segmentSize": "8g"})
+    assert info.value.setting == "segment_size" and info.value.conf_key == "spark.creditShuffle.segmentSize"
+    assert "'segment_size' (spark.creditShuffle.segmentSize)" in str(info.value) and "'8g'" in str(info.value)
+    # a keyword argument wins over the conf, and its error names the keyword alone
+    with pytest.raises(ConfigError) as info:
+        NetworkConfig.from_conf({"spark.creditShuffle.segmentSize": "64kb"}, segment_size=3000)
+    assert info.value.conf_key is None and "'segment_size':" in str(info.value)
 
 
 @pytest.mark.parametrize(

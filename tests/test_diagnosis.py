@@ -106,6 +106,75 @@ def test_a_healthy_run_and_an_idle_one():
     assert diagnose([]).verdict == "idle"
 
 
+def timed_rows(producers, consumers, records=1000):
+    """Metric rows of a pipelined run: ``producers`` and ``consumers`` as (busy, idle, back-pressured) ms/s."""
+    rows = []
+    for side, times, metric in ((PRODUCER, producers, "numRecordsOut"), (CONSUMER, consumers, "numRecordsIn")):
+        for i, (busy, idle, bp) in enumerate(times):
+            rows += [
+                MetricRow(side, i, 0, metric, "total", float(records)),
+                MetricRow(side, i, None, "busyTimeMsPerSecond", "mean", busy),
+                MetricRow(side, i, None, "idleTimeMsPerSecond", "mean", idle),
+                MetricRow(side, i, None, "backPressuredTimeMsPerSecond", "mean", bp),
+                MetricRow(side, i, None, "accumulateBusyTimeMs", "total", 4 * busy),
+                MetricRow(side, i, None, "accumulateIdleTimeMs", "total", 4 * idle),
+                MetricRow(side, i, None, "accumulateBackPressuredTimeMs", "total", 4 * bp),
+            ]
+    return rows
+
+
+PRESSED = [(100.0, 50.0, 850.0)] * 4
+
+
+def test_backpressure_no_single_consumer_explains_names_no_consumer():
+    """Four tasks sharing two cores: every consumer partly busy, partly idle, the producers waiting (LOW)."""
+    consumers = [(486.0, 421.0, 93.0), (380.0, 567.0, 53.0), (687.0, 206.0, 107.0), (558.0, 442.0, 0.0)]
+    producers = [(786.0, 30.0, 184.0), (498.0, 30.0, 472.0), (658.0, 33.0, 309.0), (551.0, 34.0, 415.0)]
+    d = diagnose(summarize(timed_rows(producers, consumers)))
+    assert (d.verdict, d.origin, d.back_pressured) == ("spread", None, (0, 1, 2, 3))
+    assert "no single consumer explains" in d.text and "consumer subtask" not in d.text
+    assert d.figures["consumers_busy_ms_per_second"] == pytest.approx(522.0)
+
+
+def test_a_busy_consumer_whose_peers_starve_is_the_origin_and_its_figures_come_with_it():
+    consumers = [(33.0, 967.0, 0.0), (36.0, 964.0, 0.0), (997.0, 3.0, 0.0), (27.0, 973.0, 0.0)]
+    d = diagnose(summarize(timed_rows(PRESSED, consumers)))
+    assert (d.verdict, d.origin) == ("backpressure", 2)
+    assert d.figures["origin_busy_ms_per_second"] == 997.0 and d.figures["others_idle_ms_per_second"] == 967.0
+    assert "wait for data (964-973 ms/s idle)" in d.text
+    # twice as busy as the others while they wait for data more than they work: still the origin
+    loaded = [(450.0, 500.0, 50.0), (420.0, 560.0, 20.0), (990.0, 10.0, 0.0), (400.0, 550.0, 50.0)]
+    assert diagnose(summarize(timed_rows(PRESSED, loaded))).verdict == "backpressure"
+    # but busy alone is not enough: the others busy too, hardly idle, is a loaded machine, not a slow consumer
+    crowded = [(600.0, 100.0, 0.0), (580.0, 120.0, 0.0), (990.0, 10.0, 0.0), (560.0, 140.0, 0.0)]
+    assert diagnose(summarize(timed_rows(PRESSED, crowded))).origin is None
+
+
+def test_a_consumer_waiting_to_hand_on_its_output_points_downstream():
+    consumers = [(25.0, 783.0, 193.0), (37.0, 810.0, 154.0), (31.0, 73.0, 897.0), (28.0, 884.0, 88.0)]
+    d = diagnose(summarize(timed_rows(PRESSED, consumers)))
+    assert (d.verdict, d.origin) == ("downstream", 2)
+    assert "the step that follows the exchange on partition 2 is slow" in d.text
+    assert d.figures["origin_back_pressured_ms_per_second"] == 897.0
+    everywhere = [(80.0, 250.0, 670.0), (40.0, 330.0, 630.0), (90.0, 313.0, 597.0), (65.0, 528.0, 407.0)]
+    d = diagnose(summarize(timed_rows(PRESSED, everywhere)))
+    assert (d.verdict, d.origin) == ("downstream", None) and "no one partition stands out" in d.text
+
+
+def test_busy_producers_and_idle_consumers_are_source_bound_but_a_healthy_run_is_ok():
+    busy_producers = [(960.0, 30.0, 10.0)] * 4
+    d = diagnose(summarize(timed_rows(busy_producers, [(25.0, 975.0, 0.0)] * 4)))
+    assert (d.verdict, d.origin, d.back_pressured) == ("source-bound", None, ())
+    assert "the producers are busy" in d.text
+    waiting_producers = [(80.0, 910.0, 10.0)] * 4
+    d = diagnose(summarize(timed_rows(waiting_producers, [(25.0, 975.0, 0.0)] * 4)))
+    assert d.verdict == "source-bound" and "wait for their input" in d.text
+    healthy = diagnose(summarize(timed_rows([(800.0, 150.0, 50.0)] * 4, [(300.0, 650.0, 50.0)] * 4)))
+    assert healthy.verdict == "ok"
+    blocking = diagnose(summarize(timed_rows(busy_producers, [(25.0, 975.0, 0.0)] * 4)), mode="blocking")
+    assert blocking.verdict == "ok"  # its consumers start after its producers ended: idle says nothing of them
+
+
 # -- on Spark ------------------------------------------------------------------------------------------
 
 

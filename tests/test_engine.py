@@ -257,6 +257,7 @@ def test_the_simulation_samples_the_runtimes_timeline_rows_and_plot_takes_its_re
         "inPoolUsage",
         "inputExclusiveBuffersUsage",
         "inputFloatingBuffersUsage",
+        "isBackPressured",  # waiting to hand its output on
         "credit",
         "unannouncedCredit",
         "backlog",

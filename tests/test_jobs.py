@@ -301,3 +301,12 @@ def test_pipelined_path_job_measures_every_thread_and_stage_of_an_exchange_betwe
     assert headline["us_per_buffer_total"] >= headline["us_per_buffer_producer_thread"]
     for stage in ("producer: slice + IPC write", "receiver: decode frames", "consumer: decode (RecordReader)"):
         assert stage in out
+
+
+def test_diagnosis_matrix_runs_its_cases_and_says_how_often_each_was_right(spark, capsys):
+    job = load_job("diagnosis_matrix")
+    headline = job.main(["--case", "producer", "--rows", "40000", "--repeat", "1"])
+    out = capsys.readouterr().out
+    assert last_json(out) == headline and headline["runs"] == 1
+    assert set(headline["right"]) == {"producer"} and "round 1 producer" in out
+    assert headline["right"]["producer"] == 1, out  # producers sleeping 40 us per row: source-bound

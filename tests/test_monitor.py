@@ -45,7 +45,7 @@ def test_samples_from_a_task_reach_the_callback_and_forged_or_replayed_lines_are
             {"key": address.key, "attempt": 7, "seq": 99, "rows": [["producer", 0, None, "x", "sample", 1.0, 1.0]]}
         )
         for line in (
-            b"0" * 64 + b" " + body.encode() + b"\n",  # a mac without the secret
+            address.key.encode() + b" " + b"0" * 64 + b" " + body.encode() + b"\n",  # a mac without the secret
             b"not json at all\n",
         ):
             with socket.create_connection((host, port), timeout=5) as sock:
@@ -66,7 +66,7 @@ def test_samples_from_a_task_reach_the_callback_and_forged_or_replayed_lines_are
 
 
 def test_a_line_per_exchange_with_what_the_last_samples_say():
-    monitor = Monitor("hash-pipelined-2")
+    monitor = Monitor("hash-pipelined-2", producers=3)
     now = time.time() * 1000.0
     monitor.accept(
         [
@@ -85,9 +85,39 @@ def test_a_line_per_exchange_with_what_the_last_samples_say():
     )
     line = monitor.line()
     assert "2,000 rows out in 10 buffers, 1,900 in" in line
-    assert "back-pressured producers: 0 of 2" in line
-    assert "slowest consumer 0 (100 rows/s)" in line
+    # counted against the exchange's 3 producers, not the 2 sampled so far; the back-pressured one named
+    assert "back-pressured producers: 1 of 3 (0)" in line
     assert "outPool max 1.00, inPool max 0.25" in line
+
+
+def consumer_times(subtask, busy, idle, back_pressured, now, rate=0.0):
+    return [
+        MetricRow(CONSUMER, subtask, None, "busyTimeMsPerSecond", "sample", busy, now),
+        MetricRow(CONSUMER, subtask, None, "idleTimeMsPerSecond", "sample", idle, now),
+        MetricRow(CONSUMER, subtask, None, "backPressuredTimeMsPerSecond", "sample", back_pressured, now),
+        MetricRow(CONSUMER, subtask, None, "numRecordsInPerSecond", "sample", rate, now),
+    ]
+
+
+def test_the_line_names_the_busy_consumer_not_the_starved_one():
+    """Flink's way to the origin: the consumer busy and not back-pressured while the producers wait; a consumer
+    starved at 0 rows/s is a victim, not the cause."""
+    now = time.time() * 1000.0
+    producers = [MetricRow(PRODUCER, p, None, "isBackPressured", "sample", 1.0, now) for p in range(4)]
+
+    def line(*consumers):
+        monitor = Monitor("rebalance-pipelined-9", producers=4)
+        monitor.accept(producers + [row for c in consumers for row in consumer_times(*c, now)])
+        return monitor.line()
+
+    slow_two = line((0, 30.0, 970.0, 0.0), (1, 35.0, 965.0, 0.0), (2, 995.0, 5.0, 0.0), (3, 28.0, 972.0, 0.0))
+    assert "back-pressured producers: 4 of 4 (0, 1, 2, 3)" in slow_two
+    assert "backpressure from consumer 2 (busy 995 ms/s)" in slow_two
+    after_one = line((0, 40.0, 900.0, 60.0), (1, 30.0, 80.0, 890.0), (2, 40.0, 930.0, 30.0), (3, 45.0, 900.0, 55.0))
+    assert "backpressure from the step after consumer 1 (back-pressured on its output 890 ms/s)" in after_one
+    spread = line((0, 500.0, 450.0, 50.0), (1, 480.0, 500.0, 20.0), (2, 560.0, 400.0, 40.0), (3, 420.0, 560.0, 20.0))
+    assert "backpressure spread over the consumers (busy 420-560 ms/s)" in spread
+    assert "from consumer" not in spread
 
 
 def slow_df(spark, n=30_000):

@@ -261,6 +261,7 @@ def test_tasks_sample_a_timeline_of_pools_credits_and_backpressure():
     producer = {"outPoolUsage", "isBackPressured", "numRecordsOutPerSecond", *time_gauges}
     producer |= {"backlog", "outputQueueLength", "credit"}
     consumer = {"inPoolUsage", "inputExclusiveBuffersUsage", "inputFloatingBuffersUsage", "numRecordsInPerSecond"}
+    consumer |= {"isBackPressured"}  # waiting to hand its output on
     consumer |= {"credit", "unannouncedCredit", "backlog", "inputQueueLength", *time_gauges}
     assert by_task == {**{(PRODUCER, i): producer for i in range(3)}, **{(CONSUMER, i): consumer for i in range(3)}}
     for side, subtask in by_task:

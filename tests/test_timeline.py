@@ -97,6 +97,7 @@ def test_blocking_tasks_sample_pools_backlog_and_credits():
         "inputExclusiveBuffersUsage",
         "inputFloatingBuffersUsage",
         "numRecordsInPerSecond",
+        "isBackPressured",  # waiting to hand its output on
         "credit",
         "unannouncedCredit",
         "backlog",

@@ -51,7 +51,8 @@ print(f"this notebook runs the exchange in {MODE} mode")
 # MAGIC
 # MAGIC 4,000 rows of about 200 bytes from 2 producer subtasks, round robin (`rebalance`) to 2 consumer
 # MAGIC subtasks, with small (4 KiB) network buffers so that the buffers fill quickly. The second run
-# MAGIC makes consumer subtask 0 sleep 0.5 ms per row it receives (`Injection(consumer_delay_s=...)`):
+# MAGIC chains a step into consumer subtask 0's task that sleeps 0.5 ms per row it receives
+# MAGIC (`after=scs.map_in_pandas(...)`, as Flink chains an operator after an exchange):
 # MAGIC its 2,000 rows take at least 1 s.
 
 # COMMAND ----------
@@ -65,8 +66,24 @@ rows = spark.range(0, 4000, 1, 2).select(
 settings = {"segment_size": "4kb", "metrics_sample_interval_ms": 10}
 
 
-def run(injection=None):
-    ex = scs.exchange(rows, scs.rebalance(seed=7), parallelism=2, mode=MODE, injection=injection, **settings)
+def slowed(seconds_per_row, schema):
+    """A step chained into the consumer tasks (Flink's operator chaining): it sleeps per row on consumer 0. Its time
+    is the consumer's busy time, and while it sleeps the consumer returns no credit: its producers wait."""
+
+    def slow_step(frames):
+        from pyspark import TaskContext
+
+        mine = TaskContext.get().partitionId() == 0
+        for frame in frames:
+            if mine:
+                time.sleep(seconds_per_row * len(frame))
+            yield frame
+
+    return scs.map_in_pandas(slow_step, schema)
+
+
+def run(after=None):
+    ex = scs.exchange(rows, scs.rebalance(seed=7), parallelism=2, mode=MODE, after=after, **settings)
     started = time.perf_counter()
     with ex.labelled():
         count = ex.df.count()
@@ -75,7 +92,7 @@ def run(injection=None):
 
 run()  # the first exchange starts Spark's Python workers: leave it out of the comparison
 fast, fast_count, fast_seconds = run()
-slow, slow_count, slow_seconds = run(scs.Injection(consumer_delay_s=((0, 0.0005),)))
+slow, slow_count, slow_seconds = run(slowed(0.0005, rows.schema))
 print(f"no delay:          {fast_count} rows in {fast_seconds:.2f} s")
 print(f"consumer 0 slowed: {slow_count} rows in {slow_seconds:.2f} s")
 
@@ -175,7 +192,7 @@ if MODE == "pipelined":
         scs.rebalance(seed=7),
         parallelism=2,
         mode=MODE,
-        injection=scs.Injection(consumer_delay_s=((0, 0.0005),)),
+        after=slowed(0.0005, rows.schema),
         local_channels="task",
         **settings,
     )
@@ -216,7 +233,7 @@ adaptive = scs.exchange(
     scs.rebalance(seed=7, adaptive=True),
     parallelism=2,
     mode=MODE,
-    injection=scs.Injection(consumer_delay_s=((0, 0.0005),)),
+    after=slowed(0.0005, rows.schema),
     **settings,
 )
 with adaptive.labelled():
@@ -293,7 +310,7 @@ for label, unaligned in (("aligned", False), ("unaligned", True)):
         scs.key_by("k"),
         parallelism=2,
         mode=MODE,
-        injection=scs.Injection(consumer_delay_s=((0, 0.00003),)),
+        after=slowed(0.00003, keyed.schema),
         segment_size="4kb",
         checkpoint_interval_ms=50,
         unaligned_checkpoints=unaligned,

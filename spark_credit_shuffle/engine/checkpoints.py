@@ -139,10 +139,36 @@ class CheckpointTrigger:
         return 0.0 if self.is_due() else max(0.001, self.interval / 10)
 
     def next_barrier(self) -> CheckpointBarrier:
-        """The barrier of the next checkpoint (the one after the last injected), stamped now; a timeline row
-        records it."""
-        now_ms = self.wall_ns() // 1_000_000
-        self.last_id += 1
+        """The barrier of the next checkpoint (the one after the last injected), stamped now and counted as
+        sent (``numCheckpointBarriersOut``); a timeline row records it. For a running producer, whose
+        broadcast puts it into every subpartition."""
+        barrier = self._peek()
+        self._commit(barrier)
+        return barrier
+
+    def inject_after_finish(self, inject: Callable[[CheckpointBarrier], int]) -> int:
+        """A finished producer's barrier, if one is due: ``inject`` puts it into the subpartitions a consumer
+        still reads and answers how many took it (``ProducerEngine.inject_after_finish``). Only a barrier that
+        went into at least one subpartition is a checkpoint this producer took part in: it alone is counted,
+        recorded and uses up its id. One that none took (every consumer released its subpartition meanwhile)
+        leaves the trigger as it was, so ``numCheckpointBarriersOut`` is exactly the barriers that went out.
+        Returns how many subpartitions took it (0: none, or none due)."""
+        if not self.is_due():
+            return 0
+        barrier = self._peek()
+        taken = inject(barrier)
+        if taken:
+            self._commit(barrier)
+        return taken
+
+    def _peek(self) -> CheckpointBarrier:
+        """The next checkpoint's barrier, stamped now, with nothing counted yet."""
+        return CheckpointBarrier(self.last_id + 1, self.wall_ns() // 1_000_000, self.options)
+
+    def _commit(self, barrier: CheckpointBarrier) -> None:
+        """``barrier`` went out: its id is the last, the schedule moves on, and it is counted and recorded."""
+        now_ms = barrier.timestamp
+        self.last_id = barrier.id
         self.instant = max(self.instant + 1, round(now_ms / self.interval_ms))
         self.injected_at = self.monotonic()
         self.num_barriers += 1
@@ -150,9 +176,8 @@ class CheckpointTrigger:
             self.timeout_at = self.monotonic() + self.options.aligned_checkpoint_timeout_ms / 1000.0
         if len(self.rows) < _MAX_BARRIER_ROWS:
             self.rows.append(
-                MetricRow(PRODUCER, self.subtask, None, "checkpointBarrier", SAMPLE, float(self.last_id), float(now_ms))
+                MetricRow(PRODUCER, self.subtask, None, "checkpointBarrier", SAMPLE, float(barrier.id), float(now_ms))
             )
-        return CheckpointBarrier(self.last_id, now_ms, self.options)
 
     def timed_out(self, now: float) -> int | None:
         """The checkpoint whose aligned barrier timed out by ``now`` (on the ``monotonic`` clock), once: the
@@ -168,8 +193,10 @@ class CheckpointTrigger:
         self.persisted_output_bytes += sum(sizes)
 
     def metric_rows(self) -> list[MetricRow]:
-        """``numCheckpointBarriersOut``; with unaligned barriers, the output channel state they persisted
-        (``resultSubpartitionStateBuffers`` and ``...Bytes``, after Flink's ``ResultSubpartitionStateHandle``)."""
+        """``numCheckpointBarriersOut``: the barriers that went into the partition (a producer whose input ended
+        before a checkpoint's instant sends none for it: its end of partition counts for alignment). With
+        unaligned barriers, also the output channel state they persisted (``resultSubpartitionStateBuffers`` and
+        ``...Bytes``, after Flink's ``ResultSubpartitionStateHandle``)."""
         rows = [MetricRow(PRODUCER, self.subtask, None, "numCheckpointBarriersOut", "total", float(self.num_barriers))]
         if self.options.is_unaligned or self.options.is_timeoutable:
             for metric, value in (

@@ -34,9 +34,11 @@ def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 MAX_LATENCY_SAMPLES = 100_000
 
 
-#: An output batch holds at most about this many bytes, whatever ``output_batch_rows`` says (rows larger than a
-#: segment would otherwise join into one batch of gigabytes).
-OUTPUT_BATCH_BYTES = 16 << 20
+#: An output batch holds at most about this many bytes, whatever ``output_batch_rows`` says: rows larger than a
+#: segment would otherwise join into one batch of gigabytes, and the consumer's output waiting for Spark is
+#: bounded in batches (``runtime/handoff.py``), so wide rows would hold tens of MB there before the consumer
+#: waits. 8192 rows of ~110 bytes are below it.
+OUTPUT_BATCH_BYTES = 4 << 20
 
 
 class OutputBatcher:
@@ -162,6 +164,22 @@ class ConsumerEngine:
         self.debloat = GateDebloat(gate, settings.debloat, now) if settings.debloat is not None else None
         self.where: Callable[[int], str] = lambda producer: "?"
         self.detail: Callable[[int, float], str] = lambda producer, now: ""
+        #: Set while the consumer waits to hand its output on (see :meth:`begin_output_wait`).
+        self.output_waiting_since: float | None = None
+
+    def begin_output_wait(self, now: float) -> None:
+        """The consumer cannot hand its output on (what follows it in the task has not taken the last rows):
+        it waits, back-pressured, as a Flink task whose output is full (``backPressuredTimeMsPerSecond``). It
+        reads no input meanwhile, so its buffers stay taken and its producers run out of credit."""
+        self.output_waiting_since = now
+
+    def end_output_wait(self, now: float) -> None:
+        """The output was taken: the back-pressured wait since :meth:`begin_output_wait` ends (soft: the
+        consumer waits before it takes its next input, as Flink's mailbox does)."""
+        since = self.output_waiting_since
+        if since is not None:
+            self.time.add_back_pressure(max(0.0, now - since), hard=False)
+            self.output_waiting_since = None
 
     def start(self, now: float, wall_ns: int) -> None:
         """The channels were requested: the consumer's life, and every channel's silence, start now."""
@@ -270,8 +288,10 @@ class ConsumerEngine:
         for name, value in zip(GateGauges.NAMES, self.gate_gauges.values()):
             yield name, None, value
         yield "numRecordsInPerSecond", None, self._records_in.rate(sum(r.num_records_in for r in self.readers), now)
-        for name, value in self.time.window_gauges(now):
+        waiting = self.output_waiting_since
+        for name, value in self.time.window_gauges(now, waiting):
             yield name, None, value
+        yield "isBackPressured", None, 0.0 if waiting is None else 1.0
         if self.debloat is not None:
             for name, value in self.debloat.gauges():
                 self.metrics.sample(name, value)

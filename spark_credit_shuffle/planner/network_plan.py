@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..config import NetworkConfig
+from ..config import DEFAULT_SEGMENT_SIZE, NetworkConfig
 from ..errors import InsufficientNetworkBuffersError
 from ..protocol.pools import NETWORK_MEMORY_SETTING
 from ..protocol.sizing import UNBOUNDED
@@ -170,6 +170,8 @@ class NetworkPlan:
             f"{stage.required_per_executor * self.config.segment_size / (1 << 20):.1f} MiB of network memory "
             f"needed per executor, {self.config.network_memory / (1 << 20):.1f} MiB configured"
         )
+        if self.config.segment_size > DEFAULT_SEGMENT_SIZE:  # the setting the user raised: name it too
+            detail += f"; or lower segment_size ({self.config.segment_size // 1024} KiB, default 32 KiB)"
         return InsufficientNetworkBuffersError(
             required=stage.required_per_executor,
             available=stage.network_buffers,

@@ -27,6 +27,7 @@ from .placement import unused_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation
+    from pyspark.sql.types import StructType
 
     from .plan import ExchangePlan
 
@@ -48,14 +49,15 @@ METRICS_COLUMN = "__credit_shuffle_metrics"
 _METRICS_CELL_TYPE = pa.list_(METRIC_ROW_TYPE)
 
 
-def output_struct_type(df: DataFrame, column: str = METRICS_COLUMN):
-    """Spark type of a consumer stage's output: the input's columns plus the metrics column ``column``."""
+def output_struct_type(schema: StructType, column: str = METRICS_COLUMN) -> StructType:
+    """Spark type of a consumer stage's output: the columns of ``schema`` (the input's, or the last chained
+    operator's) plus the metrics column ``column``."""
     from pyspark.sql.types import ArrayType, StructField, StructType
 
-    if column in df.columns:
+    if column in schema.names:
         raise ValueError(f"the input already has a column named {column}")
     metrics_type = ArrayType(metric_row_spark_type())
-    return StructType([*df.schema.fields, StructField(column, metrics_type, True)])
+    return StructType([*schema.fields, StructField(column, metrics_type, True)])
 
 
 def output_schema(schema: pa.Schema, column: str = METRICS_COLUMN) -> pa.Schema:
@@ -144,9 +146,12 @@ class MetricsReport:
         """True if the metrics travel as a hidden column of the output (see the module documentation)."""
         return self.accumulator is None
 
-    def output_type(self, df: DataFrame):
-        """Spark type of the consumer stage's output: ``df``'s, plus the metrics column if in band."""
-        return output_struct_type(df, self.column) if self.accumulator is None else df.schema
+    def output_type(self, df: DataFrame, plan: ExchangePlan | None = None) -> StructType:
+        """Spark type of the consumer stage's output: ``df``'s (or, with operators chained into ``plan``'s
+        tasks, the last one's: after the exchange, else before it), plus the metrics column if in band."""
+        chained = (plan.after or plan.before) if plan is not None else ()
+        schema = chained[-1].spark_schema if chained else df.schema
+        return output_struct_type(schema, self.column) if self.accumulator is None else schema
 
     def data(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """A data batch as the consumer stage yields it."""

@@ -276,12 +276,14 @@ def build(
     if retryable is None:
         retryable = True
     options = options or TaskOptions(address_exchange=plan.config.address_exchange)
-    report = (report if report is not None else metrics_report(df.sparkSession)).beside(df.columns)
+    report = (report if report is not None else metrics_report(df.sparkSession)).beside(
+        [*df.columns, *plan.output_schema.names]
+    )
     producers, consumers = plan.num_producers, plan.num_consumers
     width = max(producers, consumers)
     secret = _secrets.token_bytes(32)
     tls = TlsIdentity.generate(plan.name) if plan.tls else None  # shipped to the tasks as the secret is
-    tag = unused_name(_TAG, [*df.columns, report.column])
+    tag = unused_name(_TAG, [*df.columns, *plan.output_schema.names, report.column])
     source = df
     refused = barrier_refusal(df)
     if refused is not None:
@@ -293,7 +295,7 @@ def build(
         _address_service(df.sparkSession, plan, secret, width, tls) if options.address_exchange == "auto" else None
     )
 
-    output_type = report.output_type(df)
+    output_type = report.output_type(df, plan)
     placed = producers > consumers or retryable
     rows_column = unused_name(_ROWS, [tag])
     columnar = placed and columnar_layout(output_type, ansi_mode(df.sparkSession))

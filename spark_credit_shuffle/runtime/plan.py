@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from ..config import NetworkConfig
 from ..partitioners import Partitioner
+from .chain import ChainedOperator
 from .monitor import MonitorAddress
 
 __all__ = ["ExchangePlan", "Injection"]
@@ -72,9 +73,30 @@ class ExchangePlan:
     #: Pipelined mode: every connection of the exchange runs mutual TLS with a key pair made for it on the
     #: driver (decided before launch, :func:`~spark_credit_shuffle.runtime.security.use_tls`).
     tls: bool = False
+    #: Operators chained into the producer tasks, on the input before it is written (:mod:`.chain`); ``schema``
+    #: is then the last one's output.
+    before: tuple[ChainedOperator, ...] = ()
+    #: Operators chained into the consumer tasks, on the rows they receive; their last one's output is the
+    #: exchange's.
+    after: tuple[ChainedOperator, ...] = ()
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        """The Arrow schema of what the consumer tasks hand to Spark: the received rows', or the last chained
+        operator's."""
+        if self.after:
+            schema = self.after[-1].arrow_schema
+            assert schema is not None, "chained operators are resolved on the driver"
+            return schema
+        return self.schema
 
     def describe(self) -> str:
+        chained = "".join(
+            f", {where} {', '.join(op.name for op in ops)} chained"
+            for where, ops in (("producers", self.before), ("consumers", self.after))
+            if ops
+        )
         return (
             f"credit shuffle {self.name}: {self.partitioner.name} {self.mode} exchange, "
-            f"{self.num_producers} -> {self.num_consumers} subtasks"
+            f"{self.num_producers} -> {self.num_consumers} subtasks{chained}"
         )

@@ -10,9 +10,17 @@ import threading
 import time
 from types import ModuleType
 
-__all__ = ["freeze_worker_heap", "rss_bytes", "thread_cpu_seconds"]
+__all__ = ["available_cores", "freeze_worker_heap", "rss_bytes", "thread_cpu_seconds"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system tells it, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def rss_bytes() -> int:

@@ -31,10 +31,13 @@ from ..errors import ConfigError, CreditShuffleError
 from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics, executor_row
 from ..protocol import BufferOrEvent, PipelinedResultPartition, SingleInputGate
 from ..transport.tls import TlsIdentity
+from .blocking.input import timed_batches
+from .chain import apply_chain
+from .handoff import OutputHandoff
 from .locked_partition import LockedPartition
 from .metrics_report import IN_BAND, MetricsReport
 from .monitor import MonitorClient, watch
-from .resources import rss_bytes, thread_cpu_seconds
+from .resources import available_cores, rss_bytes, thread_cpu_seconds
 from .wiring import TaskWiring
 
 if TYPE_CHECKING:
@@ -136,6 +139,7 @@ class PipelinedTask:
         self._cpu_start = time.process_time()
         self._main_cpu_start = time.thread_time()
         self._producer_cpu_s = 0.0
+        self._consumer_cpu_s = 0.0
         self._wall_start = time.monotonic()
         self.wiring.consumer_done = not self.is_consumer
         self.wiring.producer_done = not self.is_producer
@@ -234,17 +238,22 @@ class PipelinedTask:
             if injection is not None and self.is_consumer:
                 injection.maybe_fail(CONSUMER, self.index)
             consumer = self.consumer
+            data = self.report.data
             if consumer is not None and self.wiring.gate is not None:
                 with self.lock:  # the consumer's first timeline sample
                     self._record_consumer_sample(time.monotonic())
-                yield from self._consume(consumer)
+                for batch in self._handed_on(consumer):
+                    yield data(batch)
                 with self.lock:  # the consumer's last timeline sample
                     self._record_consumer_sample(time.monotonic())
+            elif self.is_consumer and self.plan.after:  # no channel: the chained operators see an empty input
+                for batch in apply_chain(self.plan.after, iter(())):
+                    yield data(batch)
             self.wiring.consumer_done = True
             if consumer is not None:
                 consumer.time.stop(time.monotonic())
             self.wiring.await_end()
-            yield from self.report.last(self.plan.schema, self._metric_rows())
+            yield from self.report.last(self.plan.output_schema, self._metric_rows())
         except BaseException as exc:
             if self.wiring.failed_at is None:  # before closing: peers see the close and fail after this task
                 self.wiring.failed_at = time.monotonic()
@@ -286,12 +295,12 @@ class PipelinedTask:
                 injection.maybe_fail(PRODUCER, self.index)
             with self.lock:  # the producer's first timeline sample, whether or not its timer runs before the end
                 self._record_producer_sample(time.monotonic())
-            iterator = iter(batches)
+            # the wait for Spark's next input batch is idle time; a chained operator's work is busy time
+            iterator = timed_batches(batches, clock)
+            if self.plan.before:
+                iterator = apply_chain(self.plan.before, iterator)
             while not self.wiring.stopping.is_set():
-                waited = clock.idle_since = time.monotonic()
                 batch = next(iterator, None)
-                clock.idle_since = None
-                clock.idle += time.monotonic() - waited
                 if batch is None:
                     break
                 if not batch.num_rows:
@@ -437,8 +446,7 @@ class PipelinedTask:
                         debloat.on_timer(max(now, time.monotonic()))
                 if finishing and producer is not None and now >= next_checkpoint:
                     with self._sending(), self.lock:
-                        if trigger.is_due():
-                            producer.inject_after_finish(trigger.next_barrier())
+                        trigger.inject_after_finish(producer.inject_after_finish)  # counted if one took it
                         next_checkpoint = now + trigger.seconds_until_next()
                 if not producing or producer is None:
                     continue
@@ -467,6 +475,44 @@ class PipelinedTask:
 
     # -- consumer half (the task thread) --
 
+    def _handed_on(self, consumer: ConsumerEngine) -> Iterator[pa.RecordBatch]:
+        """The consumer's output (through the chained operators), decoded on the consumer thread and yielded
+        here, on the Spark task thread, through a bounded :class:`~.handoff.OutputHandoff`: the consumer's
+        wait for room there is its back-pressured time (the output not taken)."""
+        handoff = OutputHandoff()
+        self._start_thread(lambda: self._consumer_thread(consumer, handoff), "consumer")
+        thread = self.wiring.threads[-1]
+        take, alive = handoff.take, thread.is_alive
+        while (batch := take(alive)) is not None:
+            yield batch
+
+    def _consumer_thread(self, consumer: ConsumerEngine, handoff: OutputHandoff) -> None:
+        """Decode, run the chained operators, hand the output on; the end or the failure goes to ``handoff``."""
+        cpu = time.thread_time()
+        stopping = self.wiring.stopping.is_set
+        lock = self.lock
+
+        def on_wait() -> None:
+            with lock:
+                consumer.begin_output_wait(time.monotonic())
+
+        def on_taken() -> None:
+            with lock:
+                consumer.end_output_wait(time.monotonic())
+
+        try:
+            outputs: Iterator[pa.RecordBatch] = self._consume(consumer)
+            if self.plan.after:
+                outputs = apply_chain(self.plan.after, outputs)
+            put = handoff.put
+            for batch in outputs:
+                put(batch, stopping, on_wait, on_taken)
+            handoff.close(stopping, on_wait, on_taken)
+        except BaseException as exc:
+            handoff.fail(exc)
+        finally:
+            self._consumer_cpu_s = time.thread_time() - cpu
+
     def _consume(self, consumer: ConsumerEngine) -> Iterator[pa.RecordBatch]:
         """The consumer loop. It takes what the gate holds in bursts (every buffer and event there, up to
         :data:`BURST`, under one taking of the task's lock: the lock the I/O and producer threads contend for)
@@ -478,7 +524,6 @@ class PipelinedTask:
         before. A burst polled but not decoded when the loop ends (a failure, an early close) goes back too."""
         delay = self.plan.injection.delay_of(self.index) if self.plan.injection is not None else 0.0
         lock = self.lock
-        data = self.report.data
         output = consumer.output
         add, ready_now = output.add, output.ready
         take = consumer.take
@@ -512,7 +557,7 @@ class PipelinedTask:
                             if polled_burst is None:
                                 break
                             flush()  # nothing more came while the pending rows waited: hand them on
-                            yield data(output.take())
+                            yield output.take()
                             continue
                         burst.extend(polled_burst)
                         wall_ns = time_ns()
@@ -532,10 +577,10 @@ class PipelinedTask:
                     ready = ready_now(polled.more_available, monotonic())
                     if ready is not None:
                         flush()
-                        yield data(ready)
+                        yield ready
                 flush()
                 if output.pending:
-                    yield data(output.take())
+                    yield output.take()
             finally:  # a failure or an early close: no buffer stays out of its pool
                 for polled in burst:
                     recycler = polled.buffer.detach_recycler()
@@ -632,13 +677,16 @@ class PipelinedTask:
             rows.extend(TimeAccount(self._wall_start).rows(CONSUMER, self.index, now))
         metrics = self._task_metrics
         metrics.count("taskCpuTimeMs", (time.process_time() - self._cpu_start) * 1000.0)
-        metrics.count("consumerThreadCpuTimeMs", (time.thread_time() - self._main_cpu_start) * 1000.0)
+        # the consumer half: its own thread (decoding, chained operators) and the Spark task thread (hand-over)
+        main_cpu_s = time.thread_time() - self._main_cpu_start
+        metrics.count("consumerThreadCpuTimeMs", (main_cpu_s + self._consumer_cpu_s) * 1000.0)
         if self.is_producer:
             metrics.count("producerThreadCpuTimeMs", self._producer_cpu_s * 1000.0)
         io_cpu = thread_cpu_seconds(getattr(self.wiring.transport, "_thread", None))
         if io_cpu is not None:
             metrics.count("ioThreadCpuTimeMs", io_cpu * 1000.0)
         metrics.count("taskWallTimeMs", (time.monotonic() - self._wall_start) * 1000.0)
+        metrics.count("taskAvailableCores", float(available_cores()))
         rows.extend(metrics.rows())
         where = str(self.executors[self.index]) if self.executors else self.host
         if self.is_producer:

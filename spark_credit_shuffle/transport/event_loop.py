@@ -17,7 +17,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["EventLoop", "ServicesByHost"]
+__all__ = ["LISTEN_BACKLOG", "EventLoop", "ServicesByHost"]
+
+#: Connections the kernel queues for a listener before its thread accepts them. A burst beyond the queue is
+#: not refused but delayed: Linux drops the SYNs (or the handshakes' last ACKs) that do not fit, and the peer
+#: sends them again a second later, so 300 connections arriving at once behind a queue of 64 lived up to a
+#: second longer than the authentication deadline counted from their accept. Linux caps it at
+#: ``net.core.somaxconn`` (4096 by default).
+LISTEN_BACKLOG = 1024
 
 _LISTENER = object()
 _WAKEUP = object()
@@ -28,7 +35,7 @@ class EventLoop:
     socket pair and a selector. Register connections with :attr:`selector` (their ``data`` is what
     :meth:`poll` hands back). Raises ``OSError`` if the address cannot be bound (nothing is left open)."""
 
-    def __init__(self, host: str, port: int = 0, *, backlog: int) -> None:
+    def __init__(self, host: str, port: int = 0, *, backlog: int = LISTEN_BACKLOG) -> None:
         self.selector = selectors.DefaultSelector()
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -105,13 +112,20 @@ class _Service(Protocol):
     @property
     def is_alive(self) -> bool: ...
 
+    def restarted(self) -> Any:
+        """A new service of the same kind, on the same address and port if it is free, holding what this one
+        held (its registrations), for a service whose thread ended."""
+        ...
+
 
 _S = TypeVar("_S", bound=_Service)
 
 
 class ServicesByHost(Generic[_S]):
     """One service of a kind per process and listening host (the driver's address service, its monitor
-    service), made by ``start(host)`` on first use and again if its thread has ended."""
+    service), made by ``start(host)`` on first use. If its thread has ended, the next use restarts it with
+    its ``restarted()``: on the same port (the exchanges built before it hold that address) with the same
+    registrations, so that they do not fail with a refused connection."""
 
     def __init__(self, start: Callable[[str], _S], resolve: Callable[[str], str]) -> None:
         self._start = start
@@ -124,6 +138,8 @@ class ServicesByHost(Generic[_S]):
         address = self._resolve(host)
         with self._lock:
             service = self._services.get(address)
-            if service is None or not service.is_alive:
+            if service is None:
                 service = self._services[address] = self._start(address)
+            elif not service.is_alive:
+                service = self._services[address] = service.restarted()
             return service

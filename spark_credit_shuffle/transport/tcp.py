@@ -81,7 +81,7 @@ from .authentication import (
     unauthenticated_cap,
 )
 from .connection import Connection, SansIOConnection, resolve_host
-from .event_loop import EventLoop
+from .event_loop import LISTEN_BACKLOG, EventLoop
 from .tls import TlsIdentity, check_pinned
 
 # The names the runtime and tests take from here: the transport and its connection and limits.
@@ -178,7 +178,7 @@ class TcpTransport:
         self._on_closed = on_closed
         self._on_round_end = on_round_end
         self._ids = itertools.count(1)
-        self._loop = EventLoop(host, port, backlog=64)
+        self._loop = EventLoop(host, port, backlog=LISTEN_BACKLOG)
         self._selector = self._loop.selector
         self._connections: dict[int, Connection] = {}
         self._interest: dict[int, int] = {}
@@ -677,9 +677,12 @@ class TcpTransport:
                 if conn.error is None:
                     conn.error = closing_error
                 if conn.is_authenticated and not logged:
-                    log.warning("%s: connection with %s ended badly: %s", self.name, conn.peer, closing_error)
+                    log.info("%s: connection with %s ended badly: %s", self.name, conn.peer, closing_error)
+            # info, not a warning: a peer's connection that fails reaches the user through the task's own error,
+            # which names that peer (or, a knock-on of the peer's failure, is that failure); a warning printed
+            # on a worker's stderr would come before the typed error the action raises
             if exc is not None and not clean and not logged and conn.is_authenticated:
-                log.warning("%s: connection with %s failed: %s", self.name, conn.peer, exc)
+                log.info("%s: connection with %s failed: %s", self.name, conn.peer, exc)
             if self._on_closed is not None:
                 self._on_closed(conn)
             self._notify()

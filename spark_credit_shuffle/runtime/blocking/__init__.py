@@ -62,7 +62,9 @@ def build(
     ``report``: how consumer tasks report metrics (default: the choice of
     :func:`~spark_credit_shuffle.runtime.metrics_report.metrics_report`).
     """
-    report = (report if report is not None else metrics_report(df.sparkSession)).beside(df.columns)
+    report = (report if report is not None else metrics_report(df.sparkSession)).beside(
+        [*df.columns, *plan.output_schema.names]
+    )
     bound_arrow_batches(df.sparkSession, CONSUMER_INPUT_BATCH_BYTES)
 
     def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -82,5 +84,5 @@ def build(
     consume.__name__ = f"credit_shuffle_consume_{label}"
     stored = df.mapInArrow(produce, STORAGE_DDL)
     placed = place_by(stored, plan.num_consumers, "channel")
-    consumed = placed.mapInArrow(consume, report.output_type(df))
+    consumed = placed.mapInArrow(consume, report.output_type(df, plan))
     return finish_plan(plan, consumed, report)

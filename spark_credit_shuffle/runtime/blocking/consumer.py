@@ -25,6 +25,8 @@ from ...errors import ProtocolError
 from ...metrics import CONSUMER, MetricRow, executor_row, rows_from_bytes
 from ...protocol.pools import NetworkBufferPool
 from ...transport.memory import StoredBuffersExchange
+from ..chain import apply_chain
+from ..handoff import handed_on
 from ..metrics_report import IN_BAND, MetricsReport
 from ..monitor import task_monitor, watch
 from .input import timed_batches
@@ -115,7 +117,7 @@ def consume_partition(
                         pending.append(out)
                         pending_bytes += out.get_total_buffer_size()  # nbytes costs ~15 µs a call
                 if pending_bytes >= _OUTPUT_BATCH_BYTES:
-                    yield report.data(combine(pending))
+                    yield combine(pending)
                     pending.clear()
                     pending_bytes = 0
             if not polled:
@@ -126,7 +128,9 @@ def consume_partition(
         plan.config.compression_codec if plan.config.compression_codec != "none" else "lz4", plan.config.segment_size
     )
     data_types = {int(t): t for t in DataType}
-    try:
+
+    def received() -> Iterator[pa.RecordBatch]:
+        """The rows the consumer decodes, in output batches."""
         for batch in timed_batches(batches, engine.time):  # the wait for the next stored batch is idle time
             if not batch.num_rows:
                 continue
@@ -152,7 +156,19 @@ def consume_partition(
                 f"consumer {consumer}: no end of partition from producers {missing}; their output is incomplete"
             )
         if pending:
-            yield report.data(combine(pending))
+            yield combine(pending)
+
+    outputs = apply_chain(plan.after, received()) if plan.after else received()
+    try:
+        # decoded (and through the chained operators) on a thread of its own, handed to Spark here: the
+        # consumer's waits while Spark does not take its output are its back-pressured time
+        for out in handed_on(
+            outputs,
+            lambda: engine.begin_output_wait(monotonic()),
+            lambda: engine.end_output_wait(monotonic()),
+            f"credit-shuffle-consumer-{consumer}",
+        ):
+            yield report.data(out)
     finally:
         replay.close()
         if monitor is not None:
@@ -160,4 +176,4 @@ def consume_partition(
 
     engine.time.stop(time.monotonic())
     rows = [*engine.metric_rows(time.monotonic()), executor_row(CONSUMER, consumer, socket.gethostname())]
-    yield from report.last(plan.schema, [*producer_metrics, *rows, *timeline.timeline_rows()])
+    yield from report.last(plan.output_schema, [*producer_metrics, *rows, *timeline.timeline_rows()])

@@ -18,6 +18,7 @@ from ...protocol.blocking_partition import BlockingResultPartition, StoredBuffer
 from ...protocol.partition import partition_buffer_pool
 from ...protocol.pools import NetworkBufferPool
 from ...protocol.sizing import PartitionType
+from ..chain import apply_chain
 from ..monitor import task_monitor, watch
 from .input import timed_batches
 from .storage import METRICS_TYPE, STORAGE_BATCH_BYTES, storage_batch
@@ -89,7 +90,9 @@ def produce_partition(
 
     try:
         sample(time.monotonic())
-        for batch in timed_batches(batches, engine.time):  # the wait for the next input batch is idle time
+        # the wait for the next input batch is idle time; a chained operator's work is busy time
+        inputs = timed_batches(batches, engine.time)
+        for batch in apply_chain(plan.before, inputs) if plan.before else inputs:
             if batch.num_rows:
                 engine.write(batch)
                 engine.sample_output()

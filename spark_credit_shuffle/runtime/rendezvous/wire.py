@@ -1,4 +1,4 @@
-"""The address service's line protocol: one JSON line at a time, each side proving the exchange's secret.
+"""The address service's line protocol: one line at a time, each side proving the exchange's secret.
 
 A conversation on one connection (the task speaks first; with TLS all of it runs inside the exchange's
 mutual TLS, :mod:`spark_credit_shuffle.transport.tls`, whose server name tells the service which
@@ -7,14 +7,17 @@ exchange's certificate to present, :func:`server_name`)::
     task    -> service   {"exchange": name, "nonce": hex}                      the task's fresh nonce
     service -> task      {"nonce": hex, "proof": hex}                          the service proves the secret
                          or {"error": "unknown exchange"}
-    task    -> service   {"request": text, "proof": hex}                       the task proves it, and signs
-    service -> task      {"answer": text, "proof": hex}                        the answer, signed
+    task    -> service   <proof hex> <request JSON>                            the task proves it, and signs
+    service -> task      <proof hex> <answer JSON>                             the answer, signed
 
-``text`` is a JSON document in a string, so that what is signed is exactly what is read. The proofs are
-:func:`~spark_credit_shuffle.protocol.handshake.handshake_proof` with labels of their own (never those of
-the data plane, and different per direction and per line), over both nonces and the text: the secret
-never travels, a recorded request replayed on another connection fails (the service's nonce differs), and
-a task believes no answer the service did not sign for this connection.
+The proofs are :func:`~spark_credit_shuffle.protocol.handshake.handshake_proof` with labels of their own
+(never those of the data plane, and different per direction and per line), over both nonces and the raw
+bytes of the JSON that follows the proof on its line: the secret never travels, a recorded request replayed
+on another connection fails (the service's nonce differs), and a task believes no answer the service did not
+sign for this connection. Each side checks a proof over the line's raw bytes before it parses any of them
+(:func:`split_signed`), and parses only within bounds of size and nesting
+(:func:`~spark_credit_shuffle.transport.line_service.parse_bounded`); the two lines that come before any
+proof (the hello and the challenge) are small, flat and parsed within the same bounds.
 
 A request names the group (the stage attempt), the task, its task attempt id and its message; a failure
 report adds the stage and the failure. The answer is the group's messages in task order, or
@@ -33,11 +36,13 @@ import ssl
 from typing import Any
 
 from ...errors import ProtocolError
-from ...protocol.handshake import NONCE_BYTES, handshake_proof
+from ...protocol.handshake import NONCE_BYTES, PROOF_BYTES, handshake_proof
+from ...transport.line_service import parse_bounded
 from ...transport.tls import TlsIdentity, check_pinned
 
 __all__ = [
     "ANSWER_LABEL",
+    "MAX_HELLO",
     "MAX_LINE",
     "MAX_REQUEST",
     "REQUEST_LABEL",
@@ -46,12 +51,17 @@ __all__ = [
     "converse",
     "read_line",
     "server_name",
+    "signed_line",
+    "split_signed",
 ]
 
 #: The longest answer line a task accepts (one address message per task is about 100 bytes).
 MAX_LINE = 1 << 20
 #: The longest request line the service accepts (a task's request is a few hundred bytes).
 MAX_REQUEST = 64 * 1024
+#: The longest hello the service accepts, and challenge a task accepts (both about 150 bytes; an exchange's
+#: name is short: ``<partitioner>-<mode>-<n>/<16 hex digits>``).
+MAX_HELLO = 4096
 #: The answer to a request for an exchange the service does not know (never registered, or forgotten).
 UNKNOWN_EXCHANGE = "unknown exchange"
 #: What the service's first proof says.
@@ -68,7 +78,7 @@ def server_name(exchange: str) -> str:
     return "x" + hashlib.sha256(exchange.encode()).hexdigest()[:40]
 
 
-def read_line(sock: socket.socket, limit: int = MAX_LINE) -> str:
+def read_line(sock: socket.socket, limit: int = MAX_LINE) -> bytes:
     """One line (without its newline) of at most ``limit`` bytes; raises ValueError otherwise. The lines of
     a conversation alternate, so no byte of a later line comes in the same read."""
     chunks: list[bytes] = []
@@ -79,16 +89,43 @@ def read_line(sock: socket.socket, limit: int = MAX_LINE) -> str:
             raise ValueError("connection closed before the end of the line")
         end = data.find(b"\n")
         if end >= 0:
+            if size + end > limit:
+                break
             chunks.append(data[:end])
-            return b"".join(chunks).decode()
+            return b"".join(chunks)
         chunks.append(data)
         size += len(data)
         if size > limit:
-            raise ValueError(f"line longer than {limit} bytes")
+            break
+    raise ValueError(f"line longer than {limit} bytes")
+
+
+def signed_line(proof: bytes, body: bytes) -> bytes:
+    """The line ``<proof hex> <body>`` (``body``: JSON, signed by ``proof`` as it is)."""
+    return proof.hex().encode() + b" " + body + b"\n"
+
+
+def split_signed(line: bytes) -> tuple[bytes, bytes]:
+    """(proof, body) of a line :func:`signed_line` made, nothing of ``body`` parsed; ValueError if it has
+    no proof of :data:`~spark_credit_shuffle.protocol.handshake.PROOF_BYTES` in hex before its first space."""
+    head, space, body = line.partition(b" ")
+    if not space or len(head) != 2 * PROOF_BYTES:
+        raise ValueError("no proof before the signed text")
+    return bytes.fromhex(head.decode("ascii")), body
 
 
 def _line(obj: Any) -> bytes:
     return (json.dumps(obj) + "\n").encode()
+
+
+def _refused(address: tuple[str, int], exc: ConnectionRefusedError) -> ConnectionRefusedError:
+    """A refused connection, said as what it means: nothing listens at the address the exchange was built with."""
+    return ConnectionRefusedError(
+        exc.errno,
+        f"nothing listens at {address[0]}:{address[1]} ({exc.strerror}): the driver's address service this "
+        "exchange was built with is not running (the driver's log says why its thread ended); build the exchange "
+        "again",
+    )
 
 
 def converse(
@@ -106,7 +143,11 @@ def converse(
     service is unreachable or broke the protocol) and :class:`ProtocolError` (the service did not prove the
     secret, or signed its answer wrongly, or presented another certificate).
     """
-    with socket.create_connection(address, timeout=timeout_s) as raw:
+    try:
+        raw = socket.create_connection(address, timeout=timeout_s)
+    except ConnectionRefusedError as exc:
+        raise _refused(address, exc) from None
+    with raw:
         sock: socket.socket = raw
         if tls is not None:
             try:
@@ -121,7 +162,7 @@ def converse(
                 stack.callback(sock.close)
             nonce = secrets.token_bytes(NONCE_BYTES)
             sock.sendall(_line({"exchange": exchange, "nonce": nonce.hex()}))
-            challenge = json.loads(read_line(sock))
+            challenge = parse_bounded(read_line(sock, MAX_HELLO), max_bytes=MAX_HELLO)
             if isinstance(challenge, dict) and challenge.get("error") == UNKNOWN_EXCHANGE:
                 return challenge
             try:
@@ -129,20 +170,20 @@ def converse(
                 proof = bytes.fromhex(str(challenge["proof"]))
             except (KeyError, TypeError) as exc:
                 raise ValueError(f"malformed challenge ({type(exc).__name__}: {exc})") from None
-            if not hmac.compare_digest(proof, handshake_proof(secret, SERVICE_LABEL, nonce, service_nonce)):
+            if len(service_nonce) != NONCE_BYTES or not hmac.compare_digest(
+                proof, handshake_proof(secret, SERVICE_LABEL, nonce, service_nonce)
+            ):
                 raise ProtocolError("the address service did not prove the exchange's secret")
-            text = json.dumps(request)
-            signed = handshake_proof(secret, REQUEST_LABEL, service_nonce, nonce, text.encode())
-            sock.sendall(_line({"request": text, "proof": signed.hex()}))
-            reply = json.loads(read_line(sock))
-            if isinstance(reply, dict) and reply.get("error") == UNKNOWN_EXCHANGE:  # forgotten meanwhile
-                return reply
-            try:
-                answer_text = str(reply["answer"])
-                answer_proof = bytes.fromhex(str(reply["proof"]))
-            except (KeyError, TypeError) as exc:
-                raise ValueError(f"malformed answer ({type(exc).__name__}: {exc})") from None
-            expected = handshake_proof(secret, ANSWER_LABEL, nonce, service_nonce, answer_text.encode())
+            body = json.dumps(request).encode()
+            sock.sendall(signed_line(handshake_proof(secret, REQUEST_LABEL, service_nonce, nonce, body), body))
+            reply = read_line(sock)
+            if reply.startswith(b"{"):  # unsigned: only "unknown exchange" (forgotten meanwhile) comes so
+                error = parse_bounded(reply, max_bytes=MAX_HELLO)
+                if isinstance(error, dict) and error.get("error") == UNKNOWN_EXCHANGE:
+                    return error
+                raise ValueError("malformed answer (neither signed nor 'unknown exchange')")
+            answer_proof, answer = split_signed(reply)
+            expected = handshake_proof(secret, ANSWER_LABEL, nonce, service_nonce, answer)
             if not hmac.compare_digest(answer_proof, expected):
                 raise ProtocolError("the address service's answer is not signed with the exchange's secret")
-            return json.loads(answer_text)
+            return parse_bounded(answer, max_bytes=MAX_LINE)
