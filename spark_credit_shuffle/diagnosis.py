@@ -8,10 +8,13 @@ back-pressured (``backPressuredTimeMsPerSecond``): ``OK`` up to 10%, ``LOW`` up 
 
 :func:`diagnose` reads the summaries the way Flink's documentation teaches to read backpressure
 ("Monitoring Back Pressure"): backpressure starts at the busy subtask that is not itself back-pressured while
-the subtasks that send to it are. In one exchange the consumers receive and are never back-pressured by
-anything downstream, so when producers are back-pressured the origin is the busiest consumer they send to;
-data skew (one consumer receiving far more records than the others) is told apart, as the cause of that
-backpressure or on its own, and so is an exchange that moved nothing. Pure functions of the rows: no Spark.
+the subtasks that send to it are. A consumer busy while the others starve is where it starts (its own work, or
+an operator chained into its task, :mod:`.runtime.chain`); a consumer back-pressured on its output points to
+the step after the exchange; producers waiting while no single consumer explains it is a spread load, which
+names no consumer; busy or input-bound producers beside idle consumers are source-bound; data skew, stragglers
+and an exchange that moved nothing are told apart. :func:`find_origin` is the rule, shared with the live
+monitor's line. Every verdict carries the figures it rests on. Pure functions of the rows: no Spark. The
+thresholds and the runs that check them: docs/diagnosis.md, "The verdicts".
 """
 
 from __future__ import annotations
@@ -349,7 +352,10 @@ def diagnose(summaries: Iterable[SubtaskSummary], cpu: Cpu | None = None, mode: 
         levels = ", ".join(f"{s.subtask} ({s.back_pressure}, {_ms(s.back_pressured_ms_per_second)})" for s in pressured)
         waiting = f"producer subtask(s) {levels} wait for buffers" if pressured else "no producer measures a wait"
         pressured_ids = tuple(s.subtask for s in pressured)
-        if skewed and origin.subtask == heaviest.subtask:  # the skewed consumer: the cause is its share of rows
+        if skewed and (
+            origin.subtask == heaviest.subtask or (origin.subtask is None and _least_idle(consumers) is heaviest)
+        ):
+            # the skewed consumer, the one that works (or waits on its output) most: the cause is its share of rows
             origin = Origin("consumer", heaviest.subtask, _load(heaviest))
         if origin.kind == "downstream":
             if origin.subtask is not None:
@@ -366,10 +372,14 @@ def diagnose(summaries: Iterable[SubtaskSummary], cpu: Cpu | None = None, mode: 
                     f"time)"
                 )
                 return Diagnosis("downstream", c.subtask, pressured_ids, skew, text, c.executor, figures)
+            most = max(consumers, key=lambda s: (s.back_pressured_ms_per_second or 0.0, -s.subtask))
+            figures.update(most_back_pressured_ms_per_second=most.back_pressured_ms_per_second or 0.0)
             text = (
                 f"backpressure starts downstream of the exchange: the consumers wait to hand their rows on "
-                f"({_span([s.back_pressured_ms_per_second for s in consumers])} back-pressured on its output) while "
-                f"{waiting}; what follows the exchange holds it back, and no one partition stands out"
+                f"({_span([s.back_pressured_ms_per_second for s in consumers])} back-pressured on their output) "
+                f"while {waiting}; what follows the exchange holds it back, and no one partition stands out "
+                f"(consumer subtask {most.subtask} waits most, {_ms(most.back_pressured_ms_per_second)}, less than "
+                f"twice the others' median)"
             )
             return Diagnosis("downstream", None, pressured_ids, skew, text, None, figures)
         if origin.kind == "consumer" and origin.subtask is not None:
@@ -445,6 +455,13 @@ def diagnose(summaries: Iterable[SubtaskSummary], cpu: Cpu | None = None, mode: 
         else f"ok: the consumers' records within {skew:.1f}x of their mean (this mode does not measure backpressure)"
     )
     return Diagnosis("ok", None, (), skew, text, None, figures)
+
+
+def _least_idle(consumers: list[SubtaskSummary]) -> SubtaskSummary:
+    """The consumer that waits for data least (busy, or waiting on its output, most of its time)."""
+    return min(
+        consumers, key=lambda s: (s.idle_ms_per_second if s.idle_ms_per_second is not None else 1000.0, s.subtask)
+    )
 
 
 def _straggler(busy: dict[int, float]) -> tuple[int, float] | None:

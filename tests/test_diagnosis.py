@@ -3,6 +3,8 @@ skew told apart; from metric rows alone, and from real exchanges on Spark."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from pyspark.sql import functions as F
 
@@ -159,6 +161,19 @@ def test_a_consumer_waiting_to_hand_on_its_output_points_downstream():
     everywhere = [(80.0, 250.0, 670.0), (40.0, 330.0, 630.0), (90.0, 313.0, 597.0), (65.0, 528.0, 407.0)]
     d = diagnose(summarize(timed_rows(PRESSED, everywhere)))
     assert (d.verdict, d.origin) == ("downstream", None) and "no one partition stands out" in d.text
+
+
+def test_a_skewed_consumer_that_works_most_is_the_origin_even_when_its_output_waits():
+    """The hot key's consumer spends its time decoding and handing its rows on; the others starve."""
+    consumers = [(109.0, 891.0, 0.0), (17.0, 972.0, 11.0), (31.0, 969.0, 0.0), (215.0, 371.0, 414.0)]
+    rows = [  # consumer 3 receives 80% of the rows
+        dataclasses.replace(r, value=8000.0 if r.subtask == 3 else 700.0)
+        if (r.side, r.metric) == (CONSUMER, "numRecordsIn")
+        else r
+        for r in timed_rows(PRESSED, consumers)
+    ]
+    d = diagnose(summarize(rows))
+    assert (d.verdict, d.origin) == ("backpressure", 3) and "the cause is data skew" in d.text
 
 
 def test_busy_producers_and_idle_consumers_are_source_bound_but_a_healthy_run_is_ok():

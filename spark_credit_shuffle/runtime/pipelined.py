@@ -23,10 +23,12 @@ task's own subpartition is read directly (no copy), a subpartition of another ta
 Python worker process) through that connection, with the producer's segment held in its pool until the
 consumer recycled the buffer (:class:`~spark_credit_shuffle.protocol.client.ConnectionSubpartitionView`):
 backpressure on a local channel is the producer's pool filling. ``local_channels="task"`` makes every
-channel between tasks remote (credit-based) instead. Threads per task: the Spark task thread is the
-consumer (it yields the received rows as they arrive), one producer thread feeds the input batches to the
-RecordWriter, one I/O thread
-drives every socket (:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread is
+channel between tasks remote (credit-based) instead. Threads per task: one consumer thread decodes what the
+gate delivers (and runs the operators chained after the exchange, :mod:`~.chain`) and hands whole output
+batches to the Spark task thread, which yields them (:mod:`~.handoff`: a bounded hand-over whose wait is the
+consumer's back-pressured time); one producer thread feeds the input batches (through the operators chained
+before the exchange) to the RecordWriter, one I/O thread drives every socket
+(:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread is
 the output flusher (``buffer_timeout_ms``), sends latency markers and samples memory. All protocol objects
 of a task are guarded by one re-entrant lock. What those threads do and when is decided by the task engine
 (:mod:`~spark_credit_shuffle.engine`, which reads no clock); :mod:`~.task` (the threads),

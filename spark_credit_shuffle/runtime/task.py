@@ -2,8 +2,10 @@
 
 The rules (flush schedule, keep-alives, backpressure wait, silence timeouts, output linger, gauges) are the
 task engine's (:mod:`~spark_credit_shuffle.engine`); this module supplies the clock, the threads and
-the sockets: the Spark task thread is the consumer (it yields the received rows as they arrive), one producer
-thread feeds the input batches to the RecordWriter, one I/O thread drives every socket
+the sockets: one consumer thread decodes what the gate delivers and runs the operators chained after the
+exchange, handing whole output batches to the Spark task thread that yields them (a bounded hand-over: its
+wait is the consumer's back-pressured time), one producer thread feeds the input batches (through the
+operators chained before the exchange) to the RecordWriter, one I/O thread drives every socket
 (:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread wakes the engine's
 schedule (flusher, keep-alives, latency markers, checkpoint barriers, samples). All protocol objects of a
 task are guarded by one re-entrant lock; the writer by a lock of its own, so that the flusher takes turns
