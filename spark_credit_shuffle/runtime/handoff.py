@@ -21,8 +21,11 @@ from ..errors import CreditShuffleError
 
 __all__ = ["HANDOFF_BATCHES", "OutputHandoff", "handed_on"]
 
-#: Output batches handed on and not yet taken: two, so that the consumer decodes the next while Spark consumes one.
-HANDOFF_BATCHES = 2
+#: Output batches handed on and not yet taken: four, so that the consumer decodes the next while Spark consumes one,
+#: and a burst of input (producers released together) does not count as waiting on the output. A slow step after the
+#: task fills any bound; measured with jobs/diagnosis_matrix.py, two made the consumers of fast partitions wait on
+#: their output 300-450 ms/s behind one slow partition, four 40-370.
+HANDOFF_BATCHES = 4
 #: How often a wait on either side looks whether the other side stopped.
 _POLL_S = 0.5
 
