@@ -287,7 +287,10 @@ class AddressRendezvous(LineService):
         key, task = conversation.waiting_in
         group = self._groups.get(key)
         if group is not None and group.waiting.get(task) is peer:
+            # the task is gone before its group completed (failed, killed): its address with it, so that no
+            # later attempt of the stage is handed it; the next attempt of that task sends its own
             del group.waiting[task]
+            group.messages.pop(task, None)
 
     def on_restart(self) -> None:
         self._groups.clear()  # their connections are closed: the tasks fail, and their retries ask again
