@@ -181,9 +181,11 @@ def test_busy_producers_and_idle_consumers_are_source_bound_but_a_healthy_run_is
     d = diagnose(summarize(timed_rows(busy_producers, [(25.0, 975.0, 0.0)] * 4)))
     assert (d.verdict, d.origin, d.back_pressured) == ("source-bound", None, ())
     assert "the producers are busy" in d.text
+    # producers waiting for Spark's input is how a healthy run looks too (Spark's hand-over sets the pace): ok,
+    # with that said
     waiting_producers = [(80.0, 910.0, 10.0)] * 4
     d = diagnose(summarize(timed_rows(waiting_producers, [(25.0, 975.0, 0.0)] * 4)))
-    assert d.verdict == "source-bound" and "wait for their input" in d.text
+    assert d.verdict == "ok" and "the producers waited for their input 910 ms/s" in d.text
     healthy = diagnose(summarize(timed_rows([(800.0, 150.0, 50.0)] * 4, [(300.0, 650.0, 50.0)] * 4)))
     assert healthy.verdict == "ok"
     blocking = diagnose(summarize(timed_rows(busy_producers, [(25.0, 975.0, 0.0)] * 4)), mode="blocking")

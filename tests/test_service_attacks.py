@@ -505,8 +505,9 @@ class EchoService(LineService):
         super().__init__(
             "127.0.0.1",
             port=port,
-            auth_timeout_s=DEADLINE_S,
-            idle_timeout_s=DEADLINE_S,
+            # deadlines this test does not exercise, long enough for a loaded machine
+            auth_timeout_s=10 * DEADLINE_S,
+            idle_timeout_s=10 * DEADLINE_S,
             max_connections=8,
             max_unauthenticated=4,
             first_line_limit=64,
