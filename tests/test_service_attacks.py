@@ -537,7 +537,7 @@ class EchoService(LineService):
 
 
 def echo(address, *lines: bytes) -> list[bytes]:
-    with socket.create_connection(address, timeout=5) as sock:
+    with socket.create_connection(address, timeout=20) as sock:  # a service thread of a loaded test process
         sock.sendall(b"".join(line + b"\n" for line in lines))
         return [read_line(sock) for _ in lines]
 
