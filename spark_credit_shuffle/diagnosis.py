@@ -427,6 +427,11 @@ def diagnose(summaries: Iterable[SubtaskSummary], cpu: Cpu | None = None, mode: 
                 f"{_span([s.back_pressured_ms_per_second for s in consumers])}: the load is spread over the consumers "
                 f"as a whole and the credit round trips between the tasks, not one slow consumer{_cpu_text(cpu)}"
             )
+            if skewed:  # no single consumer explains the wait, but the data is skewed: worth a look
+                text += (
+                    f"; there is data skew: consumer subtask {heaviest.subtask}{_on(heaviest)} receives "
+                    f"{skew:.1f}x the mean of the consumers' records"
+                )
             return Diagnosis("spread", None, pressured_ids, skew, text, None, figures)
     if skewed:
         text = (
