@@ -537,9 +537,14 @@ class EchoService(LineService):
 
 
 def echo(address, *lines: bytes) -> list[bytes]:
+    """Each line sent and its echo read before the next (read_line reads a conversation that alternates:
+    two replies arriving in one read would lose the second)."""
+    replies = []
     with socket.create_connection(address, timeout=20) as sock:  # a service thread of a loaded test process
-        sock.sendall(b"".join(line + b"\n" for line in lines))
-        return [read_line(sock) for _ in lines]
+        for line in lines:
+            sock.sendall(line + b"\n")
+            replies.append(read_line(sock))
+    return replies
 
 
 def test_failures_on_one_connection_close_it_only_and_a_failed_loop_goes_on_on_its_port():
