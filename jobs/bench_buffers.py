@@ -42,7 +42,7 @@ from spark_credit_shuffle.buffers import Buffer, BufferConsumer, DataType, Recor
 from spark_credit_shuffle.partitioners import RoundRobinSelector
 
 ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", dtype=np.uint8)
-#: Targets from the issue: write + read at >= 50% of raw IPC, buffers within 5% of the ideal count.
+#: The targets: write + read at >= 50% of raw IPC, buffers within 5% of the ideal count.
 TARGET_RATIO = 0.5
 TARGET_BUFFER_EXCESS = 0.05
 

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from spark_credit_shuffle import key_by, key_group_channels, with_channel
 
-#: Targets from the issue, one core, median of 5.
+#: The targets, one core, median of 5.
 TARGETS = {"int": 20e6, "string": 5e6}
 ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", dtype=np.uint8)
 

@@ -47,7 +47,7 @@ from spark_credit_shuffle.protocol import (
 )
 from spark_credit_shuffle.transport.memory import MemoryConnection
 
-#: The issue's target: protocol hand-overs per second.
+#: The target: protocol hand-overs per second.
 TARGET = 100_000
 SEGMENT = 32 * 1024
 

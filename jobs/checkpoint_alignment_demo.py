@@ -330,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         headline.update(
             {
+                # checkpoints the slow consumer completed: a mean of none is 0.0, as is a mean of zeros
+                "spark_slow_checkpoints": {mode: len(values_of(mode, 0)) for mode in ("aligned", "unaligned")},
                 "spark_aligned_slow_ms": round(aligned_slow, 3),
                 "spark_unaligned_slow_ms": round(unaligned_slow, 3),
                 "spark_aligned_slow_median_ms": round(median_of("aligned", 0), 3),

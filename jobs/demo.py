@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         m.where(F.col("stat") == "total")
         .groupBy("side", "subtask")
         .pivot("metric")
-        .agg(F.sum("value"))
+        .agg(F.round(F.sum("value")).cast("long"))  # counts are whole numbers (value: a double for every metric)
         .orderBy("side", "subtask")
         .show(truncate=False)
     )
@@ -85,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         .show(truncate=False)
     )
     print("== summary per subtask (Flink's back-pressure status) and where backpressure starts")
-    ex.summary().select(
-        "side", "subtask", "records", "buffers", "busy_ms_per_second", "back_pressured_ms_per_second", "back_pressure"
-    ).show(truncate=False)
+    ex.summary().show(truncate=False)  # rounded, narrow; summary(full=True) has every figure unrounded
     print(f"  {ex.diagnose()}")
     spark.stop()
     return 0

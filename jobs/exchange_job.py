@@ -23,12 +23,13 @@ import sys
 import time
 from typing import Any
 
-from spark_credit_shuffle.cli import conf_pair, positive_int, require_plotting
+from spark_credit_shuffle.cli import choice, conf_pair, positive_int, require_plotting
 
 FORMATS = ("parquet", "csv", "json", "orc")
 #: --metrics and --timeline write one file, in the format its extension names.
 TABLE_FORMATS = ("csv", "json", "parquet")
 PARTITIONERS = ("hash:<col>[,<col>...]", "rebalance", "rescale", "shuffle", "broadcast", "forward", "global")
+MODES = ("blocking", "pipelined")  # the first is exchange()'s default, and so the job's
 
 
 def parse_partitioner(text: str):
@@ -42,7 +43,7 @@ def parse_partitioner(text: str):
     if name in ("hash", "key_by", "keyby"):
         keys = [c.strip() for c in columns.split(",") if c.strip()]
         if not keys:
-            raise ConfigError("partitioner", text, "hash:<column>[,<column>...], e.g. hash:user_id")
+            raise ConfigError("partitioner", text, "hash:<column>[,<column>...], e.g. hash:user_id", kind="argument")
         return scs.key_by(*keys)
     simple = {
         "rebalance": scs.rebalance,
@@ -53,7 +54,9 @@ def parse_partitioner(text: str):
         "global": scs.global_,
     }
     if name not in simple or columns:
-        raise ConfigError("partitioner", text, "one of " + ", ".join(PARTITIONERS))
+        raise ConfigError(
+            "partitioner", text, "one of " + ", ".join(PARTITIONERS), choices=(*simple, "hash"), kind="argument"
+        )
     return simple[name]()
 
 
@@ -75,7 +78,11 @@ def table_path(text: str) -> str:
 
 
 def write_table(frame: Any, path: str) -> None:
-    """Write a small pandas DataFrame to the single file ``path``, in the format of its extension."""
+    """Write a small pandas DataFrame to the single file ``path``, in the format of its extension. A
+    ``channel`` column is written as integers (pandas' nullable ``Int64``: ``0``, not ``0.0``, and empty where
+    null); ``value`` stays a double, as in ``Exchange.metrics()``."""
+    if "channel" in frame:
+        frame = frame.assign(channel=frame["channel"].astype("Int64"))
     ext = os.path.splitext(path)[1].lstrip(".").lower()
     directory = os.path.dirname(path)
     if directory:
@@ -93,13 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", help="input path (file or directory)")
     source.add_argument("--generate", type=positive_int, metavar="ROWS", help="generate ROWS rows instead of reading")
-    parser.add_argument("--format", choices=FORMATS, help="input format (default: from the extension, else parquet)")
+    parser.add_argument(
+        "--format",
+        type=choice(*FORMATS),
+        choices=FORMATS,
+        help="input format (default: from the extension, else parquet)",
+    )
     parser.add_argument("--partitioner", default="rebalance", help="one of " + ", ".join(PARTITIONERS))
     parser.add_argument("--parallelism", type=positive_int, help="consumer subtasks (default: the producer count)")
     parser.add_argument("--producers", type=positive_int, help="repartition the input to this many producers first")
-    parser.add_argument("--mode", choices=("blocking", "pipelined"), default="blocking")
+    parser.add_argument("--mode", type=choice(*MODES), choices=MODES, default=MODES[0])
     parser.add_argument("--output", help="where to write the exchanged rows (default: count them only)")
-    parser.add_argument("--output-format", choices=FORMATS, help="default: from the extension, else parquet")
+    parser.add_argument(
+        "--output-format", type=choice(*FORMATS), choices=FORMATS, help="default: from the extension, else parquet"
+    )
     parser.add_argument(
         "--metrics", type=table_path, help="file for the summary metrics: .csv, .json (JSON Lines) or .parquet"
     )

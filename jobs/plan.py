@@ -1,6 +1,6 @@
 """Plan the network buffers of a topology: per task, per executor, and whether it fits.
 
-The same options as ``python -m spark_credit_shuffle plan``. With plain ``python`` no Spark is started:
+The same options as ``spark-credit-shuffle plan``. With plain ``python`` no Spark is started:
 settings come from ``--conf spark.creditShuffle.*=...`` and the flags. Under ``spark-submit`` the
 session's ``spark.creditShuffle.*`` settings and its executors (``spark.executor.instances``, cores)
 are the defaults, the plan is also shown as a Spark DataFrame, and the flags still win::

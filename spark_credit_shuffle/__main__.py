@@ -1,13 +1,11 @@
-"""Command line: ``python -m spark_credit_shuffle plan ...`` (network buffers a topology needs).
+"""The ``spark-credit-shuffle`` command (also ``python -m spark_credit_shuffle``).
 
-Example::
-
-    python -m spark_credit_shuffle plan --producers 4 --consumers 4 --partitioner hash \\
-        --mode pipelined --executors 2 --slots 4 --network-memory 64mb
-
-prints one row per stage (tasks, buffers one executor reserves at worst, memory, verdict), a summary,
-and as its last line one JSON object with the headline figures. Exit status: 0 if the topology fits,
-1 if it does not, 2 for invalid arguments (the message names the setting and what is allowed).
+Its ``plan`` subcommand prints the network buffers and memory a topology needs per task and per executor,
+and whether it fits: one row per stage, a summary, and as its last line one JSON object with the headline
+figures. Exit status: 0 if the topology fits, 1 if it does not, 2 for invalid arguments (the message names
+the argument or setting, what is allowed and, for a misspelt word, the one probably meant). Defaults are
+those of ``exchange()`` (mode ``blocking``). ``--help`` text is plain: no markup, the installed command's
+name (:data:`PROG`).
 """
 
 from __future__ import annotations
@@ -18,11 +16,24 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .cli import conf_pair, positive_int
+from .cli import choice, conf_pair, positive_int
 from .config import CONF_PREFIX, NetworkConfig, has_conf_prefix
 from .errors import ConfigError, PartitionerError
 
-__all__ = ["build_parser", "main", "plan_from_args"]
+__all__ = ["PROG", "build_parser", "main", "plan_from_args"]
+
+#: The installed command's name, as ``--help`` and error messages show it.
+PROG = "spark-credit-shuffle"
+#: The modes of an exchange; the first is ``exchange()``'s default, and so the command's.
+MODES = ("blocking", "pipelined")
+DESCRIPTION = "The network buffers and memory of credit-based exchanges between Spark tasks, planned before launch."
+PLAN_EXAMPLE = f"""example:
+  {PROG} plan --producers 4 --consumers 4 --partitioner hash --mode pipelined \\
+      --executors 2 --slots 4 --network-memory 64mb
+
+Prints one row per stage (tasks, buffers one executor reserves at worst, memory, verdict), a summary,
+and as its last line one JSON object with the headline figures. Exit status: 0 if the topology fits,
+1 if it does not, 2 for invalid arguments."""
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,13 +48,19 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         default="hash",
         help="partitioner or pattern: " + ", ".join(PATTERNS) + " (default hash)",
     )
-    topo.add_argument("--mode", choices=("blocking", "pipelined"), default="pipelined", help="default pipelined")
+    topo.add_argument(
+        "--mode",
+        type=choice(*MODES),
+        choices=MODES,
+        default=MODES[0],
+        help=f"exchange mode (default {MODES[0]}, as exchange())",
+    )
     topo.add_argument(
         "--exchange",
         action="append",
         metavar="P:C[:PARTITIONER[:MODE]]",
-        help="an exchange of the topology, e.g. 4:8:hash:blocking; repeat for several (replaces "
-        "--producers/--consumers/--partitioner/--mode)",
+        help="an exchange of the topology, e.g. 4:8:hash:pipelined (mode default blocking); repeat for several "
+        "(replaces --producers/--consumers/--partitioner/--mode)",
     )
     topo.add_argument(
         "--chain",
@@ -133,9 +150,10 @@ def print_plan(plan: Any, show_tasks: bool = False, out: Any = None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command's parser: ``plan`` and its options, ``--version``."""
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="python -m spark_credit_shuffle", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"spark-credit-shuffle {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
@@ -144,12 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="network buffers and memory a topology needs per task and per executor, and whether it fits",
         description="Network buffers and memory a topology of exchanges needs per task and per executor "
         "(Flink's pool sizing rules), and whether it fits the executors' network memory.",
+        epilog=PLAN_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_plan_arguments(plan)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command on ``argv`` (default: the process's arguments); the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -1,7 +1,7 @@
-"""Argument types shared by the command line (``python -m spark_credit_shuffle``) and the jobs in ``jobs/``.
+"""Argument types shared by the command line (``spark-credit-shuffle``) and the jobs in ``jobs/``.
 
-Each turns a bad value into ``argparse.ArgumentTypeError`` saying what is allowed, so argparse reports it
-with the option's name and exits with status 2.
+Each turns a bad value into ``argparse.ArgumentTypeError`` saying what is allowed (and, for a word close to
+an allowed one, "did you mean"), so argparse reports it with the option's name and exits with status 2.
 """
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .config import CONF_PREFIX
+from .errors import suggest
 
-__all__ = ["conf_pair", "job_session", "positive_int", "require_plotting"]
+__all__ = ["choice", "conf_pair", "job_session", "positive_int", "require_plotting"]
 
 
 def positive_int(text: str) -> int:
@@ -26,6 +27,26 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"invalid value {value}: allowed is an integer >= 1")
     return value
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    """An argument type taking one of the words ``allowed`` (any case, returned as spelled in ``allowed``):
+    argparse's own ``choices`` says only "invalid choice", this also says which word was probably meant.
+    Pass the same words as ``choices=`` too, so that ``--help`` lists them."""
+    by_lower = {word.lower(): word for word in allowed}
+
+    def parse(text: str) -> str:
+        word = by_lower.get(text.strip().lower())
+        if word is not None:
+            return word
+        message = f"invalid value {text!r}: allowed is " + ", ".join(repr(w) for w in allowed)
+        nearest = suggest(text, allowed)
+        if nearest is not None:
+            message += f"; did you mean {nearest!r}?"
+        raise argparse.ArgumentTypeError(message)
+
+    parse.__name__ = "one of " + ", ".join(allowed)  # argparse names a type by it in some messages
+    return parse
 
 
 def conf_pair(text: str) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, SupportsIndex
 
 from ._pyspark import session_conf
-from .errors import ConfigError, UnknownSettingError
+from .errors import ConfigError, UnknownSettingError, register_settings
 
 __all__ = [
     "CONF_PREFIX",
@@ -98,30 +98,33 @@ def parse_duration_ms(value: int | str, setting: str = "duration") -> int:
     return int(match.group(1)) * _DURATION_UNITS_MS[unit]
 
 
-def check_count(value: object, setting: str) -> int:
-    """``value`` as an int >= 1 (a parallelism, a number of tasks), or a ConfigError naming ``setting``."""
+def check_count(value: object, setting: str, kind: str = "argument") -> int:
+    """``value`` as an int >= 1 (a parallelism, a number of tasks), or a ConfigError naming ``setting`` (an
+    argument unless ``kind`` says otherwise: counts are passed to functions, not set in a conf)."""
     if isinstance(value, bool) or not isinstance(value, SupportsIndex):
-        raise ConfigError(setting, value, "an integer >= 1")
+        raise ConfigError(setting, value, "an integer >= 1", kind=kind)
     count = operator.index(value)
     if count < 1:
-        raise ConfigError(setting, value, "an integer >= 1")
+        raise ConfigError(setting, value, "an integer >= 1", kind=kind)
     return count
 
 
-def check_operator_parallelism(value: object, setting: str) -> int:
-    """``value`` as a parallelism in [1, 32768], or a ConfigError naming ``setting``.
+def check_operator_parallelism(value: object, setting: str, kind: str = "argument") -> int:
+    """``value`` as a parallelism in [1, 32768], or a ConfigError naming ``setting`` (an argument unless
+    ``kind`` says otherwise).
 
     Flink refuses an operator parallelism above its key group upper bound (2^15) with "Operator parallelism
     not within bounds" (``KeyGroupRangeAssignment.checkParallelismPreconditions``); so does every entry
     point here, before launch.
     """
-    count = check_count(value, setting)
+    count = check_count(value, setting, kind)
     if count > MAX_PARALLELISM_UPPER_BOUND:
         raise ConfigError(
             setting,
             value,
             f"an integer in [1, {MAX_PARALLELISM_UPPER_BOUND}]",
             "Flink: 'Operator parallelism not within bounds' (the upper bound of key groups is 2^15)",
+            kind=kind,
         )
     return count
 
@@ -143,6 +146,10 @@ def _parse_optional_int(value: int | str | None, setting: str) -> int | None:
     return _parse_int(value, setting)
 
 
+#: The words a boolean setting takes (any case), for "did you mean".
+_BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
+
+
 def _parse_bool(value: bool | str, setting: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -151,7 +158,7 @@ def _parse_bool(value: bool | str, setting: str) -> bool:
         return True
     if text in ("false", "0", "no", "off"):
         return False
-    raise ConfigError(setting, value, "true or false")
+    raise ConfigError(setting, value, "true or false", choices=_BOOL_WORDS)
 
 
 def _choice(allowed: tuple[str, ...], meaning: str) -> Callable[[Any, str], str]:
@@ -160,7 +167,7 @@ def _choice(allowed: tuple[str, ...], meaning: str) -> Callable[[Any, str], str]
     def parse(value: Any, setting: str) -> str:
         text = str(value).strip().lower()
         if text not in allowed:
-            raise ConfigError(setting, value, meaning)
+            raise ConfigError(setting, value, meaning, choices=allowed)
         return text
 
     return parse
@@ -202,7 +209,7 @@ def _parse_ssl(value: Any, setting: str) -> str:
         return "off"
     if text == "auto":
         return text
-    raise ConfigError(setting, value, _SSL_ALLOWED)
+    raise ConfigError(setting, value, _SSL_ALLOWED, choices=(*SSL_MODES, "true", "false"))
 
 
 #: The codecs of the blocking shuffle's per-buffer compression.
@@ -445,7 +452,7 @@ class NetworkConfig:
         except ConfigError as exc:  # the value as the user wrote it ("1 GiB"), not as parsed (1073741824)
             raw = given.get(exc.setting)
             if type(exc) is ConfigError and isinstance(raw, str):
-                raise ConfigError(exc.setting, raw, exc.allowed, exc.detail) from None
+                raise exc.replaced(value=raw) from None
             raise
 
     def _validate(self) -> None:
@@ -567,7 +574,7 @@ class NetworkConfig:
         except ConfigError as exc:  # a value of the conf: the message names the key the user set
             conf_key = from_conf.get(exc.setting)
             if type(exc) is ConfigError and conf_key is not None:
-                raise ConfigError(exc.setting, exc.value, exc.allowed, exc.detail, conf_key=conf_key) from None
+                raise exc.replaced(conf_key=conf_key) from None
             raise
 
     @classmethod
@@ -613,6 +620,7 @@ class NetworkConfig:
                 parallelism,
                 f"at most max_parallelism ({max_parallelism})",
                 "raise max_parallelism (spark.creditShuffle.maxParallelism) or lower the parallelism",
+                kind="argument",
             )
         return max_parallelism
 
@@ -622,3 +630,6 @@ class NetworkConfig:
         for name, f in self.settings().items():
             lines.append(f"{self.conf_key(name)} = {getattr(self, name)!r}  ({f.metadata['flink']})")
         return "\n".join(lines)
+
+
+register_settings(NetworkConfig.settings())  # ConfigError calls these names settings, any other an argument

@@ -55,6 +55,7 @@ def _check_partitioner(partitioner: object) -> Partitioner:
             partitioner,
             "a Partitioner such as key_by('k'), rebalance(), rescale(), shuffle(), broadcast(), forward(), "
             "global_() or custom(fn, 'k')",
+            kind="argument",
         )
     return partitioner
 
@@ -117,7 +118,9 @@ def check_dataframe(df: object, setting: str = "df") -> DataFrame:
     try:
         from pyspark.sql import DataFrame
     except ImportError:
-        raise ConfigError(setting, _short(df), "a pyspark.sql.DataFrame", "pyspark is not installed") from None
+        raise ConfigError(
+            setting, _short(df), "a pyspark.sql.DataFrame", "pyspark is not installed", kind="argument"
+        ) from None
     if isinstance(df, DataFrame):
         if df.isStreaming:
             raise UnsupportedInputError(
@@ -130,8 +133,12 @@ def check_dataframe(df: object, setting: str = "df") -> DataFrame:
     if type(df).__module__.split(".")[0] in ("pandas", "pyarrow", "polars"):
         detail = "make it a Spark DataFrame first: spark.createDataFrame(data)"
     elif df is not None and hasattr(df, "mapPartitions"):
-        detail = "for an RDD use exchange_rdd / rdd_with_channel"
-    raise ConfigError(setting, _short(df), "a pyspark.sql.DataFrame (classic or Spark Connect)", detail)
+        detail = (
+            "this is an RDD: exchange it with exchange_rdd(rdd, partitioner, ...) (rdd_with_channel for with_channel)"
+        )
+    raise ConfigError(
+        setting, _short(df), "a pyspark.sql.DataFrame (classic or Spark Connect)", detail, kind="argument"
+    )
 
 
 def _short(value: object) -> object:
@@ -243,9 +250,11 @@ def with_channel(
     df = check_dataframe(df)
     partitioner = _check_partitioner(partitioner)
     if not isinstance(column, str) or not column:
-        raise ConfigError("column", column, "a non-empty column name")
+        raise ConfigError("column", column, "a non-empty column name", kind="argument")
     if column in df.columns:
-        raise ConfigError("column", column, f"a name that is not already a column (the columns are {df.columns})")
+        raise ConfigError(
+            "column", column, f"a name that is not already a column (the columns are {df.columns})", kind="argument"
+        )
     partitioner = resolve_key_columns(df, partitioner)
     check_worker_python(df.sparkSession)  # local masters: the Python the workers start imports this package
     names = df.columns
@@ -311,12 +320,14 @@ def rdd_with_channel(
     """
     partitioner = _check_partitioner(partitioner)
     if not hasattr(rdd, "mapPartitionsWithIndex"):
-        raise ConfigError("rdd", _short(rdd), "a pyspark RDD (for a DataFrame use with_channel)")
+        raise ConfigError("rdd", _short(rdd), "a pyspark RDD (for a DataFrame use with_channel)", kind="argument")
     columns = _key_columns_of(partitioner)
     if key_types is not None:
         key_types = [key_types] if isinstance(key_types, pa.DataType) else list(key_types)
         if len(key_types) != len(columns) or not all(isinstance(t, pa.DataType) for t in key_types):
-            raise ConfigError("key_types", key_types, f"{len(columns)} pyarrow types, one per key column")
+            raise ConfigError(
+                "key_types", key_types, f"{len(columns)} pyarrow types, one per key column", kind="argument"
+            )
     num_producers = rdd.getNumPartitions()
     conf_value = None
     try:

@@ -32,6 +32,7 @@ __all__ = [
     "OK",
     "SKEW_RATIO",
     "SUMMARY_DDL",
+    "SUMMARY_VIEW_DDL",
     "Cpu",
     "Diagnosis",
     "Load",
@@ -42,6 +43,7 @@ __all__ = [
     "diagnose",
     "find_origin",
     "summarize",
+    "summary_view",
 ]
 
 OK = "OK"
@@ -96,6 +98,42 @@ _SPARK_TYPES = {"str": "string", "int": "long", "float | None": "double", "str |
 SUMMARY_DDL = "exchange string, mode string, " + ", ".join(
     f"{f.name} {_SPARK_TYPES[str(f.type)]}" for f in fields(SubtaskSummary)
 )
+
+
+#: Spark DDL of :meth:`Exchange.summary`'s default view, the one for people: a row fits a terminal, counts are
+#: integers, rates and times per second whole numbers, bytes in MB (10^6 bytes, 2 decimals), the pool usage
+#: peak a share with 2 decimals. The full view (``summary(full=True)``, :data:`SUMMARY_DDL`) keeps every field
+#: unrounded, for code.
+SUMMARY_VIEW_DDL = (
+    "side string, subtask long, records long, buffers long, MB double, records_per_s long, busy_ms_per_s long, "
+    "idle_ms_per_s long, back_pressured_ms_per_s long, back_pressure string, pool_usage_max double"
+)
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def summary_view(s: SubtaskSummary) -> tuple[object, ...]:
+    """The row of :data:`SUMMARY_VIEW_DDL` for ``s``: what a person reads first, rounded (the full figures
+    stay in ``s``)."""
+    return (
+        s.side,
+        s.subtask,
+        s.records,
+        s.buffers,
+        round(s.bytes / 1e6, 2),
+        _whole(s.records_per_second),
+        _whole(s.busy_ms_per_second),
+        _whole(s.idle_ms_per_second),
+        _whole(s.back_pressured_ms_per_second),
+        s.back_pressure,
+        _rounded(s.pool_usage_max, 2),
+    )
 
 
 def summarize(rows: Iterable[MetricRow]) -> list[SubtaskSummary]:

@@ -15,27 +15,91 @@ class CreditShuffleError(Exception):
     """Base class of every error this package raises on purpose."""
 
 
-class ConfigError(CreditShuffleError, ValueError):
-    """An invalid setting, raised before any Spark job starts.
+#: The names of the settings (NetworkConfig's fields), which :class:`ConfigError` calls settings; any other name
+#: it calls an argument.
+_SETTINGS: set[str] = set()
 
-    ``setting`` is the option name (as a keyword argument or ``spark.creditShuffle.*`` key), ``value``
-    the rejected value and ``allowed`` a human description of what is accepted. ``conf_key``, when the value
-    came from a Spark conf, is the key the user set: the message names it beside the setting.
+
+def register_settings(names: Iterable[str]) -> None:
+    """Make ``names`` the names :class:`ConfigError` calls settings (NetworkConfig registers its fields)."""
+    _SETTINGS.update(names)
+
+
+#: ``ConfigError.replaced``'s default: keep the value.
+_KEEP: Any = object()
+
+
+class ConfigError(CreditShuffleError, ValueError):
+    """An invalid setting or argument, raised before any Spark job starts.
+
+    ``setting`` is the option or argument name (as a keyword argument or ``spark.creditShuffle.*`` key),
+    ``value`` the rejected value and ``allowed`` a human description of what is accepted. ``conf_key``, when
+    the value came from a Spark conf, is the key the user set: the message names it beside the setting.
+    ``kind`` is what the name is, for the message: ``"setting"`` (a NetworkConfig setting) or ``"argument"``
+    (a function's argument, such as ``exchange``'s ``df`` or ``mode``), so that nobody looks for an argument
+    among the settings; by default a setting's name (:func:`register_settings`) or a value from a conf is a
+    setting and any other name an argument. ``choices``, for a name that takes one of a few words (a mode, a
+    codec), are those words: a string value close to one of them adds "did you mean ...?" to the message (and
+    ``nearest``).
     """
 
     def __init__(
-        self, setting: str, value: object, allowed: str, detail: str = "", *, conf_key: str | None = None
+        self,
+        setting: str,
+        value: object,
+        allowed: str,
+        detail: str = "",
+        *,
+        conf_key: str | None = None,
+        kind: str | None = None,
+        choices: Iterable[str] | None = None,
     ) -> None:
         self.setting = setting
         self.value = value
         self.allowed = allowed
         self.detail = detail
         self.conf_key = conf_key
+        if kind is None:
+            kind = "setting" if conf_key is not None or setting in _SETTINGS else "argument"
+        self.kind = kind
+        self.choices: tuple[str, ...] | None = tuple(choices) if choices is not None else None
+        self.nearest: str | None = suggest(value, self.choices) if self.choices else None
         named = f"'{setting}' ({conf_key})" if conf_key else f"'{setting}'"
-        message = f"invalid value {value!r} for setting {named}: allowed is {allowed}"
+        message = f"invalid value {value!r} for {kind} {named}: allowed is {allowed}"
         if detail:
             message += f" ({detail})"
+        if self.nearest is not None:
+            message += f"; did you mean {self.nearest!r}?"
         super().__init__(message)
+
+    def replaced(self, *, value: object = _KEEP, conf_key: str | None = None) -> ConfigError:
+        """The same error with the value as the user wrote it and/or the conf key it came from (the message
+        names what the user typed, not what it was parsed into); kind and choices are kept."""
+        return ConfigError(
+            self.setting,
+            self.value if value is _KEEP else value,
+            self.allowed,
+            self.detail,
+            conf_key=conf_key if conf_key is not None else self.conf_key,
+            kind=self.kind,
+            choices=self.choices,
+        )
+
+
+def suggest(value: object, choices: Iterable[str] | None) -> str | None:
+    """The one of ``choices`` that ``value`` (a string) most likely misspells, case and surrounding blanks
+    ignored (a choice in another case is the one meant); None if ``value`` is not a string, is one of them
+    exactly, or is close to none (difflib's ratio below 0.6)."""
+    if not isinstance(value, str) or not choices:
+        return None
+    known = {c.lower(): c for c in choices}
+    text = value.strip().lower()
+    if text in known:  # a choice in another case or with blanks, where the exact word is needed
+        return None if value == known[text] else known[text]
+    if not text:
+        return None
+    match = difflib.get_close_matches(text, list(known), n=1, cutoff=0.6)
+    return known[match[0]] if match else None
 
 
 class UnknownSettingError(ConfigError):

@@ -24,7 +24,16 @@ import pyarrow as pa
 
 from .config import NetworkConfig, check_operator_parallelism
 from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, check_dataframe, resolve_key_columns
-from .diagnosis import SUMMARY_DDL, Diagnosis, SubtaskSummary, cpu_use, diagnose, summarize
+from .diagnosis import (
+    SUMMARY_DDL,
+    SUMMARY_VIEW_DDL,
+    Diagnosis,
+    SubtaskSummary,
+    cpu_use,
+    diagnose,
+    summarize,
+    summary_view,
+)
 from .engine.checkpoints import CHECKPOINTS_DDL, CheckpointRecord
 from .errors import ConfigError, CreditShuffleError, UnsupportedColumnTypeError
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow, row_values
@@ -158,12 +167,15 @@ class Exchange:
         its consumer tasks after any chained already, in order (see :meth:`map_in_pandas`)."""
         chained = as_chain(list(operators), "operators")
         if not chained:
-            raise ConfigError("operators", "()", "at least one operator made by map_in_pandas or map_in_arrow")
+            raise ConfigError(
+                "operators", "()", "at least one operator made by map_in_pandas or map_in_arrow", kind="argument"
+            )
         if self._rebuild is None:
             raise ConfigError(
                 "operators",
                 ", ".join(op.name for op in chained),
                 "an exchange whose input has partitions (this one moves nothing, so nothing runs its consumers)",
+                kind="argument",
             )
         out, collected = self._rebuild(self.plan.after + resolve_chain(self.df.sparkSession, chained))
         self._collected.append(collected)
@@ -194,14 +206,23 @@ class Exchange:
         the first action that ran ``df`` (see :meth:`summary`)."""
         return summarize(self.metric_rows())
 
-    def summary(self) -> DataFrame:
-        """One row per subtask: ``side``, ``subtask``, ``records``, ``buffers`` and ``bytes`` (out for a
-        producer, in for a consumer), ``records_per_second``, ``busy_ms_per_second``, ``idle_ms_per_second``,
-        ``back_pressured_ms_per_second``, Flink's ``back_pressure`` status (``OK`` up to 10% of the time
-        back-pressured, ``LOW`` up to 50%, ``HIGH`` above) and the pool usage peak and mean. Available after
+    def summary(self, full: bool = False) -> DataFrame:
+        """One row per subtask, to read: ``side``, ``subtask``, ``records`` and ``buffers`` (out for a producer,
+        in for a consumer), ``MB`` (its bytes in 10^6 bytes, 2 decimals), ``records_per_s``, ``busy_ms_per_s``,
+        ``idle_ms_per_s`` and ``back_pressured_ms_per_s`` (whole numbers), Flink's ``back_pressure`` status
+        (``OK`` up to 10% of the time back-pressured, ``LOW`` up to 50%, ``HIGH`` above) and ``pool_usage_max``
+        (2 decimals): narrow enough for ``show()`` in a terminal.
+
+        ``full=True``: every figure unrounded, for code, in the columns of
+        :data:`~spark_credit_shuffle.diagnosis.SUMMARY_DDL` (``exchange``, ``mode``, the fields of
+        :class:`~spark_credit_shuffle.diagnosis.SubtaskSummary`: ``executor``, ``bytes``, ``records_per_second``,
+        ``busy_ms``, ``*_ms_per_second``, ``pool_usage_mean``, ...). Counts are integers in both. Available after
         an action, like :meth:`metrics`."""
-        data = [(self.plan.name, self.plan.mode, *dataclasses.astuple(r)) for r in self.summary_rows()]
-        return self.df.sparkSession.createDataFrame(data, SUMMARY_DDL)
+        rows = self.summary_rows()
+        if full:
+            data = [(self.plan.name, self.plan.mode, *dataclasses.astuple(r)) for r in rows]
+            return self.df.sparkSession.createDataFrame(data, SUMMARY_DDL)
+        return self.df.sparkSession.createDataFrame([summary_view(r) for r in rows], SUMMARY_VIEW_DDL)
 
     def diagnose(self) -> Diagnosis:
         """Where backpressure starts (the busy consumer subtask the back-pressured producers send to), told
@@ -284,7 +305,11 @@ def exchange_of(df: DataFrame) -> Exchange:
     if len(found) != 1:
         what = "no exchange" if not found else f"{len(found)} exchanges ({', '.join(e.name for e in found)})"
         raise ConfigError(
-            "df", _short(df), "a DataFrame built on exactly one exchange of this process", f"its plan holds {what}"
+            "df",
+            _short(df),
+            "a DataFrame built on exactly one exchange of this process",
+            f"its plan holds {what}",
+            kind="argument",
         )
     return found[0]
 
@@ -299,7 +324,9 @@ def install_dataframe_method(name: str = "creditShuffle") -> None:
 
     existing = getattr(DataFrame, name, None)
     if existing is not None and getattr(existing, "_credit_shuffle", False) is not True:
-        raise ConfigError("name", name, "a name that DataFrame does not have yet", "it has that attribute already")
+        raise ConfigError(
+            "name", name, "a name that DataFrame does not have yet", "it has that attribute already", kind="argument"
+        )
 
     def method(
         self: DataFrame, partitioner: Partitioner, parallelism: int | None = None, mode: str = "blocking", **kwargs: Any
@@ -427,11 +454,13 @@ def exchange(
     df = check_dataframe(df)
     before_ops, after_ops = as_chain(before, "before"), as_chain(after, "after")
     if not isinstance(mode, str) or mode not in MODES:
-        raise ConfigError("mode", mode, " or ".join(repr(m) for m in MODES))
+        raise ConfigError("mode", mode, " or ".join(repr(m) for m in MODES), kind="argument", choices=MODES)
     if retryable is not None and not isinstance(retryable, bool):
-        raise ConfigError("retryable", retryable, "True, False or None (the default: True)")
+        raise ConfigError("retryable", retryable, "True, False or None (the default: True)", kind="argument")
     if monitor is not None and not isinstance(monitor, bool) and not callable(monitor):
-        raise ConfigError("monitor", _short(monitor), "True, False, a function of the samples, or None (the setting)")
+        raise ConfigError(
+            "monitor", _short(monitor), "True, False, a function of the samples, or None (the setting)", kind="argument"
+        )
     partitioner = _check_partitioner(partitioner)
     if config is not None and not isinstance(config, NetworkConfig):
         raise ConfigError(
@@ -440,9 +469,10 @@ def exchange(
             "a NetworkConfig or None (the session's spark.creditShuffle.* settings)",
             "single settings go as keyword arguments: exchange(..., buffer_timeout_ms=10), or "
             "config=NetworkConfig(**settings)",
+            kind="argument",
         )
     if injection is not None and not isinstance(injection, Injection):
-        raise ConfigError("injection", _short(injection), "an Injection or None")
+        raise ConfigError("injection", _short(injection), "an Injection or None", kind="argument")
     if parallelism is not None:
         parallelism = check_operator_parallelism(parallelism, "parallelism")
     if num_producers is not None:
@@ -547,7 +577,11 @@ def resolve_chain(spark: Any, operators: tuple[ChainedOperator, ...]) -> tuple[C
             spark_schema = frame.schema
         except Exception as exc:
             raise ConfigError(
-                "schema", _short(op.schema), "a Spark DDL string or StructType", f"of operator {op.name}: {exc}"
+                "schema",
+                _short(op.schema),
+                "a Spark DDL string or StructType",
+                f"of operator {op.name}: {exc}",
+                kind="argument",
             ) from None
         resolved.append(op.resolved(spark_schema, arrow_schema(frame)))
     return tuple(resolved)
@@ -625,7 +659,7 @@ def exchange_rdd(
     from pyspark.sql import SparkSession
 
     if not isinstance(rdd, RDD):
-        raise ConfigError("rdd", _short(rdd), "a pyspark RDD (for a DataFrame use exchange)")
+        raise ConfigError("rdd", _short(rdd), "a pyspark RDD (for a DataFrame use exchange)", kind="argument")
     _check_partitioner(partitioner)
     spark = SparkSession.builder.getOrCreate()
     df = spark.createDataFrame(rdd, schema)

@@ -62,6 +62,12 @@ subtask the same way, as a label rather than a value).
 
 A task keeps at most :data:`MAX_TIMELINE_POINTS` sample times; past that it drops every other one and
 doubles its interval, so long runs stay cheap.
+
+``value`` is a double for every row, counts included, so that code reads one column of one type. Counts are
+whole numbers all the same (:func:`is_count`: a counter's ``total``, ``numRecordsOut``, ``numBuffersIn``,
+``numBytesOut``, ...); what people read shows them as integers: :func:`readable_metrics` (a pandas copy with
+counts as ints and ``channel`` as a nullable integer), ``Exchange.summary()`` (integer counts) and the jobs'
+printed tables and files.
 Inside an exchange a metric row is ``struct<side, subtask, channel, metric, stat, value, time_ms>``,
 ``time_ms`` null for the summary rows.
 
@@ -101,7 +107,9 @@ __all__ = [
     "TaskMetrics",
     "TimelineSampler",
     "executor_row",
+    "is_count",
     "metric_row_spark_type",
+    "readable_metrics",
     "row_values",
     "rows_from_bytes",
     "rows_to_arrow",
@@ -181,6 +189,31 @@ def row_values(row: MetricRow) -> tuple:
     values = [getattr(row, f) for f in METRIC_ROW_FIELDS]
     values[_VALUE_INDEX] = float(values[_VALUE_INDEX])
     return tuple(values)
+
+
+def is_count(metric: str, stat: str) -> bool:
+    """True for a counter's total (``numRecordsOut``, ``numBuffersIn``, ``numBytesOut``,
+    ``numberOfCompletedCheckpoints``, ...): a whole number, although ``value`` holds it as a double."""
+    return stat == "total" and metric.startswith("num") and not metric.endswith("PerSecond")
+
+
+def readable_metrics(frame: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """A copy of a metrics or timeline frame (``Exchange.metrics().toPandas()``, :func:`rows_to_pandas`) for
+    people: ``channel`` as pandas' nullable ``Int64`` (``0``, not ``0.0``; null stays null), ``value`` as an
+    ``object`` column of ints for the counts (:func:`is_count`) and of floats rounded to ``digits`` decimals
+    for the rest. The metrics' own ``value`` column stays a double, for code."""
+    out = frame.copy()
+    if "channel" in out:
+        out["channel"] = out["channel"].astype("Int64")
+    if "value" in out and "metric" in out and "stat" in out:
+        import pandas
+
+        values = [
+            round(float(v)) if is_count(m, s) and v == v else round(float(v), digits)
+            for m, s, v in zip(out["metric"], out["stat"], out["value"])
+        ]  # a list of ints and floats would become a float column: the Series is made an object one
+        out["value"] = pandas.Series(values, index=out.index, dtype=object)
+    return out
 
 
 def rows_to_pandas(rows: Iterable[MetricRow]) -> pd.DataFrame:

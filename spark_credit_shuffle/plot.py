@@ -33,6 +33,7 @@ __all__ = [
     "plot_metrics",
     "plot_timeline",
     "plot_timeout_sweep",
+    "subtask_colours",
     "timeline_from_simulation",
     "to_pandas",
 ]
@@ -175,6 +176,8 @@ def plot_timeline(
         raise ConfigError("data", "an empty timeline", "at least one sample (run an action first)")
     start = frame["time_ms"].min()
     phases = _phases(frame, start)
+    colours = subtask_colours(frame[frame["metric"].isin(chosen)])
+    channel_styles = ("-", "--", ":", "-.")
     Figure = _figure_class()
     fig = Figure(figsize=(10, 2.1 * len(chosen) + 0.9), layout="constrained")
     axes = fig.subplots(len(chosen), 1, sharex=True, squeeze=False)[:, 0]
@@ -192,7 +195,15 @@ def plot_timeline(
             series = series.sort_values("time_ms")
             arrow = " -> " if key[0] == "producer" else " <- "  # a producer's channel names its consumer
             label = f"{key[0]} {key[1]}" + (f"{arrow}{int(key[2])}" if len(key) > 2 else "")
-            ax.step((series["time_ms"] - start) / 1000.0, series["value"], where="post", label=label)
+            style = channel_styles[int(key[2]) % len(channel_styles)] if len(key) > 2 else "-"
+            ax.step(
+                (series["time_ms"] - start) / 1000.0,
+                series["value"],
+                where="post",
+                label=label,
+                color=colours[(key[0], int(key[1]))],  # one colour per subtask in every panel
+                linestyle=style,  # per channel: the subtask's colour, one dash pattern per channel
+            )
         if metric == "backPressuredTimeMsPerSecond":
             for low, high, level, colour in _BACK_PRESSURE_BANDS:
                 ax.axhspan(low, high, color=colour, alpha=0.08, lw=0)
@@ -217,6 +228,22 @@ def plot_timeline(
     if left_out:
         fig.supxlabel("always 0 in this run, not drawn: " + ", ".join(left_out), fontsize=7, color="0.4")
     return _save(fig, path)
+
+
+def subtask_colours(frame: pd.DataFrame) -> dict[tuple[str, int], Any]:
+    """One colour per (side, subtask) of ``frame``, producers first: so that a subtask has the same colour in
+    every panel of a figure, whichever subtasks a panel's metric has (matplotlib's cycle would restart in each
+    panel and colour the first line of each alike). matplotlib's default cycle while it has colours enough,
+    evenly spaced colours of a colour map beyond."""
+    from matplotlib import colormaps, rcParams
+
+    keys = sorted({(str(side), int(subtask)) for side, subtask in zip(frame["side"], frame["subtask"])},
+                  key=lambda k: (k[0] != "producer", k[0], k[1]))  # fmt: skip
+    cycle = rcParams["axes.prop_cycle"].by_key().get("color", [])
+    if len(keys) <= len(cycle):
+        return {key: cycle[i] for i, key in enumerate(keys)}
+    cmap = colormaps["turbo"]
+    return {key: cmap(i / max(len(keys) - 1, 1)) for i, key in enumerate(keys)}
 
 
 def _phases(frame: pd.DataFrame, start: float) -> list[tuple[str, float, float]]:

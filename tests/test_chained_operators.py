@@ -112,13 +112,13 @@ def test_the_dataframe_method_and_exchanged_take_operators(any_spark):
 def test_bad_operators_are_refused_before_any_job(spark):
     df = spark.range(0, 10, 1, 2).select("id", (F.col("id") % 3).alias("k"))
     with no_spark_jobs(spark):
-        with pytest.raises(scs.ConfigError, match=r"setting 'after'"):
+        with pytest.raises(scs.ConfigError, match=r"argument 'after'"):
             scs.exchange(df, scs.rebalance(), 2, after=lambda frames: frames)
-        with pytest.raises(scs.ConfigError, match=r"setting 'schema'.*of operator tagged"):
+        with pytest.raises(scs.ConfigError, match=r"argument 'schema'.*of operator tagged"):
             scs.exchange(df, scs.rebalance(), 2, after=scs.map_in_pandas(tagged, "id lonk"))
-        with pytest.raises(scs.ConfigError, match=r"setting 'schema'"):
+        with pytest.raises(scs.ConfigError, match=r"argument 'schema'"):
             scs.map_in_pandas(tagged, 42)
-        with pytest.raises(scs.ConfigError, match=r"setting 'fn'"):
+        with pytest.raises(scs.ConfigError, match=r"argument 'fn'"):
             scs.map_in_arrow("not a function", "id long")
         with pytest.raises(scs.PartitionerError, match=r"k"):  # the key must be a column of the operator's output
             scs.exchange(df, scs.key_by("k"), 2, before=scs.map_in_pandas(tagged, "id long"))

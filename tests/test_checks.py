@@ -29,29 +29,29 @@ def df(spark):
 def test_bad_arguments_raise_typed_errors_before_any_job(spark, df, mode):
     key = scs.key_by("k")
     with no_spark_jobs(spark):
-        with pytest.raises(ConfigError, match=r"invalid value None for setting 'df'.*DataFrame"):
+        with pytest.raises(ConfigError, match=r"invalid value None for argument 'df'.*DataFrame"):
             scs.exchange(None, key, 2, mode)
-        with pytest.raises(ConfigError, match=r"setting 'df'.*spark.createDataFrame"):
+        with pytest.raises(ConfigError, match=r"argument 'df'.*spark.createDataFrame"):
             scs.exchange(pd.DataFrame({"k": [1, 2]}), key, 2, mode)
-        with pytest.raises(ConfigError, match=r"setting 'df'.*exchange_rdd"):
+        with pytest.raises(ConfigError, match=r"argument 'df'.*exchange_rdd"):
             scs.exchange(df.rdd, key, 2, mode)
-        with pytest.raises(ConfigError, match=r"setting 'config'.*NetworkConfig.*keyword arguments"):
+        with pytest.raises(ConfigError, match=r"argument 'config'.*NetworkConfig.*keyword arguments"):
             scs.exchange(df, key, 2, mode, config={"buffer_timeout_ms": 10})
-        with pytest.raises(ConfigError, match=r"setting 'partitioner'"):
+        with pytest.raises(ConfigError, match=r"argument 'partitioner'"):
             scs.exchange(df, "k", 2, mode)
-        with pytest.raises(ConfigError, match=r"setting 'parallelism'"):
+        with pytest.raises(ConfigError, match=r"argument 'parallelism'"):
             scs.exchange(df, key, "4", mode)
-        with pytest.raises(ConfigError, match=r"setting 'num_producers'"):
+        with pytest.raises(ConfigError, match=r"argument 'num_producers'"):
             scs.exchange(df, key, 2, mode, num_producers=0)
-        with pytest.raises(ConfigError, match=r"setting 'mode'"):
+        with pytest.raises(ConfigError, match=r"argument 'mode'"):
             scs.exchange(df, key, 2, ["blocking"])
-        with pytest.raises(ConfigError, match=r"setting 'injection'"):
+        with pytest.raises(ConfigError, match=r"argument 'injection'"):
             scs.exchange(df, key, 2, mode, injection={"fail_once": ("producer", 0)})
-        with pytest.raises(ConfigError, match=r"setting 'rdd'"):
+        with pytest.raises(ConfigError, match=r"argument 'rdd'"):
             scs.exchange_rdd(df, key, 2, mode)
-        with pytest.raises(ConfigError, match=r"setting 'df'"):
+        with pytest.raises(ConfigError, match=r"argument 'df'"):
             scs.with_channel(None, key, 2)
-        with pytest.raises(ConfigError, match=r"setting 'rdd'"):
+        with pytest.raises(ConfigError, match=r"argument 'rdd'"):
             scs.rdd_with_channel(df, key, 2)
 
 

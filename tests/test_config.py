@@ -70,7 +70,7 @@ def test_bad_durations_name_setting_and_value(text):
     assert repr(text) in str(info.value)
 
 
-# -- every invalid case of the issue ----------------------------------------------------------------
+# -- invalid values of each setting -----------------------------------------------------------------
 
 
 def test_segment_size_below_flinks_minimum():

@@ -212,7 +212,7 @@ def test_a_slow_consumer_is_where_backpressure_starts(spark):
         segment_size="4kb",
     )
     assert ex.df.count() == 60_000
-    summary = {(r.side, r.subtask): r for r in ex.summary().collect()}
+    summary = {(r.side, r.subtask): r for r in ex.summary(full=True).collect()}
     assert {summary[(PRODUCER, p)].back_pressure for p in (0, 1)} == {HIGH}
     assert sum(summary[(CONSUMER, c)].records for c in (0, 1)) == 60_000
     assert isinstance(summary[(CONSUMER, 0)].records, int)

@@ -105,8 +105,11 @@ def test_checkpoint_alignment_demo_measures_both_models_and_both_barrier_kinds(s
     assert delays["100"] < delays["1000"] < delays["None"]
     sweep = list(headline["sim_socket_sweep_slow_aligned_ms"].values())
     assert all(credit < no_credit for credit, no_credit in sweep)
-    for key in ("spark_aligned_slow_ms", "spark_unaligned_slow_ms"):
-        assert headline[key] >= 0
+    # on Spark, the slow consumer completed checkpoints (how many of each kind depends on the machine's pace),
+    # and their alignment, first barrier to last, was measured
+    checkpoints = headline["spark_slow_checkpoints"]
+    assert sum(checkpoints.values()) > 0, checkpoints
+    assert max(headline["spark_aligned_slow_ms"], headline["spark_unaligned_slow_ms"]) > 0
     assert png.read_bytes().startswith(PNG)
     with pytest.raises(SystemExit):
         demo.main(["--delay-ms", "0"])
@@ -167,6 +170,18 @@ def test_exchange_job_writes_output_metrics_and_timeline(spark, tmp_path, capsys
     metrics = read[metrics_path.suffix[1:]](metrics_path)
     assert list(metrics.columns) == ["exchange", "mode", "side", "subtask", "channel", "metric", "stat", "value"]
     assert metrics[metrics.metric == "numRecordsIn"].value.sum() == 2000
+    # channel is an integer column in every format (0, not 0.0), null where a row has no channel
+    for path in (metrics_path, timeline_path):
+        if path.suffix == ".parquet":
+            assert str(pd.read_parquet(path)["channel"].dtype) in ("Int64", "Int32"), path
+            continue
+        if path.suffix == ".csv":
+            channels = list(pd.read_csv(path, dtype=str)["channel"].dropna())
+        else:  # JSON Lines, as written: pandas would read a column of numbers and nulls back as floats
+            channels = [json.loads(line)["channel"] for line in path.read_text().splitlines()]
+            channels = [c for c in channels if c is not None]
+            assert all(isinstance(c, int) for c in channels), channels[:5]
+        assert channels and all(str(c).isdigit() for c in channels), channels[:5]
     timeline = read[timeline_path.suffix[1:]](timeline_path)
     assert "time_ms" in timeline.columns and (timeline.stat == "sample").all()
     sides = set(zip(timeline.side, timeline.subtask))
@@ -183,6 +198,10 @@ def test_exchange_job_refuses_bad_input_before_any_job(spark, capsys):
     with pytest.raises(SystemExit) as info:
         job.main(["--generate", "10", "--partitioner", "zigzag"])
     assert info.value.code == 2 and "partitioner" in capsys.readouterr().err
+    for bad, meant in ((["--partitioner", "rebalanse"], "rebalance"), (["--mode", "pipelind"], "pipelined")):
+        with pytest.raises(SystemExit) as info:
+            job.main(["--generate", "10", *bad])
+        assert info.value.code == 2 and f"did you mean '{meant}'?" in capsys.readouterr().err
     for bad in (["--metrics", "metrics/"], ["--timeline", "timeline.xlsx"]):
         with pytest.raises(SystemExit) as info:
             job.main(["--generate", "10", *bad])
@@ -282,7 +301,7 @@ def test_path_floor_job_runs_the_lean_and_the_pipelined_path_in_spark_barrier_st
         "pipelined_retryable_vs_lean_throughput",
     }
     assert headline["spark_lean_streaming_vs_mapinarrow_throughput_ratio"] > 0
-    assert headline["spark_cpu_python_s_lean_streaming"] >= 0
+    assert headline["spark_cpu_python_s_lean_streaming"] > 0  # the Python workers did the work
     per_buffer = figures["pipelined_streaming_us_per_buffer"]
     assert per_buffer["buffers"] > 0 and per_buffer["producer thread"] > 0 and per_buffer["consumer thread"] > 0
     assert per_buffer["task"] >= per_buffer["producer thread"]

@@ -185,7 +185,7 @@ def test_the_setting_turns_it_on(spark):
     finally:
         spark.conf.unset("spark.creditShuffle.monitor")
     assert scs.exchange(spark.range(0, 100, 1, 2), scs.rebalance(), 2).plan.monitor is None
-    with pytest.raises(scs.ConfigError, match=r"setting 'monitor'"):
+    with pytest.raises(scs.ConfigError, match=r"argument 'monitor'"):
         scs.exchange(spark.range(3), scs.rebalance(), 1, monitor="yes")
 
 

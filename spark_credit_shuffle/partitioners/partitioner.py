@@ -58,10 +58,10 @@ __all__ = [
 
 def _check_index(value: object, setting: str, count: int) -> int:
     if isinstance(value, bool) or not isinstance(value, SupportsIndex):
-        raise ConfigError(setting, value, f"an integer in [0, {count})")
+        raise ConfigError(setting, value, f"an integer in [0, {count})", kind="argument")
     index = operator.index(value)
     if not 0 <= index < count:
-        raise ConfigError(setting, value, f"an integer in [0, {count})")
+        raise ConfigError(setting, value, f"an integer in [0, {count})", kind="argument")
     return index
 
 
@@ -173,7 +173,7 @@ def _check_seed(seed: object) -> int | None:
     if seed is None:
         return None
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError("seed", seed, "None or an integer >= 0")
+        raise ConfigError("seed", seed, "None or an integer >= 0", kind="argument")
     return int(seed)
 
 
@@ -254,14 +254,17 @@ def column_reference_name(column: Any) -> str:
 
 def _check_columns(columns: Sequence[Any], what: str) -> tuple[Column, ...]:
     if not columns:
-        raise ConfigError("columns", columns, f"at least one key column name (or position) for {what}")
+        raise ConfigError("columns", columns, f"at least one key column name (or position) for {what}", kind="argument")
     checked: list[Column] = []
     for column in columns:
         if _is_spark_column(column):
             column = column_reference_name(column)
         if isinstance(column, bool) or not isinstance(column, (str, int)):
             raise ConfigError(
-                "columns", column, f"column names (str), positions (int) or column references (F.col) for {what}"
+                "columns",
+                column,
+                f"column names (str), positions (int) or column references (F.col) for {what}",
+                kind="argument",
             )
         checked.append(column)
     return tuple(checked)
@@ -319,9 +322,11 @@ class RebalancePartitioner(Partitioner):
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", _check_seed(self.seed))
         if not isinstance(self.adaptive, bool):
-            raise ConfigError("adaptive", self.adaptive, "True or False")
+            raise ConfigError("adaptive", self.adaptive, "True or False", kind="argument")
         if isinstance(self.max_traverse, bool) or not isinstance(self.max_traverse, int) or self.max_traverse < 1:
-            raise ConfigError("max_traverse", self.max_traverse, "an integer >= 1 (channels looked at per choice)")
+            raise ConfigError(
+                "max_traverse", self.max_traverse, "an integer >= 1 (channels looked at per choice)", kind="argument"
+            )
 
     def _make_selector(
         self, producer: int, num_channels: int, num_consumers: int, max_parallelism: int | None
@@ -424,7 +429,7 @@ class CustomPartitionerWrapper(Partitioner):
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
-            raise ConfigError("fn", self.fn, "a callable fn(key, num_partitions) -> channel(s)")
+            raise ConfigError("fn", self.fn, "a callable fn(key, num_partitions) -> channel(s)", kind="argument")
         object.__setattr__(self, "columns", _check_columns(self.columns, "custom"))
 
     def _make_selector(

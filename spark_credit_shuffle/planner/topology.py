@@ -76,7 +76,13 @@ def _partitioner_of(name: str | Partitioner) -> Partitioner:
     }
     factory = factories.get(key)
     if factory is None:
-        raise ConfigError("partitioner", name, "one of " + ", ".join(PATTERNS) + " (or a Partitioner)")
+        raise ConfigError(
+            "partitioner",
+            name,
+            "one of " + ", ".join(PATTERNS) + " (or a Partitioner)",
+            kind="argument",
+            choices=(*PATTERNS, "key-by"),
+        )
     return factory()
 
 
@@ -86,20 +92,20 @@ class ExchangeSpec:
 
     ``partitioner`` is a :class:`Partitioner` or a name: ``hash``, ``rebalance``, ``shuffle``, ``global``,
     ``custom``, ``broadcast`` (all-to-all), ``rescale``, ``forward`` (pointwise), or the bare patterns
-    ``all-to-all`` and ``pointwise``.
+    ``all-to-all`` and ``pointwise``. ``mode`` defaults to ``blocking``, as ``exchange()``'s does.
     """
 
     producers: int
     consumers: int
     partitioner: str | Partitioner = "hash"
-    mode: str = "pipelined"
+    mode: str = "blocking"
     name: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "producers", check_operator_parallelism(self.producers, "producers"))
         object.__setattr__(self, "consumers", check_operator_parallelism(self.consumers, "consumers"))
         if self.mode not in _MODES:
-            raise ConfigError("mode", self.mode, " or ".join(repr(m) for m in _MODES))
+            raise ConfigError("mode", self.mode, " or ".join(repr(m) for m in _MODES), kind="argument", choices=_MODES)
         _partitioner_of(self.partitioner).validate(self.producers, self.consumers)
 
     @property
@@ -119,11 +125,15 @@ class ExchangeSpec:
         """``"4:4:hash:pipelined"`` (producers:consumers[:partitioner[:mode]])."""
         parts = [p.strip() for p in str(text).split(":")]
         if not 2 <= len(parts) <= 4:
-            raise ConfigError("exchange", text, "producers:consumers[:partitioner[:mode]], e.g. 4:4:hash:pipelined")
+            raise ConfigError(
+                "exchange", text, "producers:consumers[:partitioner[:mode]], e.g. 4:4:hash:pipelined", kind="argument"
+            )
         try:
             producers, consumers = int(parts[0]), int(parts[1])
         except ValueError:
-            raise ConfigError("exchange", text, "integer producer and consumer counts, e.g. 4:4:hash") from None
+            raise ConfigError(
+                "exchange", text, "integer producer and consumer counts, e.g. 4:4:hash", kind="argument"
+            ) from None
         return cls(producers, consumers, *(parts[2:]))
 
 

@@ -151,6 +151,8 @@ class PipelinedResultPartition(ResultPartition):
         self.subpartitions = [
             PipelinedSubpartition(i, self, receiver_exclusive_buffers) for i in range(num_subpartitions)
         ]
+        #: Each subpartition's queue (its ``_buffers``, never replaced): :meth:`queue_lengths` in one C call.
+        self._queues = [sub._buffers for sub in self.subpartitions]
         self._pending_references = num_subpartitions + 1
         self._producer_closed = False
         #: Flink's LocalBufferPool availability (bound to the pool's: a resumable writer asks before every new buffer).
@@ -396,6 +398,10 @@ class PipelinedResultPartition(ResultPartition):
 
     def output_queue_length(self) -> int:
         return sum(s.queue_length() for s in self.subpartitions)
+
+    def queue_lengths(self) -> list[int]:
+        """Every subpartition's ``queue_length()``, in order, in one step (sampled after each input)."""
+        return list(map(len, self._queues))
 
     def backlogs(self) -> list[int]:
         """The reported backlog of every subpartition."""

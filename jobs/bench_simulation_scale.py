@@ -1,0 +1,123 @@
+"""Benchmark: how the simulation (``spark_credit_shuffle.simulation.simulate``) scales with the number of tasks.
+
+The configuration of the scale target (docs/benchmarks.md, "Simulation at scale"): ``tasks`` producers and ``tasks`` consumers, all-to-all (``tasks**2``
+channels), on ``tasks / 8`` hosts of 8 slots (producer and consumer ``i`` on host ``i // 8``: a consumer
+reads the 8 producers of its own host directly, the others over one connection per host pair), 20 MB/s per
+producer, 40 MB/s per consumer, 100 us latency, the default ``NetworkConfig``; ``--duration`` virtual
+seconds per size (default 0.5 s, 0.2 s at 64 tasks, as first measured). Network memory: the default
+(64 MB, 2048 buffers per host) where it holds a host's minimum (16 and 64 tasks), otherwise each host gets
+exactly its minimum plus 2048 buffers (``extra_buffers_per_host=2048``; column ``network``).
+
+Each size runs in a subprocess of its own, so its peak resident memory (``ru_maxrss`` of the child) is its
+own. Printed per size: tasks, channels, virtual s, wall s (the run alone: building the topology and
+``run()``, not the interpreter's start), peak RSS MB, KB per channel (peak RSS over the channels), wall us
+per buffer (the data buffers the consumers received). With ``--repeat`` > 1 the figures are medians. The last
+line printed is one JSON object with the figures of every size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+SLOTS = 8
+#: The durations per size first measured (virtual seconds); other sizes run 0.5 s unless ``--duration`` says.
+DURATIONS = {16: 0.5, 64: 0.2, 128: 0.5}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", default="16,64,128", help="comma-separated task counts (multiples of 8)")
+    parser.add_argument("--duration", type=float, default=None, help="virtual seconds for every size")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per size (medians reported)")
+    parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child: this many tasks
+    args = parser.parse_args(argv)
+    try:
+        args.sizes = [int(t) for t in args.tasks.split(",")]
+    except ValueError:
+        parser.error(f"--tasks takes comma-separated integers, got {args.tasks!r}")
+    if not args.sizes or min(args.sizes) < 1 or args.repeat < 1:
+        parser.error("every task count >= 1, --repeat >= 1")
+    return args
+
+
+def run_one(tasks: int, duration: float) -> dict[str, Any]:
+    """One run in this process (the child): the figures of one size."""
+    from spark_credit_shuffle.errors import InsufficientNetworkBuffersError
+    from spark_credit_shuffle.simulation import simulate
+
+    hosts = [i // SLOTS for i in range(tasks)]
+    kwargs: dict[str, Any] = {
+        "num_producers": tasks,
+        "num_consumers": tasks,
+        "producer_rate": 20e6,
+        "consumer_rate": 40e6,
+        "producer_hosts": hosts,
+        "consumer_hosts": hosts,
+        "latency": 100e-6,
+        "duration": duration,
+    }
+    network = "default"
+    start = time.perf_counter()
+    try:
+        report = simulate(**kwargs)
+    except InsufficientNetworkBuffersError:  # raised while building, before the run: the default is too small
+        network = "minimum+2048"
+        start = time.perf_counter()
+        report = simulate(**kwargs, extra_buffers_per_host=2048)
+    wall = time.perf_counter() - start
+    buffers = sum(r.value for r in report.rows if r.side == "consumer" and r.metric == "numBuffersIn")
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    channels = tasks * tasks
+    return {
+        "tasks": tasks,
+        "channels": channels,
+        "virtual_s": duration,
+        "network": network,
+        "wall_s": round(wall, 3),
+        "peak_rss_mb": round(rss_mb, 1),
+        "kb_per_channel": round(rss_mb * 1024 / channels, 2),
+        "buffers": int(buffers),
+        "wall_us_per_buffer": round(wall / buffers * 1e6, 1) if buffers else None,
+        "steps": report.steps,
+    }
+
+
+def measure(tasks: int, duration: float) -> dict[str, Any]:
+    """One size in a subprocess of its own."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", str(tasks), "--duration", str(duration)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.one is not None:
+        print(json.dumps(run_one(args.one, args.duration if args.duration is not None else 0.5)))
+        return 0
+    columns = ("tasks", "channels", "virtual_s", "network", "wall_s", "peak_rss_mb", "kb_per_channel")
+    columns += ("wall_us_per_buffer",)
+    print(" ".join(f"{c:>18}" for c in columns))
+    results = []
+    for tasks in args.sizes:
+        duration = args.duration if args.duration is not None else DURATIONS.get(tasks, 0.5)
+        runs = [measure(tasks, duration) for _ in range(args.repeat)]
+        row = dict(runs[0])
+        for key in ("wall_s", "peak_rss_mb", "kb_per_channel", "wall_us_per_buffer"):
+            values = [r[key] for r in runs if r[key] is not None]
+            row[key] = round(statistics.median(values), 2) if values else None
+        results.append(row)
+        print(" ".join(f"{row[c]!s:>18}" for c in columns), flush=True)
+    print(json.dumps({"simulation_scale": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
