@@ -1,12 +1,13 @@
 """Benchmark: how the simulation (``spark_credit_shuffle.simulation.simulate``) scales with the number of tasks.
 
-The configuration of the scale target (docs/benchmarks.md, "Simulation at scale"): ``tasks`` producers and ``tasks`` consumers, all-to-all (``tasks**2``
-channels), on ``tasks / 8`` hosts of 8 slots (producer and consumer ``i`` on host ``i // 8``: a consumer
-reads the 8 producers of its own host directly, the others over one connection per host pair), 20 MB/s per
-producer, 40 MB/s per consumer, 100 us latency, the default ``NetworkConfig``; ``--duration`` virtual
-seconds per size (default 0.5 s, 0.2 s at 64 tasks, as first measured). Network memory: the default
-(64 MB, 2048 buffers per host) where it holds a host's minimum (16 and 64 tasks), otherwise each host gets
-exactly its minimum plus 2048 buffers (``extra_buffers_per_host=2048``; column ``network``).
+The configuration of the scale target (docs/benchmarks.md, "Simulation at scale"): ``tasks`` producers and
+``tasks`` consumers, all-to-all (``tasks**2`` channels), on ``tasks / 8`` hosts of 8 slots (producer and
+consumer ``i`` on host ``i // 8``: a consumer reads the 8 producers of its own host directly, the others over
+one connection per host pair), 20 MB/s per producer, 40 MB/s per consumer, 100 us latency, the default
+``NetworkConfig``; ``--duration`` virtual seconds per size (default 0.5 s, 0.2 s at 64 tasks, as first
+measured). Network memory: the default (64 MB, 2048 buffers per host) where it holds a host's minimum (16 and
+64 tasks), otherwise each host gets exactly its minimum plus 2048 buffers (``extra_buffers_per_host=2048``;
+column ``network``).
 
 Each size runs in a subprocess of its own, so its peak resident memory (``ru_maxrss`` of the child) is its
 own. Printed per size: tasks, channels, virtual s, wall s (the run alone: building the topology and

@@ -1,4 +1,5 @@
-"""The simulation's results at small scale are exactly those of the code before it was made to scale (docs/benchmarks.md, "Simulation at scale").
+"""The simulation's results at small scale are exactly those of the code before it was made to scale
+(docs/benchmarks.md, "Simulation at scale").
 
 ``tests/simulation_exact.json`` was captured from the simulation as it was before any change made for scale
 (run this module as a script with that code first on ``PYTHONPATH`` to capture it again): per case, the report's
