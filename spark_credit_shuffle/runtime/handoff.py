@@ -19,27 +19,37 @@ import pyarrow as pa
 
 from ..errors import CreditShuffleError
 
-__all__ = ["HANDOFF_BATCHES", "OutputHandoff", "handed_on"]
+__all__ = ["HANDOFF_BATCHES", "HANDOFF_BYTES", "OutputHandoff", "handed_on"]
 
 #: Output batches handed on and not yet taken: four, so that the consumer decodes the next while Spark consumes one,
 #: and a burst of input (producers released together) does not count as waiting on the output. A slow step after the
 #: task fills any bound; measured with jobs/diagnosis_matrix.py, two made the consumers of fast partitions wait on
 #: their output 300-450 ms/s behind one slow partition, four 40-370.
 HANDOFF_BATCHES = 4
+#: ... and at most this many bytes of them (a batch is never split: one larger batch still goes alone). Output
+#: batches are cut at up to 4 MiB (``engine.consumer.OUTPUT_BATCH_BYTES``) when input comes in bursts and far
+#: smaller when it trickles, so a bound in batches alone held 0.1-20 MB by chance: behind a slow step after the
+#: exchange, wide rows (1 KB, 40 MB per partition) then went by without back-pressuring the consumer in 3 of 14
+#: runs. Two full batches: one Spark consumes, one ready.
+HANDOFF_BYTES = 8 << 20
 #: How often a wait on either side looks whether the other side stopped.
 _POLL_S = 0.5
 
 
 class OutputHandoff:
-    """At most ``capacity`` output batches handed on and not yet taken, from the consumer thread to the Spark
-    task thread, then the end (:meth:`close`) or the consumer's failure (:meth:`fail`). A batch counts as
-    taken once the Spark thread comes back for the next one (Spark consumed what it was given), so a slow
-    step after the task holds the consumer back by its last batch as by any other."""
+    """At most ``capacity`` output batches and ``max_bytes`` bytes handed on and not yet taken, from the
+    consumer thread to the Spark task thread, then the end (:meth:`close`) or the consumer's failure
+    (:meth:`fail`). A batch counts as taken once the Spark thread comes back for the next one (Spark consumed
+    what it was given), so a slow step after the task holds the consumer back by its last batch as by any
+    other."""
 
-    def __init__(self, capacity: int = HANDOFF_BATCHES) -> None:
+    def __init__(self, capacity: int = HANDOFF_BATCHES, max_bytes: int = HANDOFF_BYTES) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self._items: deque[pa.RecordBatch] = deque()
         self._in_flight = 0  # a batch yielded to Spark and not yet consumed
+        self._held_bytes = 0  # of the batches handed on and not yet taken, the one in flight included
+        self._in_flight_bytes = 0
         self._cond = threading.Condition()
         self._closed = False
         self._error: BaseException | None = None
@@ -74,9 +84,13 @@ class OutputHandoff:
         bracket such a wait (the consumer's back-pressured time). Raises :class:`CreditShuffleError` once
         ``stopping()`` (the task ends: nobody will take it)."""
         with self._cond:
-            self._wait_while(lambda: len(self._items) + self._in_flight >= self.capacity, stopping, on_wait, on_taken)
+            self._wait_while(self._full, stopping, on_wait, on_taken)
             self._items.append(batch)
+            self._held_bytes += batch.nbytes
             self._cond.notify_all()
+
+    def _full(self) -> bool:
+        return len(self._items) + self._in_flight >= self.capacity or self._held_bytes >= self.max_bytes
 
     def close(
         self,
@@ -103,6 +117,8 @@ class OutputHandoff:
         thread still runs (a thread that ended without closing the hand-over is a failure named here)."""
         with self._cond:
             self._in_flight = 0  # the batch taken before, if any, was consumed: Spark asks for the next
+            self._held_bytes -= self._in_flight_bytes
+            self._in_flight_bytes = 0
             self._cond.notify_all()
             while not self._items:
                 if self._error is not None:
@@ -114,6 +130,7 @@ class OutputHandoff:
                 self._cond.wait(_POLL_S)
             batch = self._items.popleft()
             self._in_flight = 1
+            self._in_flight_bytes = batch.nbytes
             return batch
 
 
