@@ -31,6 +31,7 @@ __all__ = [
     "bar_chart",
     "line_chart",
     "plot_metrics",
+    "plot_sweep",
     "plot_timeline",
     "plot_timeout_sweep",
     "subtask_colours",
@@ -366,6 +367,42 @@ def line_chart(
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def plot_sweep(
+    data: Any,
+    x: str,
+    y: str = "throughput_mb_per_s",
+    *,
+    hue: str | None = None,
+    logx: bool = False,
+    title: str = "",
+    path: str | os.PathLike[str] | None = None,
+) -> Figure:
+    """A sweep's figure (:func:`~spark_credit_shuffle.simulation.sweep.sweep`'s DataFrame, its rows, or
+    :func:`~spark_credit_shuffle.simulation.sweep.sweep_frame`'s pandas frame): ``y`` against axis ``x``, one
+    line per value of axis ``hue`` (if given). Points that share ``x`` and ``hue`` (other axes) are averaged."""
+    import pandas as pd
+
+    from .simulation.sweep import sweep_frame
+
+    frame = data if isinstance(data, pd.DataFrame) else sweep_frame(data)
+    for name in (x, y) + ((hue,) if hue else ()):
+        if name not in frame.columns:
+            raise ConfigError(
+                "x" if name == x else "y" if name == y else "hue",
+                name,
+                "a column of the sweep (an axis or a figure)",
+                kind="argument",
+                choices=[str(c) for c in frame.columns],
+            )
+    xs: list[float] = sorted(frame[x].unique())
+    groups = [(f"{hue}={v}", frame[frame[hue] == v]) for v in frame[hue].unique()] if hue else [(y, frame)]
+    series: dict[str, Sequence[float]] = {
+        name: [float(part[part[x] == value][y].mean()) if (part[x] == value).any() else float("nan") for value in xs]
+        for name, part in groups
+    }
+    return line_chart(xs, series, xlabel=x, ylabel=y, title=title or f"{y} against {x}", logx=logx, path=path)
 
 
 def plot_timeout_sweep(

@@ -36,17 +36,23 @@ completed checkpoints, stamped on the virtual clock, are the runtimes' records:
 
 Modules: :mod:`.clock` (the virtual clock), :mod:`.model` (the topology and the run), :mod:`.producer` and
 :mod:`.consumer` (the subtasks), :mod:`.checkpoints`, :mod:`.observe` (samples, invariants),
-:mod:`.report`.
+:mod:`.report`, :mod:`.sweep` (a grid of simulations as a Spark job, one per task).
 """
 
 from .clock import VirtualClock
 from .model import Simulation, simulate
 from .report import ChannelOrigin, SimulationReport
+from .sweep import SweepPoint, grid, run_points, sweep, sweep_frame
 
 __all__ = [
     "ChannelOrigin",
     "Simulation",
     "SimulationReport",
+    "SweepPoint",
     "VirtualClock",
+    "grid",
+    "run_points",
     "simulate",
+    "sweep",
+    "sweep_frame",
 ]

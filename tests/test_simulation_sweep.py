@@ -1,0 +1,66 @@
+"""Sweeps of simulations: a grid of points, run one per Spark task, equal to the same points run alone (a
+simulation runs on virtual time: where it runs changes nothing but its wall time)."""
+
+from __future__ import annotations
+
+import pytest
+
+import spark_credit_shuffle as scs
+from spark_credit_shuffle.plot import plot_sweep
+from spark_credit_shuffle.simulation.sweep import SWEEP_FIELDS, grid, run_points, sweep, sweep_frame
+
+#: 2 -> 2 on one host, one slow consumer, every byte delivered (the run ends when all is consumed).
+BASE = {
+    "num_producers": 2,
+    "num_consumers": 2,
+    "producer_rate": 20e6,
+    "consumer_rate": [5e6, 40e6],
+    "bytes_per_producer": 2_000_000,
+    "latency": 100e-6,
+    "producer_hosts": [0, 1],
+    "consumer_hosts": [0, 1],
+}
+#: The figures that depend on the virtual run only (not ``wall_s``).
+EXACT = [f for f in SWEEP_FIELDS if f != "wall_s"]
+
+
+def eight_points():
+    return grid(BASE, buffer_timeout_ms=[0, 1, 10, 100], credit_based=[True, False])
+
+
+def test_the_grid_is_the_product_of_its_axes_over_the_base():
+    points = eight_points()
+    assert [p.index for p in points] == list(range(8))
+    assert [(p.axes["buffer_timeout_ms"], p.axes["credit_based"]) for p in points] == [
+        (t, c) for t in (0, 1, 10, 100) for c in (True, False)
+    ]
+    assert points[3].settings == {"buffer_timeout_ms": 1, "credit_based": False}
+    assert points[3].params == BASE
+    assert points[3].label == "buffer_timeout_ms=1, credit_based=false"
+
+
+def test_bad_axes_are_refused_before_anything_runs():
+    with pytest.raises(
+        scs.ConfigError, match=r"'buffer_timeot_ms' for argument 'axes'.*did you mean 'buffer_timeout_ms'"
+    ):
+        grid(BASE, buffer_timeot_ms=[1])
+    with pytest.raises(scs.ConfigError, match=r"'buffer_timeout_ms'.*non-empty list"):
+        grid(BASE, buffer_timeout_ms=[])
+    with pytest.raises(scs.ConfigError, match=r"'segment_size'"):  # NetworkConfig's own check, per point
+        grid(BASE, segment_size=[32768, 3])
+
+
+def test_a_sweep_of_eight_on_spark_equals_the_eight_run_alone(any_spark):
+    points = eight_points()
+    alone = sweep_frame(run_points(points))
+    result = sweep(any_spark, points)
+    on_spark = sweep_frame(result)
+    assert list(on_spark["index"]) == list(range(8))
+    assert on_spark[["index", "label", "buffer_timeout_ms", "credit_based", *EXACT]].equals(
+        alone[["index", "label", "buffer_timeout_ms", "credit_based", *EXACT]]
+    )
+    assert on_spark["data_intact"].all() and on_spark["buffers_returned"].all() and on_spark["finished"].all()
+    # the slow consumer (5 MB/s of 20) holds the producers back, with credits or without
+    assert (on_spark["producers_back_pressured_ms_per_s"] > 100).all()
+    figure = plot_sweep(on_spark, "buffer_timeout_ms", hue="credit_based", logx=True)
+    assert len(figure.axes[0].lines) == 2
