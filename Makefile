@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench clean bytecode
+.PHONY: run test test-fast lint bench clean bytecode browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 # PYTHONDONTWRITEBYTECODE is set (as on many CI machines) every Python process, each of Spark's Python workers
 # among them, would compile the package's modules from source again (about 0.3 s of CPU each).
 bytecode: $(STAMP)
-	$(PY) -m compileall -q spark_credit_shuffle spark_credit_shuffle_daemon.py
+	$(PY) -m compileall -q spark_credit_shuffle
 
 run: bytecode
 	$(PY) jobs/demo.py
@@ -37,7 +37,18 @@ JVM_ARCHIVE := $(VENV)/spark-classes.jsa
 $(JVM_ARCHIVE): $(STAMP)
 	$(PY) tests/jvm_class_archive.py $@ || echo "no class archive: the tests' JVMs load Spark's classes themselves"
 
-test: bytecode $(JVM_ARCHIVE)
+# Debian's chromium and chromium-driver, for the web view's browser test (tests/test_web.py): installed with
+# apt-get where they are missing and make runs as root (as on CI); elsewhere install them yourself, or that test
+# fails naming them. Never a browser downloaded by selenium or anything else.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing chromium and chromium-driver for tests/test_web.py (apt-get)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >/dev/null \
+	    || echo "could not install chromium and chromium-driver: tests/test_web.py will fail naming them"; \
+	else echo "chromium and chromium-driver are missing (apt-get install chromium chromium-driver): tests/test_web.py will fail naming them"; fi
+
+test: bytecode $(JVM_ARCHIVE) browser
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The quick loop: every test that needs no JVM (no SparkSession, spark-submit or java).

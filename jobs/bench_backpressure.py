@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import sys
 import time
 from typing import Any
+
+from spark_credit_shuffle.jobs.common import bench_session, cached_rows, interleaved
 
 TIGHT = {"segment_size": 4096, "max_buffers_per_channel": 1}
 TARGET_TIGHT = 2.0
@@ -46,34 +46,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def session(master: str) -> Any:
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("bench_backpressure")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.adaptive.enabled", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-def make_data(spark: Any, rows: int, partitions: int) -> Any:
-    from pyspark.sql import functions as F
-
-    df = spark.range(0, rows, 1, partitions).select(
-        F.col("id").alias("a"), F.lpad(F.col("id").cast("string"), 20, "x").alias("c")
-    )
-    df = df.cache()
-    df.count()
-    return df
-
-
 def run(df: Any, partitioner: Any, parallelism: int, mode: str, **settings: Any) -> tuple[float, Any]:
     import spark_credit_shuffle as scs
 
@@ -83,22 +55,11 @@ def run(df: Any, partitioner: Any, parallelism: int, mode: str, **settings: Any)
     return time.perf_counter() - started, ex
 
 
-def interleaved(cases: dict[str, Any], repeat: int) -> dict[str, float]:
-    """Median seconds per case, the cases run in turn ``repeat`` times after one warm-up round."""
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for round_ in range(repeat + 1):
-        for name, action in cases.items():
-            seconds = action()
-            if round_:
-                times[name].append(seconds)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def tight(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     import spark_credit_shuffle as scs
 
-    keyed = make_data(spark, args.rows, 2)
-    four = make_data(spark, args.rows, 4)
+    keyed = cached_rows(spark, args.rows, 2, "ac")
+    four = cached_rows(spark, args.rows, 4, "ac")
     medians = interleaved(
         {
             "key_by 2 -> 2, defaults": lambda: run(keyed, scs.key_by("a"), 2, "pipelined")[0],
@@ -126,7 +87,7 @@ def tight(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
 def timeout(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     import spark_credit_shuffle as scs
 
-    df = make_data(spark, args.timeout_rows, 2)
+    df = cached_rows(spark, args.timeout_rows, 2, "ac")
     medians = interleaved(
         {
             f"buffer timeout {ms} ms": (lambda ms=ms: run(df, scs.key_by("a"), 2, "pipelined", buffer_timeout_ms=ms)[0])
@@ -152,7 +113,7 @@ def memory(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.batch_rows))
     peaks: dict[str, tuple[float, float]] = {}
     for label, rows in (("1x", max(10, args.slow_rows // 10)), ("10x", args.slow_rows)):
-        df = make_data(spark, rows, 2)
+        df = cached_rows(spark, rows, 2, "ac")
         _, ex = run(df, scs.rebalance(seed=1), 2, "pipelined", injection=slow)
         values = {(r.metric, r.stat): [] for r in ex.metric_rows()}
         for r in ex.metric_rows():
@@ -179,12 +140,16 @@ def memory(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    spark = session(args.master)
+    spark, created = bench_session("bench_backpressure", args.master)
     headline: dict[str, Any] = {}
     cases = {"tight": tight, "timeout": timeout, "memory": memory}
-    for name, case in cases.items():
-        if args.case in (name, "all"):
-            headline.update(case(spark, args))
+    try:
+        for name, case in cases.items():
+            if args.case in (name, "all"):
+                headline.update(case(spark, args))
+    finally:
+        if created:
+            spark.stop()
     print(json.dumps(headline))
     return 0
 

@@ -27,6 +27,7 @@ import urllib.request
 from typing import Any
 
 from spark_credit_shuffle.cli import conf_pair, job_session, positive_int
+from spark_credit_shuffle.jobs.common import cached_rows
 
 CODECS = ("none", "lz4", "zstd")
 
@@ -41,19 +42,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--conf", action="append", type=conf_pair, default=[], metavar="KEY=VALUE", help="Spark or exchange setting"
     )
     return parser.parse_args(argv)
-
-
-def make_data(spark: Any, rows: int, partitions: int) -> Any:
-    from pyspark.sql import functions as F
-
-    df = spark.range(0, rows, 1, partitions).select(
-        F.col("id").alias("a"),
-        ((F.col("id") * 7919) % 1_000_003).cast("int").alias("b"),
-        F.lpad(F.col("id").cast("string"), 20, "x").alias("c"),
-    )
-    df = df.cache()
-    df.count()
-    return df
 
 
 def shuffle_write_bytes(spark: Any) -> dict[int, int]:
@@ -106,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     spark, owned = job_session("bench_compression", args.master, args.conf)
     try:
-        df = make_data(spark, args.rows, args.parallelism)
+        df = cached_rows(spark, args.rows, args.parallelism)
         run_case(spark, df, CODECS[0], args.parallelism)  # warm-up: workers, imports, caches
         results: dict[str, list[dict[str, Any]]] = {codec: [] for codec in CODECS}
         for round_ in range(args.repeat):

@@ -60,13 +60,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from spark_credit_shuffle.cli import require_plotting
+from spark_credit_shuffle.cli import conf_pair, require_plotting
+from spark_credit_shuffle.jobs.common import (
+    TARGET_STREAMING_VS_MAP,
+    bench_session,
+    cached_rows,
+    metric_rows,
+    noop,
+    process_tree_cpu,
+    rotated,
+    timed,
+    worst,
+)
 
 #: Targets: pipelined throughput (retryable, the default) >= 1.0x repartition + identity mapInArrow;
-#: streaming >= 0.88x identity mapInArrow alone; blocking at most 1.0x the time of repartition + mapInArrow;
+#: streaming >= 0.88x identity mapInArrow alone (TARGET_STREAMING_VS_MAP, jobs.common); blocking at most 1.0x
+#: the time of repartition + mapInArrow;
 #: 1 ms keeps >= 90% of the 100 ms throughput; a task's peak memory within 10% at 10x the input.
 TARGET_PIPELINED = 1.0
-TARGET_STREAMING_VS_MAP = 0.88
 TARGET_TIMEOUT_RATIO = 0.9
 TARGET_MEMORY_GROWTH = 0.10
 TARGET_BLOCKING_TIME = 1.0
@@ -107,6 +118,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cluster-master", default=CLUSTER_MASTER, help="master of the two-executor run (a subprocess)"
     )
     parser.add_argument("--executor-memory", default="1g", help="per executor, on a local-cluster master")
+    parser.add_argument(
+        "--conf", action="append", type=conf_pair, default=[], metavar="KEY=VALUE", help="Spark or exchange setting"
+    )
     parser.add_argument(
         "--checkpoint-cost",
         action="store_true",
@@ -156,110 +170,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def session(args: argparse.Namespace) -> Any:
-    """The SparkSession: spark-submit's, or a local one this script starts."""
-    from pyspark.sql import SparkSession
-
-    from spark_credit_shuffle.runtime.session import spark_context
-
-    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: its conf wins
-        return SparkSession.builder.appName("bench_exchange").getOrCreate()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    master = args.master or f"local[{args.parallelism}]"
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("bench_exchange")
-        .config("spark.driver.memory", args.driver_memory)
-        .config("spark.executor.memory", args.executor_memory)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.sql.shuffle.partitions", str(args.parallelism))
-        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-        .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "3")
-        .getOrCreate()
+def session(args: argparse.Namespace) -> tuple[Any, bool]:
+    """The SparkSession: spark-submit's, or a local one this script starts (and so stops)."""
+    return bench_session(
+        "bench_exchange",
+        args.master or f"local[{args.parallelism}]",
+        driver_memory=args.driver_memory,
+        executor_memory=args.executor_memory,
+        shuffle_partitions=args.parallelism,
+        conf=args.conf,
     )
-    sc = spark_context(spark)
-    if sc is not None:  # Spark Connect: the log level is the server's
-        sc.setLogLevel("ERROR")
-    return spark
-
-
-def make_data(spark: Any, rows: int, partitions: int) -> Any:
-    """``rows`` rows (a long, b int, c 20-character string), cached and materialised."""
-    from pyspark.sql import functions as F
-
-    df = spark.range(0, rows, 1, partitions).select(
-        F.col("id").alias("a"),
-        ((F.col("id") * 7919) % 1_000_003).cast("int").alias("b"),
-        F.lpad(F.col("id").cast("string"), 20, "x").alias("c"),
-    )
-    df = df.cache()
-    df.count()
-    return df
-
-
-def noop(df: Any) -> None:
-    df.write.format("noop").mode("overwrite").save()
-
-
-def timed(action: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
-    """Median seconds of ``repeat`` runs of ``action`` (and every run's time)."""
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), times
-
-
-def process_tree_cpu() -> dict[str, float] | None:
-    """CPU seconds (user and system, every thread, ended ones too) of this process's descendants, by kind:
-    ``jvm`` (Spark's JVMs) and ``python`` (Spark's Python daemon and workers); None without ``/proc``.
-
-    The wall clock of one run on a shared machine moves by up to 2x with the machine's other work; the CPU a
-    case used moves much less, so the CPU ratios printed beside the time ratios say what a case costs. A
-    process's reaped children count through its own ``cutime``/``cstime``; a worker that exits between two
-    readings takes its CPU with it (Spark reuses its Python workers, ``spark.python.worker.reuse``)."""
-    if not os.path.isdir("/proc"):
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    kind: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:  # ended meanwhile
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        pid = int(entry)
-        parent[pid] = int(fields[1])
-        cpu[pid] = sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
-        kind[pid] = "jvm" if comm == "java" else "python"
-    me = os.getpid()
-    out = {"jvm": 0.0, "python": 0.0}
-    for pid, seconds in cpu.items():
-        ancestor = parent.get(pid)
-        while ancestor is not None and ancestor not in (me, 0, 1):
-            ancestor = parent.get(ancestor)
-        if ancestor == me:
-            out[kind[pid]] += seconds
-    return out
-
-
-def rotated(items: list, round_: int) -> list:
-    """``items`` starting at position ``round_``: each round runs every case once (a busy moment of the
-    machine hits them alike) and each case takes every position in turn (on this machine a run measured
-    up to 20% slower in the position right after another exchange than before it)."""
-    k = round_ % len(items)
-    return items[k:] + items[:k]
 
 
 def print_cpu(cpu_s: dict[str, dict[str, float]], headline: dict[str, Any]) -> None:
@@ -296,15 +216,6 @@ def print_cpu(cpu_s: dict[str, dict[str, float]], headline: dict[str, Any]) -> N
             print(f"  {text}: {used / base:.2f}x")
 
 
-def metric_rows(collected: Any) -> list[dict[str, Any]]:
-    return [vars(r) for r in collected.rows()]
-
-
-def worst(rows: list[dict[str, Any]], metric: str, stat: str) -> float | None:
-    values = [r["value"] for r in rows if r["metric"] == metric and r["stat"] == stat]
-    return max(values) if values else None
-
-
 def tls_cost(results: dict[str, tuple[float, list[float]]], plain_cpu: list[float], tls_cpu: list[float]) -> dict:
     """Throughput with TLS against without, for both pipelined forms, and the streaming tasks' CPU time."""
     out: dict[str, float] = {}
@@ -322,12 +233,12 @@ def tls_cost(results: dict[str, tuple[float, list[float]]], plain_cpu: list[floa
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    spark = session(args)
+    spark, created = session(args)
     import spark_credit_shuffle as scs
     from spark_credit_shuffle.runtime import pipelined
 
     p = args.parallelism
-    df = make_data(spark, args.rows, p)
+    df = cached_rows(spark, args.rows, p)
     data_bytes = args.rows * (8 + 4 + 20)
     modes = ("blocking", "pipelined") if args.mode == "both" else (args.mode,)
 
@@ -539,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_sweep:
             headline.update(sweep(spark, df, args, data_bytes))
             headline.update(memory(spark, args))
-    if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # started here: stopped here, before the cluster's JVMs start
+    if created:  # started here: stopped here, before the cluster's JVMs start
         spark.stop()
     if not args.no_cluster and not args.master:
         headline.update({f"cluster_{k}": v for k, v in cluster(args).items()})
@@ -559,6 +470,8 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
     ]  # fmt: skip
     if args.headline_cases:  # the same cases on both masters
         command.append("--headline-cases")
+    for key, value in args.conf:
+        command += ["--conf", f"{key}={value}"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) as child:
         assert child.stdout is not None
@@ -689,7 +602,7 @@ def memory(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     small_rows = max(10, args.rows // 10)
     peaks = {}
     for label, rows in (("1x", small_rows), ("10x", args.rows)):
-        data = make_data(spark, rows, p)
+        data = cached_rows(spark, rows, p)
         run_streaming(data, rows, p, 100, 0)  # warm the workers on this input
         _, metrics = run_streaming(data, rows, p, 100, 0)
         peaks[label] = (

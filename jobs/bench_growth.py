@@ -55,16 +55,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """One application (``--one P --master M``): the cases' medians and the streaming form's task figures."""
-    from bench_exchange import make_data, metric_rows, noop, rotated, session, timed, worst
-
     import spark_credit_shuffle as scs
+    from spark_credit_shuffle.jobs.common import bench_session, cached_rows, metric_rows, noop, rotated, timed, worst
     from spark_credit_shuffle.metrics import EXECUTOR, PRODUCER
     from spark_credit_shuffle.planner import task_buffers
     from spark_credit_shuffle.runtime import pipelined
 
     p = args.one
-    spark = session(argparse.Namespace(**{**vars(args), "parallelism": p}))
-    df = make_data(spark, args.rows, p)
+    spark, created = bench_session(
+        "bench_growth",
+        args.master or f"local[{p}]",
+        driver_memory=args.driver_memory,
+        executor_memory=args.executor_memory,
+        shuffle_partitions=p,
+    )
+    df = cached_rows(spark, args.rows, p)
 
     def identity(batches):  # nested: pickled by value, so workers need not import this script
         yield from batches
@@ -106,7 +111,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "planned_buffers_required": max(t.required for t in planned),
         "planned_buffers_maximum": max(t.maximum for t in planned),
     }
-    spark.stop()
+    if created:
+        spark.stop()
     return result
 
 

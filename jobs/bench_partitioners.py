@@ -19,17 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spark_credit_shuffle import key_by, key_group_channels, with_channel
+from spark_credit_shuffle.jobs.common import bench_session, timed
 
 #: The targets, one core, median of 5.
 TARGETS = {"int": 20e6, "string": 5e6}
@@ -52,38 +50,6 @@ def make_keys(rows: int, seed: int) -> pa.Table:
 def _identity(batches):
     """The JVM <-> Python Arrow hop with no work in Python."""
     yield from batches
-
-
-def median_seconds(action: Callable[[], object], runs: int) -> float:
-    """Median wall time of ``runs`` calls of ``action`` (time.perf_counter)."""
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def spark_session(master: str, driver_memory: str):
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    from spark_credit_shuffle.runtime.session import spark_context
-
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("bench_partitioners")
-        .config("spark.driver.memory", driver_memory)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    sc = spark_context(spark)
-    if sc is not None:  # Spark Connect: the log level is the server's
-        sc.setLogLevel("ERROR")
-    return spark
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -110,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in table.column_names:
         values = table.column(name).combine_chunks()
         key_group_channels(values, n, max_p)  # warm up (power tables, allocator)
-        seconds = median_seconds(lambda values=values: key_group_channels(values, n, max_p), args.runs)
+        seconds = timed(lambda values=values: key_group_channels(values, n, max_p), args.runs)[0]
         results[name] = {"key_group_channels": args.rows / seconds}
         print(
             f"key_group_channels {name:>6}: {seconds * 1e3:8.1f} ms median, {args.rows / seconds / 1e6:7.1f} M keys/s"
@@ -119,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_spark:
         from pyspark.sql import functions as F
 
-        spark = spark_session(args.master, args.driver_memory)
+        spark, created = bench_session("bench_partitioners", args.master, driver_memory=args.driver_memory)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "keys.parquet")
             pq.write_table(table, path)
@@ -141,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                 spark_hash()
                 python_channels()
                 arrow_hop()
-                spark_seconds = median_seconds(spark_hash, args.runs)
-                channel_seconds = median_seconds(python_channels, args.runs)
-                hop_seconds = median_seconds(arrow_hop, args.runs)
+                spark_seconds = timed(spark_hash, args.runs)[0]
+                channel_seconds = timed(python_channels, args.runs)[0]
+                hop_seconds = timed(arrow_hop, args.runs)[0]
                 results[name]["spark_pmod_hash"] = args.rows / spark_seconds
                 results[name]["with_channel"] = args.rows / channel_seconds
                 results[name]["identity_map_in_arrow"] = args.rows / hop_seconds
@@ -153,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"identity mapInArrow {hop_seconds:6.2f} s"
                 )
             df.unpersist()
-        spark.stop()
+        if created:
+            spark.stop()
 
     print()
     print(f"{args.rows:,} keys per type, {n} channels, max parallelism {max_p}, median of {args.runs}")

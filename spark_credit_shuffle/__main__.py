@@ -6,6 +6,10 @@ figures. Exit status: 0 if the topology fits, 1 if it does not, 2 for invalid ar
 the argument or setting, what is allowed and, for a misspelt word, the one probably meant). Defaults are
 those of ``exchange()`` (mode ``blocking``). ``--help`` text is plain: no markup, the installed command's
 name (:data:`PROG`).
+
+Its ``job-path`` subcommand prints the file of one of the package's jobs (:mod:`.jobs`) in the installed
+package: ``spark-submit`` runs a file, not a module, so ``spark-submit $(spark-credit-shuffle job-path
+exchange) ...`` runs the exchange job from an installed wheel.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 from .cli import choice, conf_pair, positive_int
 from .config import CONF_PREFIX, NetworkConfig, has_conf_prefix
 from .errors import ConfigError, PartitionerError
+from .jobs import JOBS, job_path
 
 __all__ = ["PROG", "build_parser", "main", "plan_from_args"]
 
@@ -34,6 +39,10 @@ PLAN_EXAMPLE = f"""example:
 Prints one row per stage (tasks, buffers one executor reserves at worst, memory, verdict), a summary,
 and as its last line one JSON object with the headline figures. Exit status: 0 if the topology fits,
 1 if it does not, 2 for invalid arguments."""
+
+
+JOB_PATH_EXAMPLE = f"""example:
+  spark-submit $({PROG} job-path exchange) --generate 100000 --partitioner hash:user_id --parallelism 4"""
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_plan_arguments(plan)
+    job_path = commands.add_parser(
+        "job-path",
+        help="the file of one of the package's jobs, for spark-submit (which runs a file, not a module)",
+        description="Prints the file of one of the package's jobs in the installed package, for spark-submit.",
+        epilog=JOB_PATH_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    job_path.add_argument("job", type=choice(*JOBS), choices=tuple(JOBS), help="the job: " + ", ".join(JOBS))
     return parser
 
 
@@ -173,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command on ``argv`` (default: the process's arguments); the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "job-path":
+        print(job_path(args.job))
+        return 0
     try:
         config = config_from_args(args)
         plan = plan_from_args(args, config)

@@ -10,10 +10,11 @@ session's conf too.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
+import os
 import re
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,10 +30,9 @@ MIN_PYSPARK = (4, 0)
 def installed_pyspark_version() -> str | None:
     """The installed pyspark's version, None if there is none (read without importing pyspark if its
     package metadata is there)."""
-    try:
-        return importlib.metadata.version("pyspark")
-    except importlib.metadata.PackageNotFoundError:
-        pass
+    version = _metadata_version("pyspark")
+    if version is not None:
+        return version
     try:  # a pyspark without package metadata (a runtime's own, or pyspark-client)
         if importlib.util.find_spec("pyspark") is None:
             return None
@@ -40,6 +40,34 @@ def installed_pyspark_version() -> str | None:
     except (ImportError, ValueError):
         return None
     return str(__version__)
+
+
+def _metadata_version(project: str) -> str | None:
+    """The ``Version`` of the first installed distribution of ``project`` on ``sys.path`` (its ``.dist-info``
+    or ``.egg-info`` metadata), as ``importlib.metadata.version`` finds it, without importing
+    ``importlib.metadata``: that module and the ``email`` parser it loads were most of the package's import
+    time, which every Python worker daemon pays before it starts."""
+    prefix = project.lower() + "-"
+    for entry in sys.path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:  # a zip, a jar, a missing directory
+            continue
+        for name in names:
+            if not (name.lower().startswith(prefix) and name.endswith((".dist-info", ".egg-info"))):
+                continue
+            info = os.path.join(entry or ".", name)
+            for file in ("METADATA", "PKG-INFO") if os.path.isdir(info) else ():
+                try:
+                    with open(os.path.join(info, file), encoding="utf-8") as f:
+                        for line in f:
+                            if not line.strip():
+                                break  # the end of the headers
+                            if line.lower().startswith("version:"):
+                                return line.split(":", 1)[1].strip()
+                except OSError:
+                    continue
+    return None
 
 
 def check_pyspark(version: str | None) -> None:

@@ -1,4 +1,5 @@
-"""Argument types shared by the command line (``spark-credit-shuffle``) and the jobs in ``jobs/``.
+"""Argument types shared by the command line (``spark-credit-shuffle``) and the jobs (:mod:`.jobs`, ``jobs/``), and
+the jobs' SparkSession (:func:`job_session`).
 
 Each turns a bad value into ``argparse.ArgumentTypeError`` saying what is allowed (and, for a word close to
 an allowed one, "did you mean"), so argparse reports it with the option's name and exits with status 2.
@@ -75,14 +76,25 @@ def require_plotting(parser: argparse.ArgumentParser, option: str, value: object
         )
 
 
-def job_session(app_name: str, master: str, conf: Iterable[tuple[str, str]]) -> tuple[Any, bool]:
+def job_session(
+    app_name: str,
+    master: str,
+    conf: Iterable[tuple[str, str]] = (),
+    *,
+    local_conf: Iterable[tuple[str, str]] = (),
+    quick_start: bool = True,
+    log_level: str = "WARN",
+) -> tuple[Any, bool]:
     """A job's SparkSession and whether the job created it (and so stops it at its end).
 
     The active session (a notebook's, a test's, ``spark-submit``'s) is used as it is. Otherwise one is built
-    with ``conf``; under plain ``python``, where nobody chose a master, on ``master`` with a quiet, fast-starting
-    local driver.
+    with ``conf``; under plain ``python``, where nobody chose a master, on ``master`` with ``local_conf`` too (a
+    benchmark's driver memory, its UI off) and a quiet driver. ``quick_start``: that local driver's JVM starts
+    fast (the first JIT tier only, the serial collector), which suits a short job, not a benchmark timing the
+    JVM's share of the work. ``log_level``: Spark's log level of the session (not on Spark Connect).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
@@ -97,12 +109,15 @@ def job_session(app_name: str, master: str, conf: Iterable[tuple[str, str]]) -> 
             builder.master(master)
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.adaptive.enabled", "false")
-            .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
         )
+        if quick_start:
+            builder = builder.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        for key, value in local_conf:
+            builder = builder.config(key, value)
     for key, value in conf:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     sc = spark_context(spark)
     if sc is not None:  # Spark Connect: the log level is the server's
-        sc.setLogLevel("WARN")
+        sc.setLogLevel(log_level)
     return spark, True

@@ -212,6 +212,31 @@ def _parse_ssl(value: Any, setting: str) -> str:
     raise ConfigError(setting, value, _SSL_ALLOWED, choices=(*SSL_MODES, "true", "false"))
 
 
+def _parse_monitor(value: Any, setting: str) -> bool | str:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == "web":
+        return text
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(
+        setting,
+        value,
+        "true (a line per exchange on stderr), false or 'web' (a live page and Prometheus metrics on the driver)",
+        choices=(*_BOOL_WORDS, "web"),
+    )
+
+
+def _parse_address(value: Any, setting: str) -> str:
+    text = str(value).strip()
+    if not text or any(c.isspace() for c in text) or "/" in text:
+        raise ConfigError(setting, value, "a host name or IP address to listen on, such as 127.0.0.1")
+    return text
+
+
 #: The codecs of the blocking shuffle's per-buffer compression.
 COMPRESSION_CODECS = ("lz4", "zstd", "none")
 _parse_codec = _choice(COMPRESSION_CODECS, "'lz4' (Flink's default), 'zstd' or 'none' (no compression)")
@@ -421,18 +446,30 @@ class NetworkConfig:
         "executor of its own)",
     )  # fmt: skip
 
-    monitor: bool = _setting(
-        False, "none (Flink's web UI shows back pressure while a job runs)", _parse_bool,
+    monitor: bool | str = _setting(
+        False, "none (Flink's web UI shows back pressure while a job runs)", _parse_monitor,
         "print one line per exchange to stderr every few seconds while it runs (rows moved, back-pressured "
         "producers, the consumer where backpressure starts, pool usage), from samples the tasks send to the "
-        "driver; classic sessions only (on Spark Connect the executors cannot reach the client)",
+        "driver; 'web' serves them as a live page and Prometheus metrics on the driver instead "
+        "(monitor_web_port, monitor_web_address); classic sessions only (on Spark Connect the executors cannot "
+        "reach the client)",
+    )  # fmt: skip
+    monitor_web_port: int = _setting(
+        0, "rest.port", _parse_int,
+        "monitor='web': the port of the driver's page and Prometheus endpoint; 0 takes a free one (the URL is "
+        "printed); one page per driver process, started by the first exchange that asks for it",
+    )  # fmt: skip
+    monitor_web_address: str = _setting(
+        "127.0.0.1", "rest.bind-address", _parse_address,
+        "monitor='web': the address the page listens on; the loopback unless set (anyone who reaches it still "
+        "needs the token in its URL)",
     )  # fmt: skip
     freeze_worker_heap: bool = _setting(
-        True, "none (a JVM's garbage collector does not walk a Python heap)", _parse_bool,
-        "an exchange's task makes the collection PySpark runs after each task of its reused Python worker walk "
-        "only what that task left, as the workers of spark_credit_shuffle_daemon do (each collection freezes its "
-        "survivors, every 64th walks everything): that collection took half an identity mapInArrow's Python CPU "
-        "and a fifth of a blocking exchange's (see the README); the worker's later tasks keep the saving",
+        False, "none (a JVM's garbage collector does not walk a Python heap)", _parse_bool,
+        "true: an exchange's task makes the collection PySpark runs after each task of its reused Python worker walk "
+        "only what that task left, as the workers of spark_credit_shuffle.worker.daemon do (each collection freezes "
+        "its survivors, every 64th walks everything); the worker's later tasks, the user's own included, keep it, "
+        "so it is off unless asked for (its saving: see the README)",
     )  # fmt: skip
     ssl: str = _setting(
         "auto", "security.ssl.internal.enabled", _parse_ssl,
@@ -513,6 +550,8 @@ class NetworkConfig:
         for name in ("buffers_request_timeout_ms", "partition_request_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, getattr(self, name), "a duration > 0 ms")
+        if not 0 <= self.monitor_web_port <= 65535:
+            raise ConfigError("monitor_web_port", self.monitor_web_port, "0 (a free port) or a port up to 65535")
 
     def _segment_over_network_memory(self) -> None:
         """One executor's network memory holds less than one segment: the error names the setting the user

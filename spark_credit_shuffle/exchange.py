@@ -177,8 +177,13 @@ class Exchange:
                 "an exchange whose input has partitions (this one moves nothing, so nothing runs its consumers)",
                 kind="argument",
             )
-        out, collected = self._rebuild(self.plan.after + resolve_chain(self.df.sparkSession, chained))
+        after = self.plan.after + resolve_chain(self.df.sparkSession, chained)
+        out, collected = self._rebuild(after)
         self._collected.append(collected)
+        if self.plan.monitor is not None:  # the web view, if it shows this exchange, names them from now on
+            from .web import attach
+
+            attach(self, tuple(op.name for op in after))
         return out
 
     def timeline_rows(self) -> list[MetricRow]:
@@ -317,9 +322,10 @@ def exchange_of(df: DataFrame) -> Exchange:
 def install_dataframe_method(name: str = "creditShuffle") -> None:
     """Add the exchange to PySpark's DataFrame (classic and Spark Connect alike) as ``df.<name>(partitioner,
     parallelism, mode, **kwargs)``, returning the exchanged DataFrame (``exchange(...).df``); its metrics are
-    one :func:`exchange_of` away. Done on import as ``df.creditShuffle``, as PySpark extension libraries add
-    theirs; a DataFrame method of that name already there (Spark's own, or another library's) is left as it
-    is and :class:`ConfigError` says so."""
+    one :func:`exchange_of` away. Only this call changes PySpark's class (importing the package does not), so
+    a program that never asks for the method runs on an untouched ``DataFrame``; calling it again under the same
+    name is allowed. A DataFrame method of that name already there (Spark's own, or another library's) is left as
+    it is and :class:`ConfigError` says so."""
     from pyspark.sql import DataFrame
 
     existing = getattr(DataFrame, name, None)
@@ -410,7 +416,7 @@ def exchange(
     num_producers: int | None = None,
     injection: Injection | None = None,
     retryable: bool | None = None,
-    monitor: bool | Callable[[list[MetricRow]], Any] | None = None,
+    monitor: bool | str | Callable[[list[MetricRow]], Any] | None = None,
     before: ChainedOperator | list[ChainedOperator] | tuple[ChainedOperator, ...] | None = None,
     after: ChainedOperator | list[ChainedOperator] | tuple[ChainedOperator, ...] | None = None,
     **settings: Any,
@@ -441,8 +447,10 @@ def exchange(
     exchange, its tasks send their timeline samples to the driver; ``True`` prints one line per exchange every
     few seconds to stderr (rows moved, back-pressured producers, the slowest consumer, pool usage), a callable
     gets the samples (lists of the metric rows :meth:`Exchange.timeline_rows` returns) as they arrive, on a
-    thread of its own (``spark_credit_shuffle.plot.LiveTimeline`` draws them in a notebook). Classic sessions
-    only: on Spark Connect the exchange says so once and runs without (see :mod:`.runtime.monitor`).
+    thread of its own (``spark_credit_shuffle.plot.LiveTimeline`` draws them in a notebook), ``"web"`` shows
+    them on a page the driver serves, with Prometheus metrics beside it (its URL, with a token, is printed; see
+    :mod:`.web`). Classic sessions only: on Spark Connect the exchange says so once and runs without (see
+    :mod:`.runtime.monitor`).
 
     ``after`` (one operator of :func:`map_in_pandas` / :func:`map_in_arrow`, or a list of them): chained into
     the consumer tasks, on the rows each consumer receives, as Flink chains an operator after an exchange: its
@@ -457,9 +465,12 @@ def exchange(
         raise ConfigError("mode", mode, " or ".join(repr(m) for m in MODES), kind="argument", choices=MODES)
     if retryable is not None and not isinstance(retryable, bool):
         raise ConfigError("retryable", retryable, "True, False or None (the default: True)", kind="argument")
-    if monitor is not None and not isinstance(monitor, bool) and not callable(monitor):
+    if monitor is not None and not isinstance(monitor, bool) and not callable(monitor) and monitor != "web":
         raise ConfigError(
-            "monitor", _short(monitor), "True, False, a function of the samples, or None (the setting)", kind="argument"
+            "monitor",
+            _short(monitor),
+            "True, False, 'web', a function of the samples, or None (the setting)",
+            kind="argument",
         )
     partitioner = _check_partitioner(partitioner)
     if config is not None and not isinstance(config, NetworkConfig):
@@ -540,7 +551,11 @@ def exchange(
             from .runtime.pipelined import build, check_slots
 
             check_slots(plan, spark, input_partitions=None if num_producers else producers)
-        if wanted is not False:  # registered with the driver's service once every check passed
+        if wanted == "web":  # the driver's page (spark_credit_shuffle.web), once every check passed
+            from .web import register
+
+            plan = dataclasses.replace(plan, monitor=register(spark, plan))
+        elif wanted is not False and not isinstance(wanted, str):  # registered once every check passed
             plan = dataclasses.replace(plan, monitor=_live_monitor(spark, name, wanted, producers, consumers))
         from .runtime.metrics_report import metrics_report
 
@@ -561,7 +576,12 @@ def exchange(
         out = out.toDF(*names)
     if not producers and after_ops:  # no consumer task runs: the output has the chained operators' schema
         out = _schema_frame(spark, after_ops[-1])
-    return Exchange(plan, out, collected, rebuild)
+    ex = Exchange(plan, out, collected, rebuild)
+    if wanted == "web" and plan.monitor is not None:  # the page reads the run's metrics from it once it ended
+        from .web import attach
+
+        attach(ex)
+    return ex
 
 
 def resolve_chain(spark: Any, operators: tuple[ChainedOperator, ...]) -> tuple[ChainedOperator, ...]:

@@ -31,7 +31,7 @@ TEST_JVM_OPTIONS = TEST_JVM_OPTIONS_WITHOUT_ARCHIVE + (
     f" -XX:SharedArchiveFile={JVM_CLASS_ARCHIVE}" if JVM_CLASS_ARCHIVE.is_file() else ""
 )
 #: The tests' Python worker daemon: workers import the installed PySpark's bytecode, not its zip's source.
-WORKER_DAEMON = "spark_credit_shuffle_daemon"
+WORKER_DAEMON = "spark_credit_shuffle.worker.daemon"
 
 
 def _row_order_key(row: Any) -> tuple[tuple[bool, str], ...]:

@@ -12,6 +12,7 @@ import collections
 import numpy as np
 import pyarrow as pa
 import pytest
+from exchange_helpers import SCHEMA, producer_batches, run_blocking
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,14 +21,10 @@ from spark_credit_shuffle.buffers import DataType
 from spark_credit_shuffle.engine import GateGauges
 from spark_credit_shuffle.errors import ProtocolError
 from spark_credit_shuffle.metrics import CONSUMER, TaskMetrics
-from spark_credit_shuffle.runtime.blocking import STORAGE_SCHEMA, produce_partition
-from spark_credit_shuffle.runtime.blocking.consumer import consume_partition
+from spark_credit_shuffle.runtime.blocking import STORAGE_SCHEMA
 from spark_credit_shuffle.runtime.blocking.storage import stored_buffers
-from spark_credit_shuffle.runtime.metrics_report import METRICS_COLUMN
 from spark_credit_shuffle.runtime.plan import ExchangePlan
 from spark_credit_shuffle.transport.memory import StoredBuffersExchange
-
-SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("s", pa.string())])
 
 PARTITIONERS = {
     "key_by": lambda: scs.key_by("k"),
@@ -37,33 +34,6 @@ PARTITIONERS = {
     "broadcast": lambda: scs.broadcast(),
     "global": lambda: scs.global_(),
 }
-
-
-def producer_batches(producer: int, rows: int, big_every: int) -> list[pa.RecordBatch]:
-    ids = list(range(producer * 100_000, producer * 100_000 + rows))
-    strings = [("x" * 40_000 if big_every and i % big_every == 0 else f"v{i}") if i % 7 else None for i in ids]
-    batch = pa.RecordBatch.from_pydict({"id": ids, "k": [i % 13 for i in ids], "s": strings}, schema=SCHEMA)
-    half = rows // 2
-    return [batch.slice(0, half), batch.slice(half)]
-
-
-def run(plan: ExchangePlan, inputs: dict[int, list[pa.RecordBatch]]):
-    shuffled: dict[int, list[pa.RecordBatch]] = collections.defaultdict(list)
-    for producer in range(plan.num_producers):
-        for stored in produce_partition(iter(inputs[producer]), producer, plan):
-            assert stored.schema == STORAGE_SCHEMA
-            channels = stored.column("channel").to_pylist()
-            for channel in set(channels):
-                mask = pa.array([c == channel for c in channels])
-                shuffled[channel].append(stored.filter(mask))
-    outputs = {}
-    for consumer in range(plan.num_consumers):
-        batches = list(consume_partition(iter(shuffled[consumer]), consumer, plan))
-        table = pa.Table.from_batches(batches)
-        metrics_cells = [c for c in table.column(METRICS_COLUMN).to_pylist() if c is not None]
-        data = table.filter(pa.compute.is_null(table.column(METRICS_COLUMN))).drop_columns([METRICS_COLUMN])
-        outputs[consumer] = (data, [row for cell in metrics_cells for row in cell])
-    return outputs
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -89,7 +59,7 @@ def test_every_row_arrives_once_on_its_channel(
         num_consumers=consumers, max_parallelism=128, config=config, schema=SCHEMA,
     )  # fmt: skip
     inputs = {p: producer_batches(p, rows, big_every) for p in range(producers)}
-    outputs = run(plan, inputs)
+    outputs = run_blocking(plan, inputs)
 
     expected_per_consumer: dict[int, list[int]] = collections.defaultdict(list)
     for p in range(producers):

@@ -98,6 +98,7 @@ def test_an_operator_chained_before_runs_on_the_producers_input_and_the_keys_are
 
 @pytest.mark.spark
 def test_the_dataframe_method_and_exchanged_take_operators(any_spark):
+    scs.install_dataframe_method()
     df = any_spark.range(0, 400, 1, 2).select("id", (F.col("id") % 7).alias("k"))
     out = df.creditShuffle(
         scs.key_by("k"), 2, "pipelined", after=scs.map_in_pandas(tagged, "id long, k long, part int")

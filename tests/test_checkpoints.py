@@ -7,12 +7,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from exchange_helpers import SCHEMA as BLOCKING_SCHEMA
+from exchange_helpers import expected_placement, inputs, make_plan, metric, producer_batches, run_blocking, table
 from pyspark.sql import functions as F
 from spark_helpers import assert_same_rows
-from test_blocking_runtime import SCHEMA as BLOCKING_SCHEMA
-from test_blocking_runtime import producer_batches
-from test_blocking_runtime import run as run_blocking
-from test_pipelined import expected_placement, inputs, make_plan, metric, table
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.buffers.format import CheckpointOptions

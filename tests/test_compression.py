@@ -7,11 +7,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from exchange_helpers import SCHEMA as BLOCKING_SCHEMA
+from exchange_helpers import producer_batches, run_blocking
 from pyspark.sql import functions as F
 from spark_helpers import assert_same_rows
-from test_blocking_runtime import SCHEMA as BLOCKING_SCHEMA
-from test_blocking_runtime import producer_batches
-from test_blocking_runtime import run as run_blocking
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.buffers.compression import BufferCompressor, BufferDecompressor

@@ -261,7 +261,8 @@ def test_address_exchange_setting():
 
 
 def test_freeze_worker_heap_setting():
-    assert NetworkConfig().freeze_worker_heap is True
+    assert NetworkConfig().freeze_worker_heap is False  # a library leaves the worker's collection alone unless asked
+    assert NetworkConfig.from_conf({"spark.creditShuffle.freezeWorkerHeap": "true"}).freeze_worker_heap is True
     assert NetworkConfig.from_conf({"spark.creditShuffle.freezeWorkerHeap": "false"}).freeze_worker_heap is False
     with pytest.raises(ConfigError, match=r"freeze_worker_heap.*true or false"):
         NetworkConfig(freeze_worker_heap="sometimes")

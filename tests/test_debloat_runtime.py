@@ -8,7 +8,7 @@ import statistics
 
 import pyarrow as pa
 import pytest
-from test_pipelined import expected_placement, inputs, make_plan, table
+from exchange_helpers import expected_placement, inputs, make_plan, table
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.buffers import DataType, RecordReader, RecordWriter

@@ -261,6 +261,7 @@ def test_skewed_keys_are_skew_and_an_even_exchange_is_ok(spark, mode):
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["blocking", "pipelined"])
 def test_the_dataframe_method_and_the_exchange_found_from_a_result(any_spark, mode):
+    scs.install_dataframe_method()  # importing the package adds no method to PySpark's DataFrame: this call does
     df = any_spark.range(0, 1000, 1, 2).select("id", (F.col("id") % 7).alias("k"))
     result = df.creditShuffle(scs.key_by("k"), 3, mode).where("id >= 0")
     assert result.count() == 1000
@@ -277,6 +278,7 @@ def test_the_dataframe_method_and_the_exchange_found_from_a_result(any_spark, mo
 
 
 def test_the_dataframe_method_never_replaces_an_existing_one(spark):
+    scs.install_dataframe_method()
     with pytest.raises(scs.ConfigError, match=r"it has that attribute already"):
         scs.install_dataframe_method("filter")
     scs.install_dataframe_method()  # again under its own name: allowed, the same method

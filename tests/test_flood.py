@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from exchange_helpers import expected_placement, inputs, make_plan, spark_rows, table
 from spark_helpers import assert_same_rows
-from test_pipelined import expected_placement, inputs, make_plan, spark_rows, table
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.runtime import pipelined

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -15,6 +16,7 @@ from pyspark.sql import functions as F
 from spark_helpers import assert_same_rows, no_spark_jobs
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
+PACKAGE_JOBS = Path(__file__).resolve().parent.parent / "spark_credit_shuffle" / "jobs"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -119,7 +121,7 @@ def test_protocol_benchmark_moves_every_buffer_and_reports_both_topologies(capsy
     bench = load_job("bench_protocol")
     for variant in ("protocol", "byte_builder"):
         delivered, seconds, cpu = bench.run_exchange(4, 4, 50, variant=variant, encode=True)
-        assert delivered == 200 and seconds > 0 and cpu >= 0
+        assert delivered == 200 and seconds > 0 and cpu > 0
     assert bench.main(["--buffers", "400", "--runs", "2", "--bytecodes"]) == 0
     out = capsys.readouterr().out
     headline = last_json(out)
@@ -221,15 +223,37 @@ def test_exchange_job_runs_on_spark_connect(connect_spark, capsys):
 
 
 def test_jobs_have_main_and_run_as_scripts():
-    for name in ("exchange_job", "multiplexing_demo", "plan"):
+    for path in (PACKAGE_JOBS / "exchange_job.py", PACKAGE_JOBS / "demo.py", JOBS / "multiplexing_demo.py"):
+        text = path.read_text()
+        assert "def main(argv: list[str] | None = None) -> int:" in text, path
+        assert 'if __name__ == "__main__":\n    sys.exit(main())' in text, path
+    for name in ("exchange_job", "demo"):  # the checkout's scripts run the package's jobs
         text = (JOBS / f"{name}.py").read_text()
-        assert "def main(argv: list[str] | None = None) -> int:" in text
+        assert f"from spark_credit_shuffle.jobs.{name} import main" in text
         assert 'if __name__ == "__main__":\n    sys.exit(main())' in text
     # the jobs build their session with job_session, which sets a master only under plain python
-    for name in ("exchange_job", "slow_consumer_demo", "checkpoint_alignment_demo"):
-        assert "job_session(" in (JOBS / f"{name}.py").read_text()
+    for path in (PACKAGE_JOBS / "exchange_job.py", PACKAGE_JOBS / "demo.py", JOBS / "slow_consumer_demo.py"):
+        assert "job_session(" in path.read_text(), path
+    assert "job_session(" in (PACKAGE_JOBS / "common.py").read_text()  # the benchmarks' sessions too
     assert "PYSPARK_GATEWAY_PORT" in (JOBS.parent / "spark_credit_shuffle" / "cli.py").read_text()
     assert os.access(JOBS / "plan.py", os.R_OK)
+
+
+def test_no_script_imports_another_or_changes_the_module_path():
+    """What the scripts share is in the package (spark_credit_shuffle.jobs): a script imports no other script,
+    directly or through sys.path."""
+    scripts = {path.stem for path in JOBS.glob("*.py")}
+    for path in sorted(JOBS.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = {node.module.split(".")[0]}
+            else:
+                continue
+            assert not names & scripts, f"{path.name} imports the script {names & scripts}"
+        assert "sys.path" not in path.read_text(), path.name
 
 
 @pytest.mark.spark
@@ -264,8 +288,7 @@ def test_timeline_pictures_job_draws_the_live_and_the_after_run_timelines(spark,
     assert headline["live_timeline"]["draws"] >= 1
 
 
-def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(JOBS))  # it runs the pipelined path's own benchmark, as a script finds it
+def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(capsys):
     job = load_job("bench_path_floor")
     for bad in (["--parallelism", "1"], ["--parallelism", "21"], ["--master", "yarn"], ["--repeat", "0"]):
         with pytest.raises(SystemExit) as refused:  # named before anything runs
@@ -281,8 +304,7 @@ def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(ca
 
 
 @pytest.mark.spark
-def test_path_floor_job_runs_the_lean_and_the_pipelined_path_in_spark_barrier_stages(spark, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(JOBS))
+def test_path_floor_job_runs_the_lean_and_the_pipelined_path_in_spark_barrier_stages(spark, capsys):
     job = load_job("bench_path_floor")
     cached = spark.sparkContext._jsc.getPersistentRDDs().size()
     # every form of both paths first checks that each row arrived once (the job fails otherwise)
@@ -332,3 +354,18 @@ def test_diagnosis_matrix_runs_its_cases_and_says_how_often_each_was_right(spark
     # themselves are tests/test_backpressure_origin.py's)
     line = next(text for text in out.splitlines() if text.startswith("round 1 producer"))
     assert " origin=" in line and all(f"{side}{i}:" in line for side in "pc" for i in range(4)), line
+
+
+def test_job_path_prints_the_file_of_a_package_job_for_spark_submit():
+    for name, module in (("exchange", "exchange_job"), ("demo", "demo")):
+        result = subprocess.run(
+            [sys.executable, "-m", "spark_credit_shuffle", "job-path", name],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert Path(result.stdout.strip()) == PACKAGE_JOBS / f"{module}.py"
+    bad = subprocess.run(
+        [sys.executable, "-m", "spark_credit_shuffle", "job-path", "exchang"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "did you mean 'exchange'?" in bad.stderr

@@ -20,7 +20,7 @@ ROOT = Path(spark_credit_shuffle.__file__).parent
 #: Bottom to top. A module belongs to the layer of its longest matching prefix (a package's name covers
 #: its modules). A module may import modules of its own layer (without a circle) and of lower layers.
 LAYERS: list[tuple[str, ...]] = [
-    ("config", "errors", "metrics", "diagnosis", "_pyspark"),
+    ("config", "errors", "metrics", "diagnosis", "_pyspark", "worker"),
     ("partitioners",),
     ("buffers",),
     ("protocol",),
@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine",),
     ("planner",),
     ("runtime", "simulation"),
-    ("exchange", "dataframe", "plot", "cli", "__main__", ""),
+    ("web",),
+    ("exchange", "dataframe", "plot", "cli", "__main__", "", "jobs"),
 ]
 
 #: Two drivers of the task engine side by side: neither imports the other, directly or through another module.

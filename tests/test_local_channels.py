@@ -8,7 +8,7 @@ runs a Spark job on ``local-cluster`` (two executors of two slots), where Spark 
 from __future__ import annotations
 
 import pytest
-from test_pipelined import expected_placement, inputs, make_plan, table
+from exchange_helpers import expected_placement, inputs, make_plan, table
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from exchange_helpers import spark_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 from spark_helpers import assert_same_rows
-from test_pipelined import spark_rows
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.runtime import nested_output

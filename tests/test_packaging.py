@@ -136,3 +136,51 @@ def test_the_sdist_carries_everything_its_tests_need_and_the_pandas_bound(tmp_pa
     assert needed - members == set()
     requires = [line for line in pkg_info.splitlines() if line.startswith("Requires-Dist: pandas") and ";" not in line]
     assert requires == ["Requires-Dist: pandas<3,>=2.0"], requires
+
+
+def test_importing_the_package_changes_nothing_in_pyspark_until_asked():
+    """A library's import is no place to patch another library: ``import spark_credit_shuffle`` imports neither
+    pyspark nor pyarrow nor pandas, using its names leaves PySpark's DataFrame classes as they were, and only
+    ``install_dataframe_method()`` adds ``creditShuffle``."""
+    result = run_python(
+        """
+        import json, sys
+
+        import spark_credit_shuffle as scs
+
+        heavy = ("pyspark", "py4j", "pyarrow", "pandas", "numpy")
+        loaded = sorted(name for name in sys.modules if name.split(".")[0] in heavy)
+        from pyspark.sql import DataFrame
+        from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+
+        before = [dict(vars(DataFrame)), dict(vars(ConnectDataFrame))]
+        scs.exchange, scs.exchange_of, scs.key_by("k"), scs.NetworkConfig(), scs.plan_dataframe  # names in use
+        import spark_credit_shuffle.exchange
+        unchanged = [dict(vars(DataFrame)), dict(vars(ConnectDataFrame))] == before
+        scs.install_dataframe_method()
+        added = sorted(set(vars(DataFrame)) - set(before[0]))
+        report = {"loaded": loaded, "unchanged": unchanged, "added": added, "callable": callable(scs.exchange)}
+        print(json.dumps(report))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"loaded": [], "unchanged": True, "added": ["creditShuffle"], "callable": True}
+
+
+def test_the_worker_daemon_imports_nothing_that_starts_a_thread():
+    """PySpark forks its workers from the daemon: importing ``spark_credit_shuffle.worker.daemon`` (and so the
+    package) loads no pyspark, pyarrow or pandas and leaves one thread."""
+    result = run_python(
+        """
+        import json, os, sys
+
+        import spark_credit_shuffle.worker.daemon
+
+        heavy = ("pyspark", "py4j", "pyarrow", "pandas", "numpy")
+        loaded = sorted(name for name in sys.modules if name.split(".")[0] in heavy)
+        print(json.dumps({"loaded": loaded, "threads": len(os.listdir("/proc/self/task"))}))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"loaded": [], "threads": 1}

@@ -19,87 +19,30 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from exchange_helpers import (
+    expected_placement,
+    inputs,
+    make_plan,
+    metric,
+    run_blocking,
+    spark_rows,
+    table,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 from spark_helpers import assert_same_rows
-from test_blocking_runtime import run as run_blocking
+from tcp_helpers import closed_by_peer
 
 import spark_credit_shuffle as scs
-from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError, CreditShuffleError, ExchangeTimeoutError, InsufficientSlotsError
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
 from spark_credit_shuffle.protocol import AuthResponse, Hello, encode_to_bytes
 from spark_credit_shuffle.runtime import pipelined
 from spark_credit_shuffle.runtime.pipelined import PipelinedTask, TaskOptions, run_in_threads
-from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
+from spark_credit_shuffle.runtime.plan import Injection
 
 pytestmark = pytest.mark.timeout(120)
-
-SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("s", pa.string())])
-FAST = {"segment_size": 4096, "partition_request_timeout_ms": 5000}
-
-
-def make_plan(partitioner, producers, consumers, injection=None, **settings) -> ExchangePlan:
-    """The plan exchange() would build, without a SparkSession."""
-    config = NetworkConfig(**{**FAST, **settings})
-    resolve = getattr(partitioner, "resolve_max_parallelism", None)  # key_by's own max parallelism wins
-    max_parallelism = (
-        resolve(consumers, config.max_parallelism) if resolve else config.resolve_max_parallelism(consumers)
-    )
-    return ExchangePlan(
-        name="test-pipelined",
-        mode="pipelined",
-        partitioner=partitioner,
-        num_producers=producers,
-        num_consumers=consumers,
-        max_parallelism=max_parallelism,
-        config=config,
-        schema=SCHEMA,
-        injection=injection,
-    )
-
-
-def inputs(producers: int, rows: int, batch_rows: int = 500, seed: int = 0) -> list[list[pa.RecordBatch]]:
-    """``rows`` rows per producer, ids unique across producers, keys 0..40, some null strings."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for p in range(producers):
-        ids = np.arange(p * rows, (p + 1) * rows, dtype=np.int64)
-        keys = rng.integers(0, 41, rows).astype(np.int32)
-        words = pa.array([None if i % 7 == 0 else f"v{i:012d}" for i in ids], pa.string())
-        batch = pa.RecordBatch.from_arrays([pa.array(ids), pa.array(keys), words], schema=SCHEMA)
-        out.append([batch.slice(i, batch_rows) for i in range(0, rows, batch_rows)])
-    return out
-
-
-def table(batches) -> pa.Table:
-    return pa.Table.from_batches(list(batches), schema=SCHEMA)
-
-
-def expected_placement(plan, data) -> list[pa.Table]:
-    """What each consumer must receive: each producer's rows routed by a fresh copy of its selector."""
-    per_consumer = [[] for _ in range(plan.num_consumers)]
-    for p, batches in enumerate(data):
-        consumers = plan.partitioner.consumers_of(p, plan.num_producers, plan.num_consumers)
-        selector = plan.partitioner.selector(p, plan.num_producers, plan.num_consumers, plan.max_parallelism)
-        for batch in batches:
-            if selector.is_broadcast:
-                for c in consumers:
-                    per_consumer[c].append(batch)
-                continue
-            channels = np.asarray(selector.select_channels(batch))
-            for sp, c in enumerate(consumers):
-                per_consumer[c].append(batch.filter(pa.array(channels == sp)))
-    return [table(b).sort_by("id") for b in per_consumer]
-
-
-def metric(rows, side=None, name=None, stat=None):
-    return [
-        r
-        for r in rows
-        if (side is None or r.side == side) and (name is None or r.metric == name) and (stat is None or r.stat == stat)
-    ]
 
 
 # -- in process -------------------------------------------------------------------------------------
@@ -304,17 +247,6 @@ def test_a_consumer_that_stops_reading_makes_its_producers_time_out_naming_it():
     with pytest.raises(ExchangeTimeoutError, match=r"producer subtask \d waited \d+ ms for a network buffer") as err:
         run_in_threads(plan, inputs(2, 20_000), timeout_s=30)
     assert "consumer subtask 0" in str(err.value)
-
-
-def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
-    """The other side closed ``sock``: a read gives EOF or a reset before ``timeout``."""
-    sock.settimeout(timeout)
-    try:
-        return sock.recv(1024) == b""
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
 
 
 class SilentPeer:
@@ -535,14 +467,6 @@ def test_rogue_clients_during_an_exchange_are_closed_logged_and_the_exchange_car
 
 
 # -- on Spark -----------------------------------------------------------------------------------------
-
-
-def spark_rows(spark, n, partitions):
-    return spark.range(0, n, 1, partitions).select(
-        F.col("id"),
-        (F.col("id") % 23).cast("int").alias("k"),
-        F.concat(F.lit("row-"), F.col("id").cast("string")).alias("s"),
-    )
 
 
 @pytest.mark.spark

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
-from test_types import all_types_df, comparable
+from type_helpers import all_types_df, comparable
 
 import spark_credit_shuffle as scs
 

@@ -11,7 +11,7 @@ import socket
 import threading
 
 import pytest
-from test_tcp import closed_by_peer, wait_until
+from tcp_helpers import closed_by_peer, wait_until
 
 from spark_credit_shuffle.errors import CreditShuffleError
 from spark_credit_shuffle.runtime.rendezvous import MAX_REQUEST, AddressRendezvous, all_gather_via

@@ -7,21 +7,28 @@ Real transports on 127.0.0.1; a relay between consumer and producer records ever
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-import selectors
 import socket
 import ssl
 import threading
 
-import numpy as np
 import pyarrow as pa
 import pytest
+from exchange_helpers import expected_placement, inputs, make_plan, spark_rows, table
 from spark_helpers import session_conf
-from test_pipelined import expected_placement, inputs, make_plan, spark_rows, table
-from test_tcp import CONFIG, SECRET, Consumer, Producer, closed_by_peer
+from tcp_helpers import (
+    CONFIG,
+    MARKER,
+    NUMBER,
+    SECRET,
+    Consumer,
+    Producer,
+    closed_by_peer,
+    exchange_through,
+    marked_batches,
+)
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.config import NetworkConfig
@@ -35,89 +42,8 @@ from spark_credit_shuffle.transport.tls import TlsIdentity
 
 pytestmark = pytest.mark.timeout(60)
 
-#: A string and an int64 that every row carries, easy to find in a byte stream.
-MARKER = "row-value-7f3a9c"
-NUMBER = 0x5EC2E7_5EC2E7_5E
 DEADLINE_S = 1.0
 IDENTITY = TlsIdentity.generate("test exchange")
-
-
-def marked_batches(n: int) -> list[pa.RecordBatch]:
-    ids = np.arange(n, dtype=np.int64)
-    batch = pa.RecordBatch.from_arrays(
-        [
-            pa.array(ids),
-            pa.array((ids % 50).astype(np.int32)),
-            pa.array([f"{MARKER}-{i}" for i in range(n)]),
-            pa.array(np.full(n, NUMBER, dtype=np.int64)),
-        ],
-        names=["id", "k", "s", "n"],
-    )
-    return [batch.slice(i, 1000) for i in range(0, n, 1000)]
-
-
-class Relay:
-    """Forwards one connection at a time to ``target`` and records what each side sent."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = self.listener.getsockname()
-        self.upstream = bytearray()  # consumer -> producer
-        self.downstream = bytearray()  # producer -> consumer
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        client, _ = self.listener.accept()
-        server = socket.create_connection(self.target)
-        selector = selectors.DefaultSelector()
-        selector.register(client, selectors.EVENT_READ, (server, self.upstream))
-        selector.register(server, selectors.EVENT_READ, (client, self.downstream))
-        open_ends = 2
-        with client, server, selector:
-            while open_ends:
-                for key, _ in selector.select(10):
-                    other, record = key.data
-                    try:
-                        data = key.fileobj.recv(65536)
-                    except OSError:
-                        data = b""
-                    if data:
-                        record += data
-                        with contextlib.suppress(OSError):
-                            other.sendall(data)
-                    else:  # pass the half-close on
-                        selector.unregister(key.fileobj)
-                        open_ends -= 1
-                        with contextlib.suppress(OSError):
-                            other.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        self.thread.join(10)
-        self.listener.close()
-
-
-def exchange_through(relay_to_producer: bool, tls: TlsIdentity | None, n: int = 6000):
-    """One producer, one consumer reading 2 subpartitions through a relay; returns (rows, relay)."""
-    data = marked_batches(n)
-    producer = Producer(2, tls=tls)
-    relay = Relay(producer.transport.address)
-    consumer = Consumer(relay.address, [0, 1], tls=tls)
-    try:
-        writer = threading.Thread(target=producer.write, args=(data, 2))
-        writer.start()
-        received = consumer.read_all(data[0].schema)
-        writer.join(10)
-        assert _wait(lambda: not consumer.transport.connections and not producer.transport.connections)
-        assert consumer.conn.error is None  # the half-close ends TLS cleanly too
-        relay.close()
-        rows = pa.Table.from_batches([b for channel in received for b in channel]).sort_by("id")
-        assert rows.equals(pa.Table.from_batches(data).sort_by("id"))
-        return rows, relay
-    finally:
-        consumer.transport.close()
-        producer.transport.close()
 
 
 @pytest.mark.parametrize("tls", [None, IDENTITY], ids=["plain", "tls"])

@@ -25,8 +25,7 @@ import time
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
-from test_security import exchange_through
-from test_tcp import Consumer, Producer, batches
+from tcp_helpers import Consumer, Producer, batches, exchange_through
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import CreditShuffleError

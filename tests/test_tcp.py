@@ -8,15 +8,11 @@ import logging
 import socket
 import struct
 import threading
-import time
 
-import numpy as np
 import pyarrow as pa
 import pytest
+from tcp_helpers import SECRET, Consumer, Producer, batches, closed_by_peer, wait_until
 
-from spark_credit_shuffle import key_by
-from spark_credit_shuffle.buffers import Buffer, RecordReader, RecordWriter
-from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ExchangeTimeoutError
 from spark_credit_shuffle.protocol import (
     AddCredit,
@@ -24,176 +20,13 @@ from spark_credit_shuffle.protocol import (
     AuthResponse,
     CreditBasedPartitionRequestClientHandler,
     Hello,
-    NetworkBufferPool,
     PartitionRequest,
-    PartitionRequestServerHandler,
-    PipelinedResultPartition,
-    ResultPartitionManager,
-    SingleInputGate,
-    default_max_frame_length,
     encode_to_bytes,
 )
 from spark_credit_shuffle.protocol.codec import MAGIC_NUMBER, PROTOCOL_VERSION
 from spark_credit_shuffle.transport.tcp import MAX_HELLO_BYTES, TcpTransport, resolve_host
 
 pytestmark = pytest.mark.timeout(60)
-
-SECRET = b"s" * 32
-CONFIG = NetworkConfig(segment_size=4096, buffer_timeout_ms=-1, partition_request_timeout_ms=2000)
-FRAME = default_max_frame_length(CONFIG.segment_size)
-
-
-def batches(n: int, seed: int = 0) -> list[pa.RecordBatch]:
-    rng = np.random.default_rng(seed)
-    ids = np.arange(n, dtype=np.int64)
-    keys = rng.integers(0, 50, n).astype(np.int32)
-    words = pa.array([f"w{i:018d}" for i in ids])
-    batch = pa.RecordBatch.from_arrays([pa.array(ids), pa.array(keys), words], names=["id", "k", "s"])
-    return [batch.slice(i, 1000) for i in range(0, n, 1000)]
-
-
-class Producer:
-    """One producer subtask serving a pipelined partition over TCP."""
-
-    def __init__(
-        self, num_subpartitions: int, *, handshake_timeout_s: float = 5.0, max_unauthenticated: int = 32, tls=None
-    ):
-        self.lock = threading.RLock()
-        self.cond = threading.Condition(self.lock)
-        self.network = NetworkBufferPool.from_config(CONFIG)
-        self.partition = PipelinedResultPartition.create(self.network, num_subpartitions, CONFIG, partition_id=7)
-        self.manager = ResultPartitionManager()
-        self.manager.register_partition(self.partition)
-        self.partition.buffer_pool.add_availability_listener(self.notify)
-        self.transport = TcpTransport(
-            "127.0.0.1",
-            self.lock,
-            server_handler_factory=self.handler,
-            handshake_timeout_s=handshake_timeout_s,
-            max_unauthenticated=max_unauthenticated,
-            on_event=self.notify,
-            name="producer",
-            tls=tls,
-        )
-        self.transport.start()
-
-    def notify(self) -> None:
-        with self.cond:
-            self.cond.notify_all()
-
-    def handler(self, wakeup):
-        handler = PartitionRequestServerHandler(self.manager, secret=SECRET, max_frame_length=FRAME)
-        handler.queue.listener = wakeup
-        return handler
-
-    def write(self, data: list[pa.RecordBatch], num_consumers: int) -> None:
-        """Write ``data`` keyed by ``k``, waiting for buffers like a back-pressured producer would."""
-        selector = key_by("k").selector(0, 1, num_consumers, 128)
-        writer = RecordWriter(LockedPartition(self.partition, self.lock), selector, CONFIG.segment_size)
-        for batch in data:
-            with self.cond:
-                assert self.cond.wait_for(self.partition.is_available, timeout=10), "producer never got a buffer"
-            writer.emit(batch)
-        writer.finish()
-        self.expected = writer.num_records_out
-
-
-class LockedPartition:
-    """The partition as the RecordWriter sees it, every call under the producer's lock."""
-
-    def __init__(self, partition, lock):
-        self.partition, self.lock = partition, lock
-        self.num_subpartitions = partition.num_subpartitions
-
-    def request_segment(self, sp):
-        with self.lock:
-            recycler = self.partition.request_segment(sp)
-
-        def recycle():
-            with self.lock:
-                recycler()
-
-        return recycle
-
-    def __getattr__(self, name):
-        method = getattr(self.partition, name)
-
-        def locked(*args, **kwargs):
-            with self.lock:
-                return method(*args, **kwargs)
-
-        return locked
-
-
-class Consumer:
-    """One consumer task reading ``channels`` subpartitions of one producer over ONE connection."""
-
-    def __init__(self, address, subpartitions: list[int], *, secret: bytes = SECRET, tls=None):
-        self.lock = threading.RLock()
-        self.cond = threading.Condition(self.lock)
-        self.network = NetworkBufferPool.from_config(CONFIG)
-        self.transport = TcpTransport("127.0.0.1", self.lock, on_event=self.notify, name="consumer", tls=tls)
-        self.transport.start()
-        self.gate = SingleInputGate(self.network, len(subpartitions), CONFIG)
-        self.gate.listener = self.notify
-        self.handler = CreditBasedPartitionRequestClientHandler(secret=secret, max_frame_length=FRAME)
-        with self.lock:  # channels first: a connection refused at once still fails them
-            for channel, sp in enumerate(subpartitions):
-                self.gate.remote_channel(channel, channel + 1, self.handler, partition_id=7, subpartition=sp)
-            self.gate.request_partitions()
-        self.conn = self.transport.connect(address, self.handler, peer="producer subtask 0", timeout_s=5)
-
-    def notify(self) -> None:
-        with self.cond:
-            self.cond.notify_all()
-
-    def read_all(self, schema) -> list[list[pa.RecordBatch]]:
-        readers = [RecordReader(schema, channel=c) for c in range(self.gate.num_channels)]
-        out: list[list[pa.RecordBatch]] = [[] for _ in readers]
-        deadline = time.monotonic() + 20
-        while True:
-            with self.cond:
-                polled = None
-                while polled is None and not self.gate.is_finished:
-                    assert time.monotonic() < deadline, "consumer waited too long"
-                    polled = self.gate.poll_next()
-                    if polled is None:
-                        self.cond.wait(0.2)
-                if polled is None:
-                    return out
-                buffer = polled.buffer
-
-                def recycle(r=buffer.recycle):
-                    with self.lock:
-                        r()
-
-                # the reader recycles after decoding, outside this block: under the lock again
-                buffer = Buffer(buffer.data_type, buffer.data, recycle)
-            for item in readers[polled.channel_index].feed(buffer, polled.sequence_number):
-                if isinstance(item, pa.RecordBatch):
-                    out[polled.channel_index].append(item)
-
-
-def wait_until(predicate, timeout=10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
-def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
-    """The server closed ``sock``: a read returns EOF or a reset."""
-    sock.settimeout(timeout)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
 
 
 def test_resolve_host_gives_an_ipv4_address():

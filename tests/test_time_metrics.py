@@ -5,10 +5,8 @@ and buffers a consumer took from local and from remote channels."""
 from __future__ import annotations
 
 import pytest
-from test_blocking_runtime import SCHEMA as BLOCKING_SCHEMA
-from test_blocking_runtime import producer_batches
-from test_blocking_runtime import run as run_blocking
-from test_pipelined import inputs, make_plan
+from exchange_helpers import SCHEMA as BLOCKING_SCHEMA
+from exchange_helpers import inputs, make_plan, producer_batches, run_blocking
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.engine import TimeAccount

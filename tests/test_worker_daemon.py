@@ -1,4 +1,4 @@
-"""``spark_credit_shuffle_daemon``: Python workers import the installed PySpark, not the copy in its zip, and
+"""``spark_credit_shuffle.worker.daemon``: Python workers import the installed PySpark, not the copy in its zip, and
 their collection after each task walks only what the task left."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-import spark_credit_shuffle_daemon as daemon
+import spark_credit_shuffle.worker.daemon as daemon
 
 
 def _site(tmp_path, with_package: bool):
