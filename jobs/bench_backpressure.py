@@ -5,8 +5,9 @@ Three cases (``--case``, default all):
 - ``tight``: the legal tight configuration ``segment_size=4096, max_buffers_per_channel=1``. 20,000 rows
   (``--rows``) through a pipelined ``key_by`` exchange with it and with the defaults (target: within 2x),
   and a 4 -> 4 broadcast with it, pipelined and blocking (target: pipelined within 5x of blocking).
-- ``timeout``: buffer timeout 0 (a flush after every slice of at most 64 rows a writer appends, see the
-  README) against 1 ms, pipelined, ``--timeout-rows`` rows (Flink 2.3 measured 1.4-2.4x slower at 0).
+- ``timeout``: buffer timeout 0 (a flush after every slice of at most 64 rows a writer appends,
+  docs/network.md, "Backpressure: bounded producer pools") against 1 ms, pipelined, ``--timeout-rows`` rows
+  (Flink 2.3 measured 1.4-2.4x slower at 0).
 - ``memory``: a pipelined exchange whose consumer subtask 0 sleeps 1 ms per row, at 1x and 10x input
   (``--slow-rows``), Spark's Arrow batches of ``--batch-rows`` rows in both: the worst task's peak resident
   and Arrow-allocated memory, which must stay flat.

@@ -430,7 +430,7 @@ class NetworkConfig:
         True, "taskmanager.network.blocking-shuffle.compression.enabled", _parse_bool,
         "blocking mode: each data buffer is compressed on its own (with compression_codec) before Spark's shuffle "
         "stores it, and decompressed by its consumer (Flink's default, on; measured here to store less and run "
-        "faster although Spark's shuffle compresses what it stores too, see the README)",
+        "faster although Spark's shuffle compresses what it stores too, see docs/configuration.md)",
     )  # fmt: skip
     compression_codec: str = _setting(
         "lz4", "taskmanager.network.compression.codec", _parse_codec,
@@ -469,7 +469,7 @@ class NetworkConfig:
         "true: an exchange's task makes the collection PySpark runs after each task of its reused Python worker walk "
         "only what that task left, as the workers of spark_credit_shuffle.worker.daemon do (each collection freezes "
         "its survivors, every 64th walks everything); the worker's later tasks, the user's own included, keep it, "
-        "so it is off unless asked for (its saving: see the README)",
+        "so it is off unless asked for (its saving: docs/configuration.md)",
     )  # fmt: skip
     ssl: str = _setting(
         "auto", "security.ssl.internal.enabled", _parse_ssl,

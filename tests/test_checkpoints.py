@@ -102,7 +102,7 @@ def test_blocking_mode_aligns_one_barrier_at_the_end_of_each_producer(mode):
             if r["metric"] == "checkpointId" and r["side"] == CONSUMER and r["subtask"] == consumer
         ]
         assert checkpoint_ids == [1.0]
-    # as the README lists it: one barrier out per producer
+    # as docs/network.md lists it: one barrier out per producer
     barriers_out = {
         r["subtask"]: r["value"]
         for _, rows in outputs.values()

@@ -6,7 +6,7 @@ After each: the listener is alive and still serves a legitimate client, every at
 closed within a bound relative to its deadline (measured from its own ``connect()`` to the close it saw), and
 what the service held for the connections stayed within its per-connection bound (its buffered bytes, not
 the process's RSS). The base all three driver-side guarantees come from is
-:mod:`spark_credit_shuffle.transport.line_service`; the README's "Security" section lists the bounds.
+:mod:`spark_credit_shuffle.transport.line_service`; docs/security.md lists the bounds.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The exchange job from an installed wheel: built from the package's files alone, installed into a virtual
 environment of its own, found with ``job-path`` and run by ``spark-submit`` from a directory outside the
-checkout, as a user of the published package runs it (README, "Jobs")."""
+checkout, as a user of the published package runs it (docs/jobs.md, "Jobs")."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ _BROADCAST = -1
 #: A run of rows whose channel a load-based selector chooses when the writer reaches it.
 _CHOOSE = -2
 #: Buffer timeout 0 flushes after every record; a record of an Arrow writer is a slice of at most this many
-#: rows of one subpartition (Python works per slice, not per row; see the README).
+#: rows of one subpartition (Python works per slice, not per row; see docs/network.md on backpressure).
 FLUSH_ALWAYS_ROWS = 64
 
 
@@ -594,7 +594,7 @@ class RecordWriter:
         max_row_bits = (self.segment_size - overhead) * 8
         searchsorted = cum.searchsorted
         item = cum.item
-        # timeout 0 flushes after every "record": a slice of at most flush_always_rows rows (see README)
+        # timeout 0 flushes after every "record": a slice of at most flush_always_rows rows (docs/network.md)
         step = self.flush_always_rows if self.flush_always else hi
         while lo < hi:
             self._resume_row = lo

@@ -49,10 +49,11 @@ def thread_cpu_seconds(thread: threading.Thread | None) -> float | None:
 
 def freeze_worker_heap(enabled: bool = True, daemon: ModuleType | None = None) -> bool:
     """Make the collection PySpark's daemon runs after each task of a reused Python worker walk only what that task
-    left, as the workers of :mod:`spark_credit_shuffle.worker.daemon` do (README, "Faster Python workers"): each
-    collection freezes the objects that survive it (``gc.freeze``), every 64th walks everything again, so a
-    reference cycle is reclaimed at most 64 tasks later. True if this call set it up; False where it is set up
-    already (that daemon, or an earlier task of this worker) or the worker was not forked by PySpark's daemon.
+    left, as the workers of :mod:`spark_credit_shuffle.worker.daemon` do (docs/configuration.md, "Faster Python
+    workers"): each collection freezes the objects that survive it (``gc.freeze``), every 64th walks everything
+    again, so a reference cycle is reclaimed at most 64 tasks later. True if this call set it up; False where it is
+    set up already (that daemon, or an earlier task of this worker) or the worker was not forked by PySpark's
+    daemon.
 
     A worker holds pyspark, pyarrow and pandas, some hundred thousand objects, and PySpark's collection after each
     task walks all of them: half the Python workers' CPU of an identity ``mapInArrow`` of 4 M rows on

@@ -20,7 +20,7 @@ PySpark imports the worker module only after the fork, because a module that sta
 (pandas, pyarrow) makes the fork unsafe. ``pyspark.worker`` starts none; should a PySpark version import one
 that does, this daemon replaces itself with PySpark's own before it forks any worker.
 
-Use: ``spark.python.daemon.module=spark_credit_shuffle.worker.daemon`` when the session starts (README,
+Use: ``spark.python.daemon.module=spark_credit_shuffle.worker.daemon`` when the session starts (docs/configuration.md,
 "Faster Python workers"). Starting it imports the package's ``__init__`` and this subpackage only: the package
 imports its parts on first use, so nothing that starts a thread is imported before the fork.
 """
