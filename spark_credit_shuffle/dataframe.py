@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +21,17 @@ import numpy as np
 import pyarrow as pa
 
 from .config import NetworkConfig, check_count
-from .errors import ConfigError, PartitionerError, UnsupportedInputError, UnsupportedKeyTypeError
-from .partitioners import SUPPORTED_KEY_TYPES, CustomPartitionerWrapper, KeyGroupStreamPartitioner, Partitioner
-from .partitioners.partitioner import identifier_parts
+from .errors import ConfigError, PartitionerError
+from .input_checks import (
+    check_dataframe,
+    check_partitioner,
+    key_columns_of,
+    plain_names,
+    renamed_keys,
+    resolve_key_columns,
+    short,
+)
+from .partitioners import KeyGroupStreamPartitioner, Partitioner
 from .runtime.session import check_worker_python, num_partitions, task_partition_id
 
 if TYPE_CHECKING:
@@ -36,34 +43,6 @@ __all__ = ["check_dataframe", "rdd_with_channel", "resolve_key_columns", "with_c
 _MAX_PARALLELISM_KEY = NetworkConfig.conf_key("max_parallelism")
 # Elements of an RDD partition are turned into Arrow key columns this many at a time.
 _RDD_BATCH = 1 << 16
-_SPARK_KEY_TYPES = (
-    "ByteType",
-    "ShortType",
-    "IntegerType",
-    "LongType",
-    "BooleanType",
-    "FloatType",
-    "DoubleType",
-    "StringType",
-)
-
-
-def _check_partitioner(partitioner: object) -> Partitioner:
-    if not isinstance(partitioner, Partitioner):
-        raise ConfigError(
-            "partitioner",
-            partitioner,
-            "a Partitioner such as key_by('k'), rebalance(), rescale(), shuffle(), broadcast(), forward(), "
-            "global_() or custom(fn, 'k')",
-            kind="argument",
-        )
-    return partitioner
-
-
-def _key_columns_of(partitioner: Partitioner) -> tuple[Any, ...]:
-    if isinstance(partitioner, (KeyGroupStreamPartitioner, CustomPartitionerWrapper)):
-        return partitioner.columns
-    return ()
 
 
 def _conf_max_parallelism(conf_value: str | None, max_parallelism: int | None) -> int | None:
@@ -110,121 +89,6 @@ def _channel_plan(
     return consumers, selector
 
 
-def check_dataframe(df: object, setting: str = "df") -> DataFrame:
-    """``df`` if it is a PySpark DataFrame (classic or Spark Connect), else a :class:`ConfigError` naming
-    ``setting`` and what it got (a pandas DataFrame, None, ...). A streaming DataFrame raises
-    :class:`UnsupportedInputError`: an exchange moves a finished set of rows, so a stream is exchanged one
-    micro-batch at a time, in ``foreachBatch``."""
-    try:
-        from pyspark.sql import DataFrame
-    except ImportError:
-        raise ConfigError(
-            setting, _short(df), "a pyspark.sql.DataFrame", "pyspark is not installed", kind="argument"
-        ) from None
-    if isinstance(df, DataFrame):
-        if df.isStreaming:
-            raise UnsupportedInputError(
-                f"{setting} is a streaming DataFrame; an exchange runs on the rows of a batch DataFrame. Exchange "
-                f"each micro-batch of the stream in foreachBatch: {setting}.writeStream.foreachBatch(lambda batch, "
-                f"batch_id: scs.exchange(batch, partitioner, ...).df.write.mode('append').parquet(path)).start()"
-            )
-        return df
-    detail = ""
-    if type(df).__module__.split(".")[0] in ("pandas", "pyarrow", "polars"):
-        detail = "make it a Spark DataFrame first: spark.createDataFrame(data)"
-    elif df is not None and hasattr(df, "mapPartitions"):
-        detail = (
-            "this is an RDD: exchange it with exchange_rdd(rdd, partitioner, ...) (rdd_with_channel for with_channel)"
-        )
-    raise ConfigError(
-        setting, _short(df), "a pyspark.sql.DataFrame (classic or Spark Connect)", detail, kind="argument"
-    )
-
-
-def _short(value: object) -> object:
-    """``value`` if its repr is short, else its type (a pandas DataFrame's repr is its whole table)."""
-    text = repr(value)
-    return value if len(text) <= 80 and "\n" not in text else type(value)
-
-
-def resolve_key_columns(df: DataFrame, partitioner: Partitioner) -> Partitioner:
-    """``partitioner`` with its key columns checked against ``df``'s schema, on the driver, before any job.
-
-    A key column is a top-level column: by name (exactly as in ``df.columns``, or as one backticked
-    identifier) or by position (``-n <= i < n``). A missing column or a position out of range raises
-    :class:`PartitionerError`, a nested field (``"a.b"`` of a struct ``a``) too, saying to add it as a column
-    first; for ``key_by`` a Spark type that has no bit-exact Java hashCode here (binary, decimal, date,
-    timestamp, nested types, ...) raises :class:`UnsupportedKeyTypeError` naming the column and its type.
-    Returns the partitioner with every key named as the DataFrame names it.
-    """
-    columns = _key_columns_of(partitioner)
-    if not columns:
-        return partitioner
-    fields = df.schema.fields
-    names = [f.name for f in fields]
-    resolved: list[Any] = []
-    for column in columns:
-        if isinstance(column, int):
-            if not -len(names) <= column < len(names):
-                raise PartitionerError(
-                    f"key position {column} is out of range: the DataFrame has {len(names)} columns "
-                    f"({', '.join(names)}); positions run from {-len(names)} to {len(names) - 1}"
-                )
-            field = fields[column]
-            resolved.append(column)
-        else:
-            field = _top_level_field(fields, column)
-            resolved.append(field.name)
-        if isinstance(partitioner, KeyGroupStreamPartitioner) and type(field.dataType).__name__ not in _SPARK_KEY_TYPES:
-            raise UnsupportedKeyTypeError(
-                f"key column {field.name!r} has Spark type {field.dataType.simpleString()}, which cannot be a "
-                f"key (its Java hashCode is not reproduced bit-exactly here; cast it, e.g. to string or long, "
-                f"in a column of its own). Accepted key types: {', '.join(_SPARK_KEY_TYPES)} "
-                f"(as Arrow: {SUPPORTED_KEY_TYPES})"
-            )
-    if tuple(resolved) == tuple(columns):
-        return partitioner
-    return dataclasses.replace(partitioner, columns=tuple(resolved))  # type: ignore[type-var]  # keyed partitioners are dataclasses
-
-
-def _plain_names(names: list[str]) -> list[str]:
-    """``names`` with every name that holds a dot or a backtick replaced by a plain one not among them."""
-    taken = set(names)
-    plain = []
-    for i, name in enumerate(names):
-        if "." in name or "`" in name:
-            candidate = re.sub(r"[.`]", "_", name)
-            while candidate in taken:
-                candidate = f"{candidate}_{i}"
-            taken.add(candidate)
-            name = candidate
-        plain.append(name)
-    return plain
-
-
-def _renamed_keys(partitioner: Partitioner, renamed: dict[str, str]) -> Partitioner:
-    columns = getattr(partitioner, "columns", None)
-    if not columns:
-        return partitioner
-    keys = tuple(renamed.get(c, c) if isinstance(c, str) else c for c in columns)
-    return dataclasses.replace(partitioner, columns=keys)  # type: ignore[type-var]  # keyed partitioners are dataclasses
-
-
-def _top_level_field(fields: Sequence[Any], column: str) -> Any:
-    by_name = {f.name: f for f in fields}
-    if column in by_name:
-        return by_name[column]
-    parts = identifier_parts(column)
-    if len(parts) == 1 and parts[0] in by_name:  # `name`
-        return by_name[parts[0]]
-    if len(parts) > 1 and parts[0] in by_name:
-        raise PartitionerError(
-            f"key column {column!r} is a nested field of column {parts[0]!r}: keys are top-level columns; add it "
-            f"as a column first, e.g. df.withColumn('{parts[-1]}', F.col('{column}')), and key by that name"
-        )
-    raise PartitionerError(f"key column {column!r} is not in the DataFrame; its columns are: {', '.join(by_name)}")
-
-
 def with_channel(
     df: DataFrame,
     partitioner: Partitioner,
@@ -248,7 +112,7 @@ def with_channel(
     from pyspark.sql.types import IntegerType, StructField, StructType
 
     df = check_dataframe(df)
-    partitioner = _check_partitioner(partitioner)
+    partitioner = check_partitioner(partitioner)
     if not isinstance(column, str) or not column:
         raise ConfigError("column", column, "a non-empty column name", kind="argument")
     if column in df.columns:
@@ -258,9 +122,9 @@ def with_channel(
     partitioner = resolve_key_columns(df, partitioner)
     check_worker_python(df.sparkSession)  # local masters: the Python the workers start imports this package
     names = df.columns
-    plain = _plain_names([*names, column])[:-1]  # none of them the channel column's name
+    plain = plain_names([*names, column])[:-1]  # none of them the channel column's name
     if plain != names:  # PySpark hands mapInArrow its input as df[name], which reads "a.b" as a nested field
-        renamed = _renamed_keys(partitioner, dict(zip(names, plain)))
+        renamed = renamed_keys(partitioner, dict(zip(names, plain)))
         out = with_channel(df.toDF(*plain), renamed, parallelism, column, max_parallelism, num_producers)
         return out.toDF(*names, column)
     max_p = _conf_max_parallelism(df.sparkSession.conf.get(_MAX_PARALLELISM_KEY, None), max_parallelism)
@@ -318,10 +182,10 @@ def rdd_with_channel(
     ``key_types`` (one Arrow type per key column) to hash as another Java type, e.g. ``pa.int32()`` for
     Integer. Broadcast pairs every element with every consumer.
     """
-    partitioner = _check_partitioner(partitioner)
+    partitioner = check_partitioner(partitioner)
     if not hasattr(rdd, "mapPartitionsWithIndex"):
-        raise ConfigError("rdd", _short(rdd), "a pyspark RDD (for a DataFrame use with_channel)", kind="argument")
-    columns = _key_columns_of(partitioner)
+        raise ConfigError("rdd", short(rdd), "a pyspark RDD (for a DataFrame use with_channel)", kind="argument")
+    columns = key_columns_of(partitioner)
     if key_types is not None:
         key_types = [key_types] if isinstance(key_types, pa.DataType) else list(key_types)
         if len(key_types) != len(columns) or not all(isinstance(t, pa.DataType) for t in key_types):

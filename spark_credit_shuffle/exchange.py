@@ -9,21 +9,19 @@ network metrics of that run as a DataFrame (schema in :mod:`spark_credit_shuffle
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import itertools
 import logging
 import re
 import sys
-import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from .arrow_schema import arrow_schema
 from .config import NetworkConfig, check_operator_parallelism
-from .dataframe import _check_partitioner, _plain_names, _renamed_keys, _short, check_dataframe, resolve_key_columns
 from .diagnosis import (
     SUMMARY_DDL,
     SUMMARY_VIEW_DDL,
@@ -35,9 +33,11 @@ from .diagnosis import (
     summary_view,
 )
 from .engine.checkpoints import CHECKPOINTS_DDL, CheckpointRecord
-from .errors import ConfigError, CreditShuffleError, UnsupportedColumnTypeError
+from .errors import ConfigError, CreditShuffleError
+from .input_checks import check_dataframe, check_partitioner, plain_names, renamed_keys, resolve_key_columns, short
 from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow, row_values
 from .partitioners import Partitioner
+from .registry import Registry
 from .runtime.chain import ChainedOperator, as_chain
 from .runtime.monitor import MonitorAddress
 from .runtime.plan import ExchangePlan, Injection
@@ -70,13 +70,8 @@ log = logging.getLogger("spark_credit_shuffle")
 
 MODES = ("blocking", "pipelined")
 _ids = itertools.count(1)
-#: The exchanges planned in this process, by the label their stages' Python functions carry: the last
-#: _KEPT of them (a DataFrame built on an exchange keeps no Python object of it), and any older one still held.
-_planned: collections.OrderedDict[str, Exchange] = collections.OrderedDict()
-_held: weakref.WeakValueDictionary[str, Exchange] = weakref.WeakValueDictionary()
-_KEPT = 256
-#: The label of an exchange in a physical plan: the name of a stage's Python function.
-_STAGE_FUNCTION = re.compile(r"\bcredit_shuffle_(?:produce_|consume_)?([a-z0-9_]+?_(?:blocking|pipelined)_\d+)\(")
+#: The exchanges planned in this process (:func:`exchanges_of` finds them from a DataFrame's plan).
+_registry: Registry[Exchange] = Registry()
 
 
 #: Builds the exchange's output again with other operators chained after it: (DataFrame, its metrics).
@@ -107,10 +102,7 @@ class Exchange:
         #: The metrics of ``df`` and of every output built with chained operators (:meth:`map_in_pandas`).
         self._collected = [collected]
         self._rebuild = rebuild
-        label = _label(plan.name)
-        _planned[label] = _held[label] = self
-        while len(_planned) > _KEPT:
-            _planned.popitem(last=False)
+        _registry.add(plan.name, self)
 
     @property
     def rdd(self) -> RDD[Any]:
@@ -284,10 +276,6 @@ class Exchange:
         return f"Exchange({self.plan.describe()})"
 
 
-def _label(name: str) -> str:
-    return name.replace("-", "_")
-
-
 def exchanges_of(df: DataFrame) -> list[Exchange]:
     """The exchanges whose output ``df`` is or is built on (``df.transform(exchanged(...)).where(...)``), from
     its physical plan, outermost first: the way to an exchange's metrics, summary and diagnosis from a
@@ -295,12 +283,7 @@ def exchanges_of(df: DataFrame) -> list[Exchange]:
     longer held by anything, are not found."""
     from .runtime.session import physical_plan
 
-    found: list[Exchange] = []
-    for label in _STAGE_FUNCTION.findall(physical_plan(check_dataframe(df))):
-        ex = _planned.get(label) or _held.get(label)
-        if ex is not None and ex not in found:
-            found.append(ex)
-    return found
+    return _registry.in_plan(physical_plan(check_dataframe(df)))
 
 
 def exchange_of(df: DataFrame) -> Exchange:
@@ -311,7 +294,7 @@ def exchange_of(df: DataFrame) -> Exchange:
         what = "no exchange" if not found else f"{len(found)} exchanges ({', '.join(e.name for e in found)})"
         raise ConfigError(
             "df",
-            _short(df),
+            short(df),
             "a DataFrame built on exactly one exchange of this process",
             f"its plan holds {what}",
             kind="argument",
@@ -346,64 +329,6 @@ def install_dataframe_method(name: str = "creditShuffle") -> None:
     )
     method._credit_shuffle = True  # type: ignore[attr-defined]  # marks the method as this package's
     setattr(DataFrame, name, method)
-
-
-def arrow_schema(df: DataFrame) -> pa.Schema:
-    """The Arrow schema of the batches ``mapInArrow`` hands ``df``'s rows over in, exactly: timestamps in the
-    session time zone (``spark.sql.session.timeZone``, read once here, on the driver), strings and binaries
-    large if ``spark.sql.execution.arrow.useLargeVarTypes`` says so. A column of a type that ``mapInArrow``
-    cannot carry (a year-month or calendar interval) raises :class:`UnsupportedColumnTypeError` naming it."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
-
-    spark = df.sparkSession
-    time_zone = _session_conf(spark, "spark.sql.session.timeZone")  # with a default, get() returns that one
-    large = str(_session_conf(spark, "spark.sql.execution.arrow.useLargeVarTypes")).strip().lower() == "true"
-    fields = []
-    for field in df.schema.fields:
-        try:
-            try:
-                one = to_arrow_schema(StructType([field]), timezone=time_zone, prefers_large_types=large)
-            except TypeError:  # pyspark 4.0 names timestamps' zone UTC here; Spark sends the session's
-                one = to_arrow_schema(StructType([field]), prefers_large_types=large)
-                one = pa.schema([_in_time_zone(one.field(0), time_zone)])
-        except Exception as e:
-            raise UnsupportedColumnTypeError(
-                f"column {field.name!r} has Spark type {field.dataType.simpleString()}, which cannot travel through "
-                f"an exchange: Spark's Arrow hand-over (mapInArrow) does not carry it ({type(e).__name__}). Cast it "
-                f"to a type that travels (a year-month interval to its months as int, for example) or drop it"
-            ) from None
-        fields.append(one.field(0))
-    return pa.schema(fields)
-
-
-def _in_time_zone(field: pa.Field, time_zone: str | None) -> pa.Field:
-    """``field`` with every zoned timestamp in it (at any depth) in ``time_zone``."""
-
-    def convert(t: pa.DataType) -> pa.DataType:
-        if pa.types.is_timestamp(t):
-            return pa.timestamp(t.unit, tz=time_zone) if t.tz is not None else t
-        if pa.types.is_map(t):
-            return pa.map_(convert_field(t.key_field), convert_field(t.item_field), t.keys_sorted)
-        if pa.types.is_list(t) or pa.types.is_large_list(t):
-            make = pa.list_ if pa.types.is_list(t) else pa.large_list
-            return make(convert_field(t.value_field))
-        if pa.types.is_struct(t):
-            return pa.struct([convert_field(t.field(i)) for i in range(t.num_fields)])
-        return t
-
-    def convert_field(f: pa.Field) -> pa.Field:
-        return pa.field(f.name, convert(f.type), nullable=f.nullable, metadata=f.metadata)
-
-    return convert_field(field)
-
-
-def _session_conf(spark: Any, key: str) -> str | None:
-    """The value Spark uses for SQL setting ``key`` (its default if nobody set it); None if it has none."""
-    try:
-        return spark.conf.get(key)
-    except Exception:  # a setting this Spark does not know
-        return None
 
 
 def exchange(
@@ -468,22 +393,22 @@ def exchange(
     if monitor is not None and not isinstance(monitor, bool) and not callable(monitor) and monitor != "web":
         raise ConfigError(
             "monitor",
-            _short(monitor),
+            short(monitor),
             "True, False, 'web', a function of the samples, or None (the setting)",
             kind="argument",
         )
-    partitioner = _check_partitioner(partitioner)
+    partitioner = check_partitioner(partitioner)
     if config is not None and not isinstance(config, NetworkConfig):
         raise ConfigError(
             "config",
-            _short(config),
+            short(config),
             "a NetworkConfig or None (the session's spark.creditShuffle.* settings)",
             "single settings go as keyword arguments: exchange(..., buffer_timeout_ms=10), or "
             "config=NetworkConfig(**settings)",
             kind="argument",
         )
     if injection is not None and not isinstance(injection, Injection):
-        raise ConfigError("injection", _short(injection), "an Injection or None", kind="argument")
+        raise ConfigError("injection", short(injection), "an Injection or None", kind="argument")
     if parallelism is not None:
         parallelism = check_operator_parallelism(parallelism, "parallelism")
     if num_producers is not None:
@@ -493,11 +418,11 @@ def exchange(
     written = _schema_frame(spark, before_ops[-1]) if before_ops else df  # the rows the producers write
     partitioner = resolve_key_columns(written, partitioner)
     names = df.columns
-    plain = _plain_names(names)
+    plain = plain_names(names)
     if plain != names:  # PySpark hands mapInArrow its input as df[name], which reads "a.b" as a nested field
         df = df.toDF(*plain)
         if not before_ops:
-            partitioner = _renamed_keys(partitioner, dict(zip(names, plain)))
+            partitioner = renamed_keys(partitioner, dict(zip(names, plain)))
     schema = before_ops[-1].arrow_schema if before_ops else arrow_schema(df)
     assert schema is not None
     if config is None:
@@ -598,7 +523,7 @@ def resolve_chain(spark: Any, operators: tuple[ChainedOperator, ...]) -> tuple[C
         except Exception as exc:
             raise ConfigError(
                 "schema",
-                _short(op.schema),
+                short(op.schema),
                 "a Spark DDL string or StructType",
                 f"of operator {op.name}: {exc}",
                 kind="argument",
@@ -679,8 +604,8 @@ def exchange_rdd(
     from pyspark.sql import SparkSession
 
     if not isinstance(rdd, RDD):
-        raise ConfigError("rdd", _short(rdd), "a pyspark RDD (for a DataFrame use exchange)", kind="argument")
-    _check_partitioner(partitioner)
+        raise ConfigError("rdd", short(rdd), "a pyspark RDD (for a DataFrame use exchange)", kind="argument")
+    check_partitioner(partitioner)
     spark = SparkSession.builder.getOrCreate()
     df = spark.createDataFrame(rdd, schema)
     return exchange(df, partitioner, parallelism, mode, **kwargs)

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("planner",),
     ("runtime", "simulation"),
     ("web",),
-    ("exchange", "dataframe", "plot", "cli", "__main__", "", "jobs"),
+    ("exchange", "dataframe", "input_checks", "arrow_schema", "registry", "plot", "cli", "__main__", "", "jobs"),
 ]
 
 #: Two drivers of the task engine side by side: neither imports the other, directly or through another module.

@@ -86,9 +86,9 @@ def test_pyspark_4_0s_schema_in_the_session_time_zone_is_4_1s(spark):
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 
-    from spark_credit_shuffle.exchange import _in_time_zone
+    from spark_credit_shuffle.arrow_schema import in_time_zone
 
     for field in all_types_df(spark, rows=1).schema.fields:
         expected = to_arrow_schema(StructType([field]), timezone="Asia/Kolkata").field(0)
         as_4_0 = to_arrow_schema(StructType([field]), timezone="UTC").field(0)
-        assert _in_time_zone(as_4_0, "Asia/Kolkata").equals(expected, check_metadata=True)
+        assert in_time_zone(as_4_0, "Asia/Kolkata").equals(expected, check_metadata=True)
