@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.runtime.blocking import STORAGE_SCHEMA, produce_partition
-from spark_credit_shuffle.runtime.blocking.consumer import consume_partition
+from spark_credit_shuffle.runtime.blocking.consumer_stage import consume_partition
 from spark_credit_shuffle.runtime.metrics_report import METRICS_COLUMN
 from spark_credit_shuffle.runtime.plan import ExchangePlan
 

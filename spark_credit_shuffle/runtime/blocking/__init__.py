@@ -32,8 +32,8 @@ from ..metrics_report import CollectedMetrics, MetricsReport, finish_plan, metri
 from ..placement import place_by
 from ..resources import freeze_worker_heap
 from ..session import bound_arrow_batches
-from .consumer import consume_partition
-from .producer import produce_partition
+from .consumer_stage import consume_partition
+from .producer_stage import produce_partition
 from .storage import CONSUMER_INPUT_BATCH_BYTES, STORAGE_DDL, STORAGE_SCHEMA
 
 if TYPE_CHECKING:
