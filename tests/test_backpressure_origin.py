@@ -132,12 +132,15 @@ def test_a_slow_step_after_the_exchanges_output_back_pressures_its_consumer(spar
     """``ex.df.mapInPandas(slow)`` with ``retryable=False`` (the output streams into the step; the retryable
     form's goes through a shuffle first, which nothing after it back-pressures): the slow step runs in another
     Python worker, behind what Spark holds between the two Python steps and the consumer's own hand-over (some
-    5-20 MB together, docs/diagnosis.md): 40 MB per partition here, which the step takes 8 s for, so the
-    consumer's output fills and it waits, back-pressured on its output, and its producers with it."""
+    13-20 MB together, docs/diagnosis.md): 40 MB per partition here, which the step takes 20 s for (2 MB/s), so
+    the consumer's output fills and it waits, back-pressured on its output, and its producers with it. The step
+    must be far slower than the exchange on a loaded machine: what Spark holds fills at the difference of the
+    two rates (at 5 MB/s, 0.2 ms per row, a machine loaded by two other test runs slowed the exchange itself
+    below the step, and nothing waited downstream)."""
     df = spark.range(0, 80_000, 1, 2).select("id", F.lit("x" * 1000).alias("pad"))
     ex = scs.exchange(df, scs.rebalance(), 2, mode="pipelined", retryable=False)
     with session_conf(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "1000"):
-        out = ex.df.mapInPandas(slow_on(1, 2e-4), "id long, pad string")
+        out = ex.df.mapInPandas(slow_on(1, 5e-4), "id long, pad string")
         assert sorted(r.id for r in out.select("id").collect()) == list(range(80_000))
     s = summary(ex)
     c1 = s[(CONSUMER, 1)]
