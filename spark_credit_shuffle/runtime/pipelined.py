@@ -367,7 +367,14 @@ def run_barrier_task(
 ) -> Iterator[pa.RecordBatch]:
     """The body of one barrier task: its subtasks, addresses published once, through the driver's address
     service at ``rendezvous`` (host, port, exchange key) or with Spark's ``allGather``; its metrics go
-    through ``report``; with ``tls`` (the exchange's key pair) every connection runs mutual TLS."""
+    through ``report``; with ``tls`` (the exchange's key pair) every connection runs mutual TLS.
+
+    Through the address service the task meets only the tasks of its own stage attempt (the service asks the
+    driver's scheduler which one a task attempt belongs to), and ends only once all of them finished their part
+    (the end barrier, :func:`~.rendezvous.client.end_barrier_via`): a stage attempt that fails leaves no task's
+    output behind, and Spark re-runs all of it. Spark's ``allGather`` is exact per stage attempt too, but an end
+    barrier through Spark would cost a second more per exchange (``BarrierTaskContext.barrier``): without the
+    service there is none, and a task of a failed attempt that finished first may keep its output."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -378,7 +385,9 @@ def run_barrier_task(
         raise CreditShuffleError(
             f"pipelined exchange {plan.name} needs a barrier stage of {width} tasks, Spark launched "
             f"{len(infos)}: the input's partitioning changed after planning (adaptive query execution "
-            f"coalescing?); repartition the input to {plan.num_producers} partitions first"
+            f"coalescing? repartition the input to {plan.num_producers} partitions first), or, in a retry, tasks "
+            f"of the failed attempt finished and Spark re-runs only the others (addresses through Spark's "
+            f"allGather have no end barrier; Spark's next attempt runs them all)"
         )
     address = infos[index].address
     host = resolve_host(address.rsplit(":", 1)[0] if ":" in address else address)
@@ -395,26 +404,29 @@ def run_barrier_task(
         tls=tls,
     )
     all_gather: Callable[[str], list[str]] = ctx.allGather
+    end: Callable[[str], None] | None = None
     if rendezvous is not None:
-        from .rendezvous import all_gather_via
+        from .rendezvous import all_gather_via, end_barrier_via
 
         service_host, service_port, key = rendezvous
         wait_s = max(_MIN_ADDRESS_WAIT_S, plan.config.partition_request_timeout_ms / 1000.0)
-        group = f"stage {ctx.stageId()}"
+        stage = ctx.stageId()
         all_gather = all_gather_via(
             (service_host, service_port),
             key,
             secret,
-            group,
+            f"stage {stage}",
             index,
             ctx.taskAttemptId(),
             wait_s,
             fallback=ctx.allGather,
             tls=tls,
+            stage=stage,
         )
+        end = end_barrier_via((service_host, service_port), key, secret, stage, index, ctx.taskAttemptId(), tls=tls)
     freeze_worker_heap(plan.config.freeze_worker_heap)
     try:
-        yield from task.run(batches, all_gather)
+        yield from task.run(batches, all_gather, end)
     except Exception as exc:
         if not is_deterministic(exc):
             if task.wiring.lost_producers:

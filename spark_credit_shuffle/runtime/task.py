@@ -217,9 +217,17 @@ class PipelinedTask:
     # -- the task --
 
     def run(
-        self, batches: Iterable[pa.RecordBatch], all_gather: Callable[[str], list[str]]
+        self,
+        batches: Iterable[pa.RecordBatch],
+        all_gather: Callable[[str], list[str]],
+        end: Callable[[str], None] | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Set up, exchange addresses, stream; yields the received rows, then reports the metrics."""
+        """Set up, exchange addresses, stream; yields the received rows, then reports the metrics.
+
+        ``end``, if given, is the end barrier (:func:`~.rendezvous.client.end_barrier_via`): called with the
+        task's address group once its part is done and before its last rows, it returns when every task of that
+        group got there, so that no task of a stage attempt ends successfully while another of it failed (Spark
+        would keep the finished one's output and re-run only the others, fewer tasks than the exchange has)."""
         try:
             if self.plan.monitor is not None:  # the live monitor: every timeline sample to the driver
                 self.wiring.monitor = MonitorClient(self.plan.monitor, self.wiring.attempt_id)
@@ -255,7 +263,10 @@ class PipelinedTask:
             if consumer is not None:
                 consumer.time.stop(time.monotonic())
             self.wiring.await_end()
-            yield from self.report.last(self.plan.output_schema, self._metric_rows())
+            rows = self._metric_rows()  # the task's own time: the wait for the others below is not in it
+            if end is not None:
+                end(self.wiring.address_group)
+            yield from self.report.last(self.plan.output_schema, rows)
         except BaseException as exc:
             if self.wiring.failed_at is None:  # before closing: peers see the close and fail after this task
                 self.wiring.failed_at = time.monotonic()

@@ -41,6 +41,7 @@ from ..transport.connection import Connection
 from ..transport.tcp import TcpTransport
 from ..transport.tls import TlsIdentity
 from .monitor import MonitorClient
+from .rendezvous.client import group_token
 
 if TYPE_CHECKING:
     from ..protocol.messages import Message
@@ -113,6 +114,7 @@ class TaskWiring:
         self.transport: TcpTransport | None = None
         self.network = NetworkBufferPool.from_config(config)
         self.peers: dict[int, str] = {}
+        self.address_group = ""  # set by the address exchange
         self.last_progress = time.monotonic()
         self.manager = ResultPartitionManager()
         self.partition: PipelinedResultPartition | None = None
@@ -270,7 +272,11 @@ class TaskWiring:
         message = json.dumps(
             {"task": self.index, "host": host, "port": port, "partition": self.partition_id, "started_ms": started_ms}
         )
-        peers = [json.loads(m) for m in all_gather(message)]
+        messages = all_gather(message)
+        #: The address group this task was wired with: the same for every task of it, and for no other (the
+        #: end barrier's name, :func:`~.rendezvous.client.group_token`).
+        self.address_group = group_token(messages)
+        peers = [json.loads(m) for m in messages]
         self._connect(peers)
         self.checkpoint_trigger.arm(max(int(p.get("started_ms", 0)) for p in peers))  # every task runs now
 

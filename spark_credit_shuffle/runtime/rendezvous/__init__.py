@@ -4,13 +4,11 @@ Spark's own ``BarrierTaskContext.allGather`` does the job, but each call costs a
 polls the driver's barrier coordinator once a second), and during that second no consumer reads: the
 producers fill their pools and wait. On a classic Spark session the driver runs one
 :class:`AddressRendezvous` per process instead: every task of a barrier stage sends it one request (its
-exchange's name, the stage attempt it belongs to, its index and its message; signed with the exchange's
+exchange's name, its stage, its index, its task attempt id and its message; signed with the exchange's
 secret after the service proved it knows it, see :mod:`.wire`, and inside TLS when the exchange runs it) and
-gets back, as soon as every task index of that stage has arrived, every message in task order. A task that comes
-again before its group is complete (a new attempt of the stage, after a failure) replaces its earlier
-entry if its task attempt id is newer (Spark numbers task attempts in increasing order); an older one (a
-late task of a failed attempt) is turned away. The barrier stage
-still schedules all tasks at once and retries them together; only the address exchange is faster.
+gets back, as soon as every task index of its stage attempt has arrived, every message in task order. The
+barrier stage still schedules all tasks at once and retries them together; only the address exchange is
+faster.
 
 The service listens on the driver's own address only. Each exchange registers its random secret (and its
 key pair, with TLS) with it (:meth:`AddressRendezvous.register`); a connection that proves a wrong secret,
@@ -40,22 +38,39 @@ once, and the exchange's ``on_failure`` callback (given at :meth:`AddressRendezv
 pipelined runtime cancels the stage with it) runs once per stage: the exchange fails once, with the typed
 error, instead of after every barrier stage attempt Spark allows.
 
-The package: :mod:`.service` (the driver's service), :mod:`.client` (the task's ``allGather``),
-:mod:`.failures` (reporting a failure that a retry repeats), :mod:`.wire` (the conversation's lines and their
-proofs).
+**Retries.** Spark re-runs a failed barrier stage whole, as a new stage attempt with the same stage id (and
+``attemptNumber()`` 0 in every task). A request names its stage, and the service groups it with the tasks
+of its stage *attempt*, which the driver's task scheduler tells from the task's attempt id
+(:mod:`.attempts`): a retried attempt is never handed an address of the attempt before it, a task of an
+attempt that is over is told to stop, and the tasks of one that fails while they wait stop within
+:data:`~.service.OVER_CHECK_S`. A task that finished its part waits at an end barrier for the tasks it was
+wired with (:func:`end_barrier_via`), so that no task of an attempt ends successfully unless all of them do:
+Spark keeps the output of a task that finished, and would otherwise re-run only the others.
+
+The package: :mod:`.service` (the driver's service), :mod:`.client` (the task's ``allGather`` and end
+barrier), :mod:`.attempts` (the stage attempt of a task, from the driver's scheduler), :mod:`.failures`
+(reporting a failure that a retry repeats), :mod:`.wire` (the conversation's lines and their proofs).
 """
 
-from .client import all_gather_via
+from .attempts import Attempt, SparkStageAttempts, StageAttempts
+from .client import END_WAIT_S, all_gather_via, end_barrier_via, group_token
 from .failures import report_failure
-from .service import EXCHANGE_TTL_S, REQUEST_TIMEOUT_S, AddressRendezvous, driver_rendezvous
+from .service import EXCHANGE_TTL_S, OVER_CHECK_S, REQUEST_TIMEOUT_S, AddressRendezvous, driver_rendezvous
 from .wire import MAX_REQUEST
 
 __all__ = [
+    "END_WAIT_S",
     "EXCHANGE_TTL_S",
     "MAX_REQUEST",
+    "OVER_CHECK_S",
     "REQUEST_TIMEOUT_S",
     "AddressRendezvous",
+    "Attempt",
+    "SparkStageAttempts",
+    "StageAttempts",
     "all_gather_via",
     "driver_rendezvous",
+    "end_barrier_via",
+    "group_token",
     "report_failure",
 ]

@@ -2,6 +2,23 @@
 and answers each group once complete; turns away connections that do not authenticate; holds the failures
 tasks reported (the package docstring says how).
 
+**Stage attempts.** A request that names its stage is put in the group of its stage *attempt*, which the
+driver's task scheduler tells from the task's attempt id (:mod:`.attempts`): a retried attempt never meets a
+task of the attempt before it, whatever the order in which they come, and a task of an attempt that is over
+(Spark failed it: a task of it failed, or it was killed with it) is told so (``{"stopped": ...}``) instead of
+waiting. Groups still waiting are looked at again every :data:`OVER_CHECK_S`: the tasks of an attempt that
+failed meanwhile stop at once, which frees their task slots for the next attempt, instead of waiting to be
+killed (Spark's ``spark.python.task.killTimeout`` and more). Groups are so keyed by (stage, stage attempt),
+as Spark's own ``BarrierCoordinator`` keys its barriers. Where the scheduler cannot tell (its fields could not
+be read), a task joins the group of the newest attempt of its stage waiting, or else one keyed by the stage
+alone: a look that fails never splits the tasks of one attempt into groups that wait for each other.
+
+**The end barrier.** A task that finished its part of the exchange asks once more (``"end": true``) in a group
+named by the address group it was wired with (its tasks, and none other), and ends only when all of them did:
+no task of a stage attempt ends successfully unless every one of it got to its end, so a failed attempt
+leaves no partition's output behind, and Spark re-runs the stage whole. If one of them leaves before (its
+connection closes: it failed or was killed), the others are told (``{"stopped": ...}``) and fail too.
+
 Each connection is a conversation of :mod:`.wire`: the task's hello, the service's challenge, the task's
 signed request, the service's signed answer. One listener serves exchanges with and without TLS: the first
 byte a task sends tells them apart (a TLS record starts with 22, a JSON line with ``{``). A TLS connection
@@ -38,6 +55,7 @@ from ...transport.connection import resolve_host
 from ...transport.event_loop import ServicesByHost
 from ...transport.line_service import LinePeer, LineService, Rejected, parse_bounded
 from ...transport.tls import TlsIdentity, check_pinned
+from .attempts import SparkStageAttempts, StageAttempts
 from .wire import (
     ANSWER_LABEL,
     MAX_HELLO,
@@ -51,7 +69,14 @@ from .wire import (
     split_signed,
 )
 
-__all__ = ["EXCHANGE_TTL_S", "MAX_CONNECTIONS", "REQUEST_TIMEOUT_S", "AddressRendezvous", "driver_rendezvous"]
+__all__ = [
+    "EXCHANGE_TTL_S",
+    "MAX_CONNECTIONS",
+    "OVER_CHECK_S",
+    "REQUEST_TIMEOUT_S",
+    "AddressRendezvous",
+    "driver_rendezvous",
+]
 
 log = logging.getLogger("spark_credit_shuffle")
 
@@ -63,6 +88,15 @@ EXCHANGE_TTL_S = 600.0
 #: Connections the service keeps open at once: those waiting to send their request (``max_pending`` of them
 #: at most) and the tasks' waiting for their group.
 MAX_CONNECTIONS = 4096
+#: How often the service asks the scheduler whether the stage attempt of a group still waiting is over.
+OVER_CHECK_S = 0.2
+#: The class of the error a task raises when told its stage attempt is over.
+_STOPPED = "spark_credit_shuffle.errors.CreditShuffleError"
+#: The class of the error a task raises when its group did not complete in time.
+_TIMED_OUT = "spark_credit_shuffle.errors.ExchangeTimeoutError"
+
+#: A group: (exchange, group name, stage attempt or None where the scheduler cannot tell).
+GroupKey = tuple[str, str, int | None]
 
 
 def driver_rendezvous(host: str) -> AddressRendezvous:
@@ -95,16 +129,22 @@ class _Exchange:
 
 
 class _Group:
-    """The messages of one stage attempt of one exchange, and the connections waiting for them."""
+    """The messages of one stage attempt of one exchange, and the connections waiting for them; ``end``: the
+    end barrier of one address group (a member that leaves fails it); ``stage`` and ``attempt``: the stage
+    attempt, where the scheduler told it (looked at again from ``next_check`` on)."""
 
-    __slots__ = ("attempts", "created", "messages", "waiting", "width")
+    __slots__ = ("attempt", "attempts", "created", "end", "messages", "next_check", "stage", "waiting", "width")
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, stage: int = -1, attempt: int | None = None, end: bool = False) -> None:
         self.width = width
+        self.stage = stage
+        self.attempt = attempt
+        self.end = end
         self.messages: dict[int, str] = {}
         self.attempts: dict[int, int] = {}
         self.waiting: dict[int, LinePeer] = {}
         self.created = time.monotonic()
+        self.next_check = self.created + OVER_CHECK_S
 
 
 class _Conversation:
@@ -118,7 +158,7 @@ class _Conversation:
         self.task_nonce = task_nonce
         self.nonce = nonce
         self.state = "request"  # then "waiting", then "answer"
-        self.waiting_in: tuple[tuple[str, str], int] | None = None  # (group key, task)
+        self.waiting_in: tuple[GroupKey, int] | None = None  # (group key, task)
 
 
 class AddressRendezvous(LineService):
@@ -129,7 +169,8 @@ class AddressRendezvous(LineService):
     kept, ``request_timeout_s`` how long a connection may take to send its request (from its accept) or take
     its answer, ``exchange_ttl_s`` how long an exchange's secret is kept after its last request;
     ``max_pending`` (default: derived from the registered exchanges' tasks) how many connections may wait to
-    send their request at once; ``port`` where to listen (0: a free port).
+    send their request at once; ``port`` where to listen (0: a free port); ``attempts`` tells the stage
+    attempt of a task (default: this process's Spark scheduler, :class:`~.attempts.SparkStageAttempts`).
     """
 
     label = "address rendezvous"
@@ -149,6 +190,7 @@ class AddressRendezvous(LineService):
         exchange_ttl_s: float = EXCHANGE_TTL_S,
         max_pending: int | None = None,
         port: int = 0,
+        attempts: StageAttempts | None = None,
     ) -> None:
         for name, value in (("timeout_s", timeout_s), ("exchange_ttl_s", exchange_ttl_s)):
             if value <= 0:
@@ -174,7 +216,10 @@ class AddressRendezvous(LineService):
         #: TLS server name -> exchange (see :func:`~.wire.server_name`).
         self._server_names: dict[str, str] = {}
         self._tls_context: ssl.SSLContext | None = None  # made on the first TLS connection
-        self._groups: dict[tuple[str, str], _Group] = {}
+        self._groups: dict[GroupKey, _Group] = {}
+        #: End barriers a member left before they completed: what the others were told, until when it is kept.
+        self._failed_ends: dict[GroupKey, tuple[str, float]] = {}
+        self.attempts: StageAttempts = attempts if attempts is not None else SparkStageAttempts()
         self._lock = threading.Lock()
         self._start()
 
@@ -186,6 +231,7 @@ class AddressRendezvous(LineService):
             exchange_ttl_s=self.exchange_ttl_s,
             max_pending=self._max_pending,
             port=port,
+            attempts=self.attempts,
         )
         with self._lock:
             exchanges, names = dict(self._exchanges), dict(self._server_names)
@@ -285,15 +331,27 @@ class AddressRendezvous(LineService):
         if conversation is None or conversation.waiting_in is None:
             return
         key, task = conversation.waiting_in
+        conversation.waiting_in = None
         group = self._groups.get(key)
-        if group is not None and group.waiting.get(task) is peer:
-            # the task is gone before its group completed (failed, killed): its address with it, so that no
-            # later attempt of the stage is handed it; the next attempt of that task sends its own
-            del group.waiting[task]
-            group.messages.pop(task, None)
+        if group is None or group.waiting.get(task) is not peer:
+            return
+        del group.waiting[task]
+        if group.end:  # one of the tasks wired together will not end: none of them may
+            reason = (
+                f"task {task} of {key[0]} left the end of the exchange before every task of its "
+                f"{_attempt(group)} "
+                f"got there (it failed or was killed): this task fails with it, so that Spark re-runs the stage whole"
+            )
+            self._failed_ends[key] = (reason, time.monotonic() + self.timeout_s)
+            self._stop_group(key, _STOPPED, reason)
+            return
+        # the task is gone before its group completed (failed, killed): its address with it, so that no task
+        # is handed it; the next attempt of that task sends its own
+        group.messages.pop(task, None)
 
     def on_restart(self) -> None:
         self._groups.clear()  # their connections are closed: the tasks fail, and their retries ask again
+        self._failed_ends.clear()
 
     def _on_hello(self, peer: LinePeer, line: bytes) -> None:
         """The task's first line names the exchange and brings its nonce: answer with the challenge."""
@@ -358,6 +416,7 @@ class AddressRendezvous(LineService):
             if failure is not None:
                 failure = {"failed": str(failure["type"]), "message": str(failure["message"])[: MAX_LINE // 2]}
             stage = int(request.get("stage", -1))
+            end = bool(request.get("end", False))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise Rejected(f"bad request ({type(exc).__name__}: {str(exc)[:200]})", "bad request") from None
         self.authenticate(peer)
@@ -369,10 +428,44 @@ class AddressRendezvous(LineService):
         if failure is not None or known.failure is not None:
             self._fail_exchange(peer, name, known, failure, stage)
             return
-        key = (name, group_id)
+        # an end barrier is named by its address group, whose tasks are all of one stage attempt: the stage attempt
+        # is looked up once, by the first of them, for the checks below and in on_round
+        key: GroupKey = (name, group_id, None)
+        failed = self._failed_ends.get(key) if end else None
+        if failed is not None:
+            self._answer(peer, _stopped(_STOPPED, failed[0]), known.secret)
+            return
+        stage_attempt: int | None = None
+        if stage >= 0 and not (end and key in self._groups):  # a task of a Spark stage: of which stage attempt?
+            found = self.attempts.attempt_of(stage, attempt)
+            if found is not None and found.over:
+                attempt_name = f"attempt {found.number} of stage {stage}" if found.number >= 0 else f"stage {stage}"
+                log.info(
+                    "address rendezvous: %s: task %d (task attempt %d) of a stage attempt that is over",
+                    name,
+                    task,
+                    attempt,
+                )
+                self._answer(
+                    peer,
+                    _stopped(
+                        _STOPPED,
+                        f"task {task} (task attempt {attempt}) of {name} belongs to {attempt_name}, which is over "
+                        f"(Spark failed it, or ended it for a later attempt): it stops, and takes part in no group",
+                    ),
+                    known.secret,
+                )
+                return
+            if found is not None:
+                stage_attempt = found.number
+            elif not end:  # the scheduler cannot tell now: not split from the newest attempt's group waiting
+                told = [k[2] for k in self._groups if k[:2] == (name, group_id) and k[2] is not None]
+                stage_attempt = max(told, default=None)
+        if not end:  # the addresses of its stage attempt's tasks, and of no other
+            key = (name, group_id, stage_attempt)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = _Group(known.width)
+            group = self._groups[key] = _Group(known.width, stage, stage_attempt, end)
         if attempt < group.attempts.get(task, -1):
             raise Rejected(
                 f"task {task} attempt {attempt} is older than attempt {group.attempts[task]}", "older attempt"
@@ -385,7 +478,8 @@ class AddressRendezvous(LineService):
         group.waiting[task] = peer
         conversation.state = "waiting"
         conversation.waiting_in = (key, task)
-        self.hold(peer, group.created + self.timeout_s)  # the group's timeout bounds the wait
+        # the group's timeout bounds the wait (answered by on_round, with the tasks it waited for, just before)
+        self.hold(peer, group.created + self.timeout_s + self.request_timeout_s)
         if len(group.messages) == group.width:
             del self._groups[key]
             answer = json.dumps([group.messages[i] for i in range(group.width)])
@@ -426,8 +520,50 @@ class AddressRendezvous(LineService):
         self.hold(peer, time.monotonic() + self.request_timeout_s)  # a task that does not take it: closed
         self.send(peer, signed_line(proof, body), close_after=True)
 
+    def _stop_group(self, key: GroupKey, kind: str, reason: str) -> None:
+        """Answer every task waiting in group ``key`` that it stops (an error of class ``kind`` saying
+        ``reason``), and forget the group."""
+        group = self._groups.pop(key, None)
+        if group is None:
+            return
+        with self._lock:
+            known = self._exchanges.get(key[0])
+        for waiting in list(group.waiting.values()):
+            if known is not None:
+                self._answer(waiting, _stopped(kind, reason), known.secret)
+            else:
+                self.close_peer(waiting)
+
+    def _check_attempts(self, now: float) -> list[float]:
+        """Stop the groups whose stage attempt the scheduler says is over; when to look again."""
+        due: list[float] = []
+        for key, group in list(self._groups.items()):
+            if group.attempt is None:
+                continue
+            if now >= group.next_check:
+                group.next_check = now + OVER_CHECK_S
+                if self.attempts.is_over(group.stage, group.attempt):
+                    waiting = sorted(group.waiting)
+                    log.info(
+                        "address rendezvous: %s: %s is over; stopping its tasks %s waiting for %s",
+                        key[0],
+                        _attempt(group),
+                        waiting,
+                        "the end" if group.end else "addresses",
+                    )
+                    waited = "the others to reach the end of the exchange" if group.end else "the others' addresses"
+                    self._stop_group(
+                        key,
+                        _STOPPED,
+                        f"{_attempt(group)} of {key[0]} is over (Spark failed it: one of its tasks failed, "
+                        f"or the stage was cancelled) while this task waited for {waited}",
+                    )
+                    continue
+            due.append(group.next_check)
+        return due
+
     def on_round(self, now: float) -> float | None:
-        """Drop old groups and exchanges; when to look again."""
+        """Drop old groups and exchanges; stop the groups of stage attempts that are over; when to look again."""
         with self._lock:
             for name, exchange in list(self._exchanges.items()):
                 idle = now - exchange.last_used
@@ -439,21 +575,46 @@ class AddressRendezvous(LineService):
             next_round = [e.last_used + self.exchange_ttl_s for e in self._exchanges.values()]
         for key, group in list(self._groups.items()):
             expired = now - group.created > self.timeout_s
-            if expired or key[0] not in known:
+            if key[0] not in known:
                 del self._groups[key]
                 for waiting in list(group.waiting.values()):
                     self.close_peer(waiting)
-                if expired:
-                    log.warning(
-                        "address rendezvous: group %s of %s incomplete after %.0f s (%d of %d tasks): dropped",
-                        key[1],
-                        key[0],
-                        self.timeout_s,
-                        len(group.messages),
-                        group.width,
-                    )
+            elif expired:
+                missing = sorted(set(range(group.width)) - set(group.messages))
+                log.warning(
+                    "address rendezvous: group %s of %s incomplete after %.0f s (%d of %d tasks): dropped",
+                    key[1],
+                    key[0],
+                    self.timeout_s,
+                    len(group.messages),
+                    group.width,
+                )
+                self._stop_group(
+                    key,
+                    _TIMED_OUT,
+                    f"the tasks of {_attempt(group)} of {key[0]} waited {self.timeout_s:.0f} s for "
+                    f"tasks {missing} {'to reach the end of the exchange' if group.end else 'to send their addresses'} "
+                    f"(the address service's timeout_s)",
+                )
+        for key, (_, until) in list(self._failed_ends.items()):
+            if now > until or key[0] not in known:
+                del self._failed_ends[key]
+        next_round += self._check_attempts(now)
         next_round += [g.created + self.timeout_s for g in self._groups.values()]
+        next_round += [until for _, until in self._failed_ends.values()]
         return min(next_round, default=None)
+
+
+def _stopped(kind: str, reason: str) -> str:
+    """The answer that tells a task to stop, raising an error of class ``kind`` that says ``reason``."""
+    return json.dumps({"stopped": kind, "message": reason[: MAX_LINE // 2]})
+
+
+def _attempt(group: _Group) -> str:
+    """The stage attempt of ``group``'s tasks, in words."""
+    if group.attempt is None:
+        return "stage attempt" if group.stage < 0 else f"attempt of stage {group.stage}"
+    return f"attempt {group.attempt} of stage {group.stage}"
 
 
 _SERVICES: ServicesByHost[AddressRendezvous] = ServicesByHost(AddressRendezvous, resolve_host)
