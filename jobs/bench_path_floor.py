@@ -16,7 +16,7 @@ task, all on 127.0.0.1, as Spark's ``local[P]`` runs a pipelined exchange's task
   nothing else: no backlog, no events, no barriers, no metrics, no flusher, no keep-alives;
 - ``lean core``: the same routing, cutting, serialising, decoding and output batching of one task's rows in
   one process, with no socket;
-- ``pipelined path``: :class:`~spark_credit_shuffle.runtime.task.PipelinedTask` in each process (its
+- ``pipelined path``: :class:`~spark_credit_shuffle.runtime.pipelined.task.PipelinedTask` in each process (its
   producer, I/O, consumer and timer threads; all tasks on one executor, so local channels through the
   connection: ``jobs/bench_pipelined_path.py --local``), and its core in place (``jobs/bench_pipelined_path.py``).
 

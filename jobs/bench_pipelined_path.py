@@ -1,6 +1,6 @@
 """Benchmark: the per-buffer CPU budget of the pipelined path, by stage and thread, without Spark.
 
-``--tasks`` pipelined tasks (:class:`~spark_credit_shuffle.runtime.task.PipelinedTask`, as a Spark barrier
+``--tasks`` pipelined tasks (:class:`~spark_credit_shuffle.runtime.pipelined.task.PipelinedTask`, as a Spark barrier
 task runs them) each in a process of its own, on 127.0.0.1, exchange ``--rows`` rows per task (``a`` long,
 ``b`` int, ``c`` a 20-character string, as ``jobs/bench_exchange.py``) by ``key_by("a")`` in network buffers
 of 32 KiB: every task produces and consumes, so each moves about ``1 / tasks`` of its buffers to itself and

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         from pyspark.sql import SparkSession
 
         from spark_credit_shuffle.config import CONF_PREFIX
-        from spark_credit_shuffle.runtime.planning import executors_from_spark
+        from spark_credit_shuffle.runtime.planner_on_spark import executors_from_spark
 
         spark = SparkSession.builder.appName("spark_credit_shuffle plan").getOrCreate()
         base = {k: v for k, v in dict(spark.conf.getAll).items() if k.startswith(CONF_PREFIX)}

@@ -76,7 +76,7 @@ if TYPE_CHECKING:
         shuffle,
     )
     from .planner import ExchangeSpec, Executors, NetworkPlan, plan_network, plan_table
-    from .runtime.planning import plan_dataframe
+    from .runtime.planner_on_spark import plan_dataframe
     from .simulation import Simulation, SimulationReport, simulate
 
 __version__ = "0.1.0"
@@ -140,7 +140,7 @@ _EXPORTS_BY_MODULE: dict[str, tuple[str, ...]] = {
         "shuffle",
     ),
     "planner": ("ExchangeSpec", "Executors", "NetworkPlan", "plan_network", "plan_table"),
-    "runtime.planning": ("plan_dataframe",),
+    "runtime.planner_on_spark": ("plan_dataframe",),
     "simulation": ("Simulation", "SimulationReport", "simulate"),
 }
 _EXPORTS = {name: module for module, names in _EXPORTS_BY_MODULE.items() for name in names}

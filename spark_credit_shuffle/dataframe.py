@@ -32,7 +32,8 @@ from .input_checks import (
     short,
 )
 from .partitioners import KeyGroupStreamPartitioner, Partitioner
-from .runtime.session import check_worker_python, num_partitions, task_partition_id
+from .runtime.spark_plans import num_partitions, task_partition_id
+from .runtime.worker_python import check_worker_python
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -107,7 +108,7 @@ def with_channel(
     The producer count is needed for pointwise partitioners (rescale, forward) and when ``parallelism`` is
     not given; pass ``num_producers`` to state it. Otherwise it is read from the DataFrame: from its plan on
     a classic session (with adaptive query execution Spark may then run the stages that produce ``df``),
-    with one small Spark job on Spark Connect (see :func:`~spark_credit_shuffle.runtime.session.num_partitions`).
+    with one small Spark job on Spark Connect (see :func:`~spark_credit_shuffle.runtime.spark_plans.num_partitions`).
     """
     from pyspark.sql.types import IntegerType, StructField, StructType
 

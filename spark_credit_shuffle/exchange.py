@@ -39,10 +39,11 @@ from .metrics import METRICS_DDL, TIMELINE_DDL, MetricRow, row_values
 from .partitioners import Partitioner
 from .registry import Registry
 from .runtime.chain import ChainedOperator, as_chain
+from .runtime.exchange_plan import ExchangePlan, Injection
 from .runtime.monitor import MonitorAddress
-from .runtime.plan import ExchangePlan, Injection
 from .runtime.security import use_tls
-from .runtime.session import check_worker_python, num_partitions
+from .runtime.spark_plans import num_partitions
+from .runtime.worker_python import check_worker_python
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -281,7 +282,7 @@ def exchanges_of(df: DataFrame) -> list[Exchange]:
     its physical plan, outermost first: the way to an exchange's metrics, summary and diagnosis from a
     DataFrame alone, on classic sessions and Spark Connect. Exchanges planned in another process, or no
     longer held by anything, are not found."""
-    from .runtime.session import physical_plan
+    from .runtime.spark_plans import physical_plan
 
     return _registry.in_plan(physical_plan(check_dataframe(df)))
 
@@ -466,7 +467,7 @@ def exchange(
     )
     rebuild: Rebuild | None = None
     if producers:
-        from .runtime.planning import check_fits
+        from .runtime.planner_on_spark import check_fits
 
         check_fits(plan, spark)
         log.info("%s; %s", plan.describe(), config)

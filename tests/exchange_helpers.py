@@ -13,8 +13,8 @@ from pyspark.sql import functions as F
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.runtime.blocking import STORAGE_SCHEMA, produce_partition
 from spark_credit_shuffle.runtime.blocking.consumer_stage import consume_partition
+from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan
 from spark_credit_shuffle.runtime.metrics_report import METRICS_COLUMN
-from spark_credit_shuffle.runtime.plan import ExchangePlan
 
 #: The rows of every test exchange here: an id, a key, a string.
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("s", pa.string())])

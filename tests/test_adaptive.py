@@ -21,7 +21,7 @@ from spark_credit_shuffle.errors import ConfigError, PartitionerError
 from spark_credit_shuffle.partitioners import AdaptiveRebalanceSelector, RoundRobinSelector
 from spark_credit_shuffle.protocol.partition import PipelinedResultPartition
 from spark_credit_shuffle.protocol.pools import NetworkBufferPool
-from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
+from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan, Injection
 
 SCHEMA = pa.schema([("id", pa.int64()), ("s", pa.string())])
 

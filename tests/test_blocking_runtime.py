@@ -23,7 +23,7 @@ from spark_credit_shuffle.errors import ProtocolError
 from spark_credit_shuffle.metrics import CONSUMER, TaskMetrics
 from spark_credit_shuffle.runtime.blocking import STORAGE_SCHEMA
 from spark_credit_shuffle.runtime.blocking.storage import stored_buffers
-from spark_credit_shuffle.runtime.plan import ExchangePlan
+from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan
 from spark_credit_shuffle.transport.memory import StoredBuffersExchange
 
 PARTITIONERS = {

@@ -17,8 +17,8 @@ from spark_credit_shuffle.buffers.format import CheckpointOptions
 from spark_credit_shuffle.engine.checkpoints import CheckpointTrigger
 from spark_credit_shuffle.errors import ConfigError
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
+from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan, Injection
 from spark_credit_shuffle.runtime.pipelined import run_in_threads
-from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
 
 MODES = {
     "aligned": {},

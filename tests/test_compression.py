@@ -16,7 +16,7 @@ import spark_credit_shuffle as scs
 from spark_credit_shuffle.buffers.compression import BufferCompressor, BufferDecompressor
 from spark_credit_shuffle.errors import BufferDecodeError, ConfigError
 from spark_credit_shuffle.metrics import PRODUCER
-from spark_credit_shuffle.runtime.plan import ExchangePlan
+from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan
 
 
 @pytest.mark.parametrize("codec", ["lz4", "zstd"])

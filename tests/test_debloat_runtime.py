@@ -16,8 +16,8 @@ from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.metrics import CONSUMER
 from spark_credit_shuffle.partitioners import RoundRobinSelector
 from spark_credit_shuffle.protocol import NetworkBufferPool, PipelinedResultPartition
+from spark_credit_shuffle.runtime.exchange_plan import Injection
 from spark_credit_shuffle.runtime.pipelined import run_in_threads
-from spark_credit_shuffle.runtime.plan import Injection
 from spark_credit_shuffle.simulation import simulate
 
 

@@ -18,7 +18,8 @@ from spark_credit_shuffle.errors import (
 )
 from spark_credit_shuffle.runtime import blocking, pipelined
 from spark_credit_shuffle.runtime.metrics_report import IN_BAND, CollectedMetrics, metrics_report
-from spark_credit_shuffle.runtime.session import ARROW_BATCH_BYTES_KEY, is_connect, num_partitions
+from spark_credit_shuffle.runtime.session import ARROW_BATCH_BYTES_KEY, is_connect
+from spark_credit_shuffle.runtime.spark_plans import num_partitions
 
 pytestmark = pytest.mark.spark
 

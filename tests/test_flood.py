@@ -17,7 +17,7 @@ from spark_helpers import assert_same_rows
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.runtime import pipelined
 from spark_credit_shuffle.runtime.pipelined import TaskOptions, run_in_threads
-from spark_credit_shuffle.runtime.rendezvous import MAX_REQUEST, driver_rendezvous
+from spark_credit_shuffle.runtime.pipelined.rendezvous import MAX_REQUEST, driver_rendezvous
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,8 +12,8 @@ from exchange_helpers import expected_placement, inputs, make_plan, table
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
+from spark_credit_shuffle.runtime.exchange_plan import Injection
 from spark_credit_shuffle.runtime.pipelined import run_in_threads
-from spark_credit_shuffle.runtime.plan import Injection
 
 pytestmark = pytest.mark.timeout(180)
 

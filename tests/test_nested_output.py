@@ -11,8 +11,8 @@ from pyspark.sql import functions as F
 from spark_helpers import assert_same_rows
 
 import spark_credit_shuffle as scs
-from spark_credit_shuffle.runtime import nested_output
-from spark_credit_shuffle.runtime.nested_output import columnar_layout, nest
+from spark_credit_shuffle.runtime.pipelined import nested_output
+from spark_credit_shuffle.runtime.pipelined.nested_output import columnar_layout, nest
 
 SCHEMA = pa.schema([("a", pa.int64()), ("s", pa.string())])
 

@@ -39,8 +39,8 @@ from spark_credit_shuffle.errors import ConfigError, CreditShuffleError, Exchang
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
 from spark_credit_shuffle.protocol import AuthResponse, Hello, encode_to_bytes
 from spark_credit_shuffle.runtime import pipelined
+from spark_credit_shuffle.runtime.exchange_plan import Injection
 from spark_credit_shuffle.runtime.pipelined import PipelinedTask, TaskOptions, run_in_threads
-from spark_credit_shuffle.runtime.plan import Injection
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -327,7 +327,7 @@ def test_a_producer_failing_with_any_error_tells_its_consumer_why():
     """A task that fails with an error that is not this package's (a user's input raising) still sends it in
     its fatal ErrorResponse: its consumer's failure quotes it, and that producer does not count as lost (no
     knock-on wait before the consumer's task fails)."""
-    from spark_credit_shuffle.runtime.in_threads import _ThreadAllGather
+    from spark_credit_shuffle.runtime.pipelined.in_threads import _ThreadAllGather
 
     plan = make_plan(scs.rebalance(), 2, 2, buffer_timeout_ms=5)
     first_rows = threading.Event()
@@ -650,7 +650,7 @@ def test_a_rogue_connection_during_a_spark_exchange_changes_nothing(spark, tmp_p
 
 def test_the_address_service_answers_every_task_in_order_and_turns_away_strangers(caplog):
     from spark_credit_shuffle.errors import CreditShuffleError
-    from spark_credit_shuffle.runtime.rendezvous import AddressRendezvous, all_gather_via
+    from spark_credit_shuffle.runtime.pipelined.rendezvous import AddressRendezvous, all_gather_via
 
     service = AddressRendezvous("127.0.0.1", timeout_s=30)
     try:
@@ -809,7 +809,7 @@ def test_a_producer_waits_for_a_slow_consumer_that_works_through_the_buffers_it_
 
 def test_the_in_process_address_exchange_names_a_timeout_apart_from_a_failed_task():
     from spark_credit_shuffle.errors import CreditShuffleError
-    from spark_credit_shuffle.runtime.in_threads import _ThreadAllGather
+    from spark_credit_shuffle.runtime.pipelined.in_threads import _ThreadAllGather
 
     # given two tasks of which only one ever publishes its address: a timeout that says what it waited for
     lonely = _ThreadAllGather(2, timeout_s=0.2)

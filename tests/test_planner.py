@@ -24,8 +24,8 @@ from spark_credit_shuffle.planner import (
 from spark_credit_shuffle.protocol.pools import NetworkBufferPool
 from spark_credit_shuffle.protocol.sizing import UNBOUNDED
 from spark_credit_shuffle.runtime.blocking import consume_partition, produce_partition
-from spark_credit_shuffle.runtime.plan import ExchangePlan
-from spark_credit_shuffle.runtime.planning import check_fits, plan_dataframe
+from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan
+from spark_credit_shuffle.runtime.planner_on_spark import check_fits, plan_dataframe
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("s", pa.string())])
 

@@ -14,7 +14,7 @@ import pytest
 from tcp_helpers import closed_by_peer, wait_until
 
 from spark_credit_shuffle.errors import CreditShuffleError
-from spark_credit_shuffle.runtime.rendezvous import MAX_REQUEST, AddressRendezvous, all_gather_via
+from spark_credit_shuffle.runtime.pipelined.rendezvous import MAX_REQUEST, AddressRendezvous, all_gather_via
 from spark_credit_shuffle.transport.tcp import unauthenticated_cap
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,7 +7,7 @@ import threading
 import time
 
 from spark_credit_shuffle.errors import CreditShuffleError, NullKeyError
-from spark_credit_shuffle.runtime.rendezvous import AddressRendezvous, all_gather_via, report_failure
+from spark_credit_shuffle.runtime.pipelined.rendezvous import AddressRendezvous, all_gather_via, report_failure
 
 
 def test_a_reported_failure_answers_the_waiting_tasks_and_every_later_attempt():

@@ -10,7 +10,7 @@ retries one by one, gets the same faults.
 Without Spark: the driver's address service groups the tasks of each stage attempt apart whatever the order
 in which they come, stops the tasks of an attempt that is over, and holds every task of an address group at
 the end until all of them got there, failing them all when one leaves (see
-``spark_credit_shuffle/runtime/rendezvous/``).
+``spark_credit_shuffle/runtime/pipelined/rendezvous/``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tcp_helpers import wait_until
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import CreditShuffleError, ExchangeTimeoutError
-from spark_credit_shuffle.runtime.rendezvous import (
+from spark_credit_shuffle.runtime.pipelined.rendezvous import (
     OVER_CHECK_S,
     AddressRendezvous,
     Attempt,

@@ -35,8 +35,8 @@ from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError, CreditShuffleError, ProtocolError
 from spark_credit_shuffle.protocol import Hello, encode_to_bytes
 from spark_credit_shuffle.runtime.pipelined import run_in_threads
-from spark_credit_shuffle.runtime.rendezvous import AddressRendezvous, all_gather_via
-from spark_credit_shuffle.runtime.rendezvous.wire import server_name
+from spark_credit_shuffle.runtime.pipelined.rendezvous import AddressRendezvous, all_gather_via
+from spark_credit_shuffle.runtime.pipelined.rendezvous.wire import server_name
 from spark_credit_shuffle.runtime.security import use_tls
 from spark_credit_shuffle.transport.tls import TlsIdentity
 

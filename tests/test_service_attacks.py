@@ -39,8 +39,8 @@ from spark_credit_shuffle.runtime.monitor import (
     MonitorService,
     driver_monitor,
 )
-from spark_credit_shuffle.runtime.rendezvous import AddressRendezvous, all_gather_via, driver_rendezvous
-from spark_credit_shuffle.runtime.rendezvous.wire import (
+from spark_credit_shuffle.runtime.pipelined.rendezvous import AddressRendezvous, all_gather_via, driver_rendezvous
+from spark_credit_shuffle.runtime.pipelined.rendezvous.wire import (
     MAX_HELLO,
     MAX_REQUEST,
     REQUEST_LABEL,

@@ -12,8 +12,8 @@ import spark_credit_shuffle as scs
 from spark_credit_shuffle.engine import TimeAccount
 from spark_credit_shuffle.engine.rules import TIME_WINDOW_S
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
+from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan, Injection
 from spark_credit_shuffle.runtime.pipelined import run_in_threads
-from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
 
 IDENTITY = ("busyTimeMsPerSecond", "idleTimeMsPerSecond", "backPressuredTimeMsPerSecond")
 

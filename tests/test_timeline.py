@@ -24,7 +24,7 @@ from spark_credit_shuffle.plot import (
     plot_timeout_sweep,
 )
 from spark_credit_shuffle.runtime.blocking import consume_partition, produce_partition
-from spark_credit_shuffle.runtime.plan import ExchangePlan, Injection
+from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan, Injection
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.int32())])
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import ConfigError, WorkerPythonError
-from spark_credit_shuffle.runtime.session import (
+from spark_credit_shuffle.runtime.worker_python import (
     _PYTHON_PROBES,
     check_worker_python,
     worker_python,

@@ -408,7 +408,7 @@ def _barrier_lean(plan: Any, tasks: int, port_base: int, nested: tuple[str, str,
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import BarrierTaskContext
 
-        from spark_credit_shuffle.runtime.nested_output import nest
+        from spark_credit_shuffle.runtime.pipelined.nested_output import nest
 
         task = BarrierTaskContext.get().partitionId()
         out = LeanTask(task, tasks, _selector(task, tasks, plan), port_base).run(batches)
@@ -428,7 +428,7 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
     the lean code from the installed package, as the exchange's own."""
     import spark_credit_shuffle as scs
     from spark_credit_shuffle.runtime import pipelined
-    from spark_credit_shuffle.runtime.nested_output import columnar_layout, nested_spark_type, unnest
+    from spark_credit_shuffle.runtime.pipelined.nested_output import columnar_layout, nested_spark_type, unnest
     from spark_credit_shuffle.runtime.placement import place_by
     from spark_credit_shuffle.runtime.session import ansi_mode
 

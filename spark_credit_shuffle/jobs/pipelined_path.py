@@ -1,7 +1,7 @@
 """The pipelined path between processes, measured: ``jobs/bench_pipelined_path.py`` runs it, and
 ``jobs/bench_path_floor.py`` measures the lean path beside it.
 
-Pipelined tasks (:class:`~spark_credit_shuffle.runtime.task.PipelinedTask`, as a Spark barrier task runs them)
+Pipelined tasks (:class:`~spark_credit_shuffle.runtime.pipelined.task.PipelinedTask`, as a Spark barrier task runs them)
 each in a forked process of its own, on 127.0.0.1, exchange their rows (``a`` long, ``b`` int, ``c`` a
 20-character string) by ``key_by("a")``: :func:`run_exchange` returns every task's CPU per thread, its metrics
 and, in a profiled run, each stage's own CPU (:class:`StageTimers`); :func:`core_in_place` puts one task's rows
@@ -43,7 +43,7 @@ def make_plan(tasks: int) -> Any:
     """The plan ``exchange(df, key_by("a"), tasks, mode="pipelined")`` builds, without a session."""
     import spark_credit_shuffle as scs
     from spark_credit_shuffle.config import NetworkConfig
-    from spark_credit_shuffle.runtime.plan import ExchangePlan
+    from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan
 
     config = NetworkConfig()
     partitioner: Any = scs.key_by("a")  # a KeyBy: its own max parallelism
@@ -132,7 +132,7 @@ def install_timers(timers: StageTimers) -> None:
     from spark_credit_shuffle.protocol import client, gate, sender
     from spark_credit_shuffle.protocol.channels import RemoteInputChannel
     from spark_credit_shuffle.protocol.messages import BufferResponse
-    from spark_credit_shuffle.runtime import locked_partition, task, wiring
+    from spark_credit_shuffle.runtime.pipelined import locked_partition, task, wiring
     from spark_credit_shuffle.transport import connection, event_loop, tcp
 
     def data_or_control(*args: Any) -> str:
@@ -219,7 +219,7 @@ def _count_thread_switches() -> dict[str, int]:
 def _task_process(index: int, tasks: int, rows: int, local: bool, profile: str, to_parent: Any, to_child: Any) -> None:
     """Run pipelined task ``index`` (a process of its own), report its CPU figures to the parent.
     ``profile``: "" (plain), "stages" (stage timers) or "calls" (Python calls per thread)."""
-    from spark_credit_shuffle.runtime.task import PipelinedTask, TaskOptions
+    from spark_credit_shuffle.runtime.pipelined.task import PipelinedTask, TaskOptions
 
     timers = StageTimers()
     if profile == "stages":

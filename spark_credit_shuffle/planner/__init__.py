@@ -32,7 +32,7 @@ other, so an executor's requirement is that of its busiest stage.
 
 :func:`plan_network` returns a :class:`NetworkPlan` (per task, per stage, verdict);
 :func:`plan_table` gives it as a pandas DataFrame. The planner is pure: on a Spark session,
-:mod:`spark_credit_shuffle.runtime.planning` reads the session's executors, gives the plan as a Spark
+:mod:`spark_credit_shuffle.runtime.planner_on_spark` reads the session's executors, gives the plan as a Spark
 DataFrame (``plan_dataframe``) and runs ``check_fits`` before an exchange launches.
 
 The package, one concept a module: :mod:`.topology` (the exchanges and executors planned for),

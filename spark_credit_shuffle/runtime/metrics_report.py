@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation
     from pyspark.sql.types import StructType
 
-    from .plan import ExchangePlan
+    from .exchange_plan import ExchangePlan
 
 __all__ = [
     "IN_BAND",

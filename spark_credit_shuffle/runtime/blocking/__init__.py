@@ -39,7 +39,7 @@ from .storage import CONSUMER_INPUT_BATCH_BYTES, STORAGE_DDL, STORAGE_SCHEMA
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from ..plan import ExchangePlan
+    from ..exchange_plan import ExchangePlan
 
 __all__ = ["STORAGE_SCHEMA", "build", "consume_partition", "produce_partition"]
 

@@ -33,7 +33,7 @@ from .input import timed_batches
 from .storage import METRICS_TYPE, stored_buffers
 
 if TYPE_CHECKING:
-    from ..plan import ExchangePlan
+    from ..exchange_plan import ExchangePlan
 
 __all__ = ["consume_partition"]
 

@@ -24,7 +24,7 @@ from .input import timed_batches
 from .storage import METRICS_TYPE, STORAGE_BATCH_BYTES, storage_batch
 
 if TYPE_CHECKING:
-    from ..plan import ExchangePlan
+    from ..exchange_plan import ExchangePlan
 
 __all__ = ["produce_partition"]
 

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...errors import CreditShuffleError, ExchangeTimeoutError, ProtocolError
-from ...transport.tls import TlsIdentity
+from ....errors import CreditShuffleError, ExchangeTimeoutError, ProtocolError
+from ....transport.tls import TlsIdentity
 from .failures import reported_error
 from .wire import UNKNOWN_EXCHANGE, converse
 

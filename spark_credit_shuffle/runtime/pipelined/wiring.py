@@ -5,7 +5,7 @@ transport, the network buffer pool, the partition and the gate) and does what in
 listening, the address exchange, one connection per remote producer task carrying all its channels (local
 ones too, for tasks of one executor), the messages that count as progress, describing who holds buffers
 or connections, waiting for the end of the exchange (the rule is the engine's :func:`~.engine.check_end`)
-and closing everything. A :class:`~spark_credit_shuffle.runtime.task.PipelinedTask` owns one and runs the
+and closing everything. A :class:`~spark_credit_shuffle.runtime.pipelined.task.PipelinedTask` owns one and runs the
 threads around it.
 """
 
@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..engine import ConsumerEngine, Fail, Settings, check_end
-from ..engine.checkpoints import CheckpointTrigger
-from ..errors import CreditShuffleError, ExchangeTimeoutError, in_subtask, qualified_name
-from ..metrics import PRODUCER
-from ..planner.channels import DIRECT, LOCAL, ChannelRoute, Endpoint, channel_route
-from ..protocol import (
+from ...engine import ConsumerEngine, Fail, Settings, check_end
+from ...engine.checkpoints import CheckpointTrigger
+from ...errors import CreditShuffleError, ExchangeTimeoutError, in_subtask, qualified_name
+from ...metrics import PRODUCER
+from ...planner.channels import DIRECT, LOCAL, ChannelRoute, Endpoint, channel_route
+from ...protocol import (
     AddCredit,
     CreditBasedPartitionRequestClientHandler,
     NetworkBufferPool,
@@ -35,17 +35,17 @@ from ..protocol import (
     ResultPartitionManager,
     SingleInputGate,
 )
-from ..protocol.codec import default_max_frame_length
-from ..transport.authentication import AUTHENTICATION_TIMEOUT_S, unauthenticated_cap
-from ..transport.connection import Connection
-from ..transport.tcp import TcpTransport
-from ..transport.tls import TlsIdentity
-from .monitor import MonitorClient
+from ...protocol.codec import default_max_frame_length
+from ...transport.authentication import AUTHENTICATION_TIMEOUT_S, unauthenticated_cap
+from ...transport.connection import Connection
+from ...transport.tcp import TcpTransport
+from ...transport.tls import TlsIdentity
+from ..monitor import MonitorClient
 from .rendezvous.client import group_token
 
 if TYPE_CHECKING:
-    from ..protocol.messages import Message
-    from .plan import ExchangePlan
+    from ...protocol.messages import Message
+    from ..exchange_plan import ExchangePlan
 
 __all__ = ["TaskWiring"]
 

@@ -35,10 +35,10 @@ import socket
 import ssl
 from typing import Any
 
-from ...errors import ProtocolError
-from ...protocol.handshake import NONCE_BYTES, PROOF_BYTES, handshake_proof
-from ...transport.line_service import parse_bounded
-from ...transport.tls import TlsIdentity, check_pinned
+from ....errors import ProtocolError
+from ....protocol.handshake import NONCE_BYTES, PROOF_BYTES, handshake_proof
+from ....transport.line_service import parse_bounded
+from ....transport.tls import TlsIdentity, check_pinned
 
 __all__ = [
     "ANSWER_LABEL",

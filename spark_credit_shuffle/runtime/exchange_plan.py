@@ -1,8 +1,8 @@
 """The plan of one exchange: what the driver decides and every task of the exchange reads.
 
 :class:`ExchangePlan` is built and checked on the driver by :func:`~spark_credit_shuffle.exchange.exchange`
-and shipped to the tasks of the runtimes (``runtime/blocking/``, ``runtime/pipelined.py``); the planner
-sizes its network memory (``runtime/planning.py`` hands it over). It lives here, at the bottom of the runtime
+and shipped to the tasks of the runtimes (``runtime/blocking/``, ``runtime/pipelined/``); the planner
+sizes its network memory (``runtime/planner_on_spark.py`` hands it over). It lives here, at the bottom of the runtime
 layer, because all of them read it:
 in ``exchange.py`` the runtimes would have to import the module that imports them (a circle), and the
 planner, the runtimes and the public exchange could not be read one floor at a time.

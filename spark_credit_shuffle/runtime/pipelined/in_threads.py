@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ..errors import CreditShuffleError, ExchangeTimeoutError
-from ..metrics import MetricRow
-from ..transport.tls import TlsIdentity
+from ...errors import CreditShuffleError, ExchangeTimeoutError
+from ...metrics import MetricRow
+from ...transport.tls import TlsIdentity
 from .task import PipelinedTask, TaskOptions
 
 if TYPE_CHECKING:
-    from .plan import ExchangePlan
+    from ..exchange_plan import ExchangePlan
 
 __all__ = ["run_in_threads"]
 

@@ -10,7 +10,7 @@ operators chained before the exchange) to the RecordWriter, one I/O thread drive
 schedule (flusher, keep-alives, latency markers, checkpoint barriers, samples). All protocol objects of a
 task are guarded by one re-entrant lock; the writer by a lock of its own, so that the flusher takes turns
 with the producer as in Flink's mailbox. Where the task waits, the engine says until when, or with which
-error it gives up. Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.wiring`.
+error it gives up. Connections and the end of the task are in :mod:`~spark_credit_shuffle.runtime.pipelined.wiring`.
 """
 
 from __future__ import annotations
@@ -25,25 +25,25 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ..buffers.reader import RecordReader
-from ..config import ADDRESS_EXCHANGES
-from ..engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings, TimeAccount, Wait
-from ..engine.checkpoints import ConsumerCheckpoints
-from ..errors import ConfigError, CreditShuffleError
-from ..metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics, executor_row
-from ..protocol import BufferOrEvent, PipelinedResultPartition, SingleInputGate
-from ..transport.tls import TlsIdentity
-from .blocking.input import timed_batches
-from .chain import apply_chain
-from .handoff import OutputHandoff
+from ...buffers.reader import RecordReader
+from ...config import ADDRESS_EXCHANGES
+from ...engine import ConsumerEngine, Fail, LingerOver, ProducerEngine, Settings, TimeAccount, Wait
+from ...engine.checkpoints import ConsumerCheckpoints
+from ...errors import ConfigError, CreditShuffleError
+from ...metrics import CONSUMER, PRODUCER, MetricRow, TaskMetrics, executor_row
+from ...protocol import BufferOrEvent, PipelinedResultPartition, SingleInputGate
+from ...transport.tls import TlsIdentity
+from ..blocking.input import timed_batches
+from ..chain import apply_chain
+from ..handoff import OutputHandoff
+from ..metrics_report import IN_BAND, MetricsReport
+from ..monitor import MonitorClient, watch
+from ..resources import available_cores, rss_bytes, thread_cpu_seconds
 from .locked_partition import LockedPartition
-from .metrics_report import IN_BAND, MetricsReport
-from .monitor import MonitorClient, watch
-from .resources import available_cores, rss_bytes, thread_cpu_seconds
 from .wiring import TaskWiring
 
 if TYPE_CHECKING:
-    from .plan import ExchangePlan
+    from ..exchange_plan import ExchangePlan
 
 __all__ = ["BURST", "PipelinedTask", "TaskOptions"]
 
@@ -67,7 +67,7 @@ class TaskOptions:
     thread samples the task's memory (0: never). ``announce_address_dir``: if set, each task writes its
     listening address there (``task-<i>.addr``) for tests and demos. ``address_exchange``: how tasks learn
     each other's addresses: ``"auto"`` through the driver's address service on a classic session (see
-    :mod:`~spark_credit_shuffle.runtime.rendezvous`), Spark's ``allGather`` on Spark Connect;
+    :mod:`~spark_credit_shuffle.runtime.pipelined.rendezvous`), Spark's ``allGather`` on Spark Connect;
     ``"allgather"``: always Spark's ``allGather`` (about a second per exchange; for clusters whose
     executors cannot open connections to the driver).
     """

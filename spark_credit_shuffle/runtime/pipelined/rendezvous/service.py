@@ -48,13 +48,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import ProtocolError
-from ...protocol.handshake import NONCE_BYTES, handshake_proof
-from ...transport.authentication import unauthenticated_cap
-from ...transport.connection import resolve_host
-from ...transport.event_loop import ServicesByHost
-from ...transport.line_service import LinePeer, LineService, Rejected, parse_bounded
-from ...transport.tls import TlsIdentity, check_pinned
+from ....errors import ProtocolError
+from ....protocol.handshake import NONCE_BYTES, handshake_proof
+from ....transport.authentication import unauthenticated_cap
+from ....transport.connection import resolve_host
+from ....transport.event_loop import ServicesByHost
+from ....transport.line_service import LinePeer, LineService, Rejected, parse_bounded
+from ....transport.tls import TlsIdentity, check_pinned
 from .attempts import SparkStageAttempts, StageAttempts
 from .wire import (
     ANSWER_LABEL,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..buffers import Buffer, BufferConsumer
-from ..protocol import PipelinedResultPartition
+from ...buffers import Buffer, BufferConsumer
+from ...protocol import PipelinedResultPartition
 
 __all__ = ["LockedPartition"]
 

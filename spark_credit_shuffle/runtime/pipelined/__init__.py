@@ -10,7 +10,7 @@ measured.
 
 **Wiring.** Each task listens on its own address (the executor's host as Spark reports it; 127.0.0.1 in
 local mode) and publishes ``host:port`` once: through the driver's address service on a classic session
-(:mod:`~spark_credit_shuffle.runtime.rendezvous`: milliseconds), or with ONE ``allGather`` (Spark Connect,
+(:mod:`~spark_credit_shuffle.runtime.pipelined.rendezvous`: milliseconds), or with ONE ``allGather`` (Spark Connect,
 or ``TaskOptions(address_exchange="allgather")``; each barrier call costs about a second, during which no
 consumer reads); after that tasks talk only over their own sockets. A consumer opens one TCP connection
 per remote producer task, carrying every channel between the two (framed with the protocol codec,
@@ -41,7 +41,7 @@ registering, as long as Spark's ``spark.scheduler.maxRegisteredResourcesWaitingT
 barrier stage with more tasks than the slots registered). With S == T (the common case) the input's
 partitions feed the stage directly. With S < T, or when the input's last stage holds an operator whose
 partitions are not its input's (a ``union``, a ``coalesce``, a cartesian product: Spark refuses a barrier
-stage over those, see :func:`~.session.barrier_refusal`), the input is first placed by an identity shuffle
+stage over those, see :func:`~.spark_plans.barrier_refusal`), the input is first placed by an identity shuffle
 (``repartitionById`` on the producer index, the input's partition): one extra shuffle of the input rows.
 Spark runs no barrier stage under dynamic allocation: :class:`BarrierStageError` before launch.
 
@@ -113,34 +113,32 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..config import parse_duration_ms
-from ..errors import BarrierStageError, CreditShuffleError, InsufficientSlotsError, in_subtask, is_deterministic
-from ..metrics import PRODUCER
-from ..transport.tcp import resolve_host
-from ..transport.tls import TlsIdentity
-from .in_threads import _ThreadAllGather, run_in_threads
-from .metrics_report import IN_BAND, CollectedMetrics, MetricsReport, finish_plan, metrics_report
-from .nested_output import columnar_layout, nest, nested_spark_type, unnest
-from .placement import place_by, unused_name
-from .resources import freeze_worker_heap
-from .session import (
-    ansi_mode,
+from ...config import parse_duration_ms
+from ...errors import BarrierStageError, CreditShuffleError, InsufficientSlotsError, in_subtask, is_deterministic
+from ...metrics import PRODUCER
+from ...transport.tcp import resolve_host
+from ...transport.tls import TlsIdentity
+from ..executors import (
     available_slots,
-    barrier_refusal,
     configured_executors,
     dynamic_allocation,
     executor_slots,
-    is_connect,
     registered_executors,
-    spark_context,
     wait_for_executors,
 )
+from ..metrics_report import IN_BAND, CollectedMetrics, MetricsReport, finish_plan, metrics_report
+from ..placement import place_by, unused_name
+from ..resources import freeze_worker_heap
+from ..session import ansi_mode, is_connect, spark_context
+from ..spark_plans import barrier_refusal
+from .in_threads import _ThreadAllGather, run_in_threads
+from .nested_output import columnar_layout, nest, nested_spark_type, unnest
 from .task import PipelinedTask, TaskOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from .plan import ExchangePlan
+    from ..exchange_plan import ExchangePlan
 
 __all__ = [
     "PipelinedTask",
@@ -344,7 +342,7 @@ def _address_service(
 
 def _stage_canceller(spark: Any, name: str) -> Callable[[int, str], None]:
     """Cancels a barrier stage of exchange ``name`` whose task met a failure every attempt repeats (see
-    :mod:`~spark_credit_shuffle.runtime.rendezvous`), so that Spark does not run it again: the job fails
+    :mod:`~spark_credit_shuffle.runtime.pipelined.rendezvous`), so that Spark does not run it again: the job fails
     with ``reason`` (the typed error's class and text) after one attempt."""
 
     def cancel(stage: int, reason: str) -> None:

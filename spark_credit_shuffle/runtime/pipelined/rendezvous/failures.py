@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from ... import errors
-from ...errors import CreditShuffleError, ProtocolError
-from ...transport.tls import TlsIdentity
+from .... import errors
+from ....errors import CreditShuffleError, ProtocolError
+from ....transport.tls import TlsIdentity
 from .wire import MAX_REQUEST, converse
 
 __all__ = ["report_failure", "reported_error"]

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import NetworkConfig
 from ..planner import ExchangeSpec, Executors, plan_network, plan_table
-from .session import configured_executors, executor_slots
+from .executors import configured_executors, executor_slots
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from .plan import ExchangePlan
+    from .exchange_plan import ExchangePlan
 
 __all__ = ["check_fits", "executors_from_spark", "plan_dataframe"]
 
