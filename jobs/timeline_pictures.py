@@ -1,8 +1,9 @@
 """Pictures of exchanges as users see them: the live timeline a notebook cell shows while an exchange runs,
 and the timelines after the run, pipelined (local and remote channels) and blocking.
 
-Consumer subtask 0 of each exchange is slowed (``--delay-us`` per row), so backpressure shows: the producers'
-pools fill, their back-pressured time climbs into Flink's HIGH band, and ``diagnose()`` names consumer 0.
+Consumer subtask 0 of each exchange runs a slow step of the user's, chained into its task
+(``map_in_pandas``, ``--delay-us`` per row), so backpressure shows: the producers' pools fill, their
+back-pressured time climbs into Flink's HIGH band, and ``diagnose()`` names consumer 0.
 Writes into ``--out`` (default ``docs/pictures``):
 
 - ``live_timeline.png``: the last drawing of :class:`~spark_credit_shuffle.plot.LiveTimeline`, the monitor
@@ -22,9 +23,27 @@ import argparse
 import json
 import os
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from spark_credit_shuffle.cli import conf_pair, positive_int, require_plotting
+
+
+def slow_on(partition: int, seconds_per_row: float) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A ``map_in_pandas`` function sleeping ``seconds_per_row`` per row in the task of one partition only."""
+
+    def slow(frames: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        mine = TaskContext.get().partitionId() == partition
+        for frame in frames:
+            if mine:
+                time.sleep(seconds_per_row * len(frame))
+            yield frame
+
+    return slow
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df = spark.range(0, args.rows, 1, 2).select("id", (F.col("id") % 101).cast("int").alias("k"))
-    slow = scs.Injection(consumer_delay_s=((0, args.delay_us / 1e6),))
+    slow = scs.map_in_pandas(slow_on(0, args.delay_us / 1e6), "id long, k int")
     headline: dict[str, object] = {}
     try:
         live = LiveTimeline(title="live: consumer 0 slowed, as the notebook cell shows it", every_s=1.0)
@@ -59,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for name, mode, settings, monitor in cases:
             ex = scs.exchange(
-                df, scs.rebalance(), 2, mode=mode, injection=slow, segment_size="4kb", monitor=monitor, **settings
+                df, scs.rebalance(), 2, mode=mode, after=slow, segment_size="4kb", monitor=monitor, **settings
             )
-            ex.df.write.format("noop").mode("overwrite").save()
+            ex.df.write.format("noop").mode("overwrite").save()  # ex.df: the output of the chained step
             diagnosis = ex.diagnose()
             print(f"{name}: {diagnosis}")
-            title = f"{ex.plan.describe()}; consumer 0 slowed to {args.delay_us} us per row"
+            title = f"{ex.plan.describe()}; a step chained into consumer 0 at {args.delay_us} us per row"
             plot_timeline(ex, title=title, path=out / f"{name}.png")
             headline[name] = {"png": str(out / f"{name}.png"), "verdict": diagnosis.verdict, "origin": diagnosis.origin}
         if live.figure is not None:  # the cell's last drawing while the exchange ran
