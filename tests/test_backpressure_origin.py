@@ -138,7 +138,11 @@ def test_a_slow_step_after_the_exchanges_output_back_pressures_its_consumer(spar
     two rates (at 5 MB/s, 0.2 ms per row, a machine loaded by two other test runs slowed the exchange itself
     below the step, and nothing waited downstream)."""
     df = spark.range(0, 80_000, 1, 2).select("id", F.lit("x" * 1000).alias("pad"))
-    ex = scs.exchange(df, scs.rebalance(), 2, mode="pipelined", retryable=False)
+    # 2.5 MB in flight per local channel (its producer's buffers): under load, each buffer's round trip
+    # between the tasks' threads slows down, and a producer bounded at 320 KB moved less than the step takes
+    ex = scs.exchange(
+        df, scs.rebalance(), 2, mode="pipelined", retryable=False, segment_size="64kb", max_buffers_per_channel=40
+    )
     with session_conf(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "1000"):
         out = ex.df.mapInPandas(slow_on(1, 5e-4), "id long, pad string")
         assert sorted(r.id for r in out.select("id").collect()) == list(range(80_000))
