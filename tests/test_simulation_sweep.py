@@ -3,6 +3,8 @@ simulation runs on virtual time: where it runs changes nothing but its wall time
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import spark_credit_shuffle as scs
@@ -64,3 +66,21 @@ def test_a_sweep_of_eight_on_spark_equals_the_eight_run_alone(any_spark):
     assert (on_spark["producers_back_pressured_ms_per_s"] > 100).all()
     figure = plot_sweep(on_spark, "buffer_timeout_ms", hue="credit_based", logx=True)
     assert len(figure.axes[0].lines) == 2
+
+
+def test_the_command_runs_a_sweep_in_this_process_and_refuses_a_bad_axis_before_running(capsys):
+    from spark_credit_shuffle.__main__ import main
+
+    base = {"num_producers": 2, "num_consumers": 2, "producer_rate": 20e6, "consumer_rate": [5e6, 40e6]}
+    base["bytes_per_producer"] = 2_000_000
+    args = [a for name, value in base.items() for a in ("--set", f"{name}={json.dumps(value)}")]
+    axes = ["--axis", "buffer_timeout_ms=0,100", "--axis", "credit_based=true,false"]
+    assert main(["sweep", "--local", *args, *axes]) == 0
+    headline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    alone = sweep_frame(run_points(grid(base, buffer_timeout_ms=[0, 100], credit_based=[True, False])))
+    assert headline["points"] == 4
+    assert [r["throughput_mb_per_s"] for r in headline["rows"]] == pytest.approx(list(alone["throughput_mb_per_s"]))
+    assert all(r["data_intact"] for r in headline["rows"])
+    with pytest.raises(SystemExit) as refused:
+        main(["sweep", "--local", *args, "--axis", "buffer_timeot_ms=0,1"])
+    assert refused.value.code == 2 and "did you mean 'buffer_timeout_ms'" in capsys.readouterr().err
