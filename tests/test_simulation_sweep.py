@@ -84,3 +84,31 @@ def test_the_command_runs_a_sweep_in_this_process_and_refuses_a_bad_axis_before_
     with pytest.raises(SystemExit) as refused:
         main(["sweep", "--local", *args, "--axis", "buffer_timeot_ms=0,1"])
     assert refused.value.code == 2 and "did you mean 'buffer_timeout_ms'" in capsys.readouterr().err
+
+
+def test_a_simulation_calibrated_on_a_run_takes_its_rates_sizes_and_placement():
+    from spark_credit_shuffle.diagnosis import SubtaskSummary
+    from spark_credit_shuffle.simulation.calibrate import from_summaries, measured, predicted
+
+    def summary(side, i, records, nbytes, rate, busy_ms, bp, executor):
+        # a life of records / rate seconds, busy busy_ms of it, back-pressured bp ms per second
+        return SubtaskSummary(side, i, executor, records, nbytes // 32768 + 1, nbytes, rate, busy_ms,
+                              None, None, bp, None, None, None)  # fmt: skip
+
+    runs = [
+        summary("producer", 0, 10_000, 1_000_000, 10_000.0, 200.0, 500.0, "a"),  # 1 s, free half of it
+        summary("producer", 1, 10_000, 1_000_000, 10_000.0, 200.0, 0.0, "b"),
+        summary("consumer", 0, 10_000, 1_000_000, 10_000.0, 500.0, 0.0, "a"),
+        summary("consumer", 1, 10_000, 1_000_000, 5_000.0, 1000.0, 0.0, "b"),  # 2 s of life
+    ]
+    point = from_summaries(runs, {"segment_size": 4096})
+    params = point.params
+    assert params["producer_rate"] == [2_000_000.0, 1_000_000.0]  # bytes over the time not back-pressured
+    assert params["consumer_rate"] == [2_000_000.0, 1_000_000.0]  # bytes over busy time
+    assert params["record_size"] == 100 and params["bytes_per_producer"] == [1e6, 1e6]
+    assert params["producer_hosts"] == [0, 1] and params["consumer_hosts"] == [0, 1]
+    assert measured(runs) == {"throughput_mb_per_s": 1.0, "producers_back_pressured_ms_per_s": 250.0}
+    report = point.run()
+    assert report.data_intact and report.buffers_returned
+    figures = predicted(report)
+    assert figures["throughput_mb_per_s"] > 0 and 0 <= figures["producers_back_pressured_ms_per_s"] <= 1000

@@ -1,0 +1,123 @@
+"""A simulation calibrated on a real exchange: what the exchange measured becomes the simulation's inputs, so that
+the simulation predicts the same exchange under other settings.
+
+From the summary of a pipelined exchange's run (:class:`~spark_credit_shuffle.diagnosis.SubtaskSummary`, one per
+subtask) :func:`from_exchange` takes:
+
+- each producer's rate: the bytes it wrote over the time it was not back-pressured (its busy time and its wait
+  for Spark's input together: the pace at which its input and its writing let it produce);
+- each consumer's rate: the bytes it received over its busy time (decoding, and the operators chained into it);
+  the simulation then spends no separate per-buffer cost (``buffer_cost=0``: the measured busy time holds it);
+- the record size (bytes over records) and the bytes each producer wrote (the run ends when all is consumed);
+- the placement: the executors the subtasks ran on as hosts, each subtask a process of its own (Spark's Python
+  workers: ``processes="subtask"``), the exchange's own settings.
+
+:func:`measured` gives the figures a prediction is held against: the throughput (bytes over the exchange's life)
+and the producers' back-pressured time per second. What the simulation does not model: the CPU the subtasks
+share (their measured rates hold the contention of the run they came from, not of another), Spark's feeding of
+the input and taking of the output beyond the rates, and any partitioner but round robin (a keyed exchange's
+skew is not reproduced: its producers write round robin).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict
+from typing import Any
+
+from ..diagnosis import SubtaskSummary
+from ..errors import ConfigError
+from ..metrics import CONSUMER, PRODUCER
+from .report import SimulationReport
+from .sweep import SweepPoint
+
+__all__ = ["Measured", "from_exchange", "from_summaries", "measured", "predicted"]
+
+Measured = dict[str, float]
+
+
+def _life_s(s: SubtaskSummary) -> float:
+    """The subtask's life in seconds: its records over its records per second."""
+    if not s.records or not s.records_per_second:
+        return 0.0
+    return s.records / s.records_per_second
+
+
+def from_summaries(summaries: Iterable[SubtaskSummary], settings: dict[str, Any]) -> SweepPoint:
+    """The simulation of a run whose subtasks' summaries are ``summaries`` (pipelined: time metrics measured),
+    under NetworkConfig ``settings``; see the module documentation."""
+    rows = list(summaries)
+    producers = sorted((s for s in rows if s.side == PRODUCER), key=lambda s: s.subtask)
+    consumers = sorted((s for s in rows if s.side == CONSUMER), key=lambda s: s.subtask)
+    if not producers or not consumers:
+        raise ConfigError("summaries", len(rows), "the summaries of a run with producers and consumers")
+    if any(s.busy_ms is None or s.back_pressured_ms_per_second is None for s in producers + consumers):
+        raise ConfigError(
+            "exchange", "blocking", "a pipelined exchange's run (blocking mode measures no busy or back-pressured time)"
+        )
+    producer_rates = []
+    for s in producers:
+        free_s = _life_s(s) * (1000.0 - (s.back_pressured_ms_per_second or 0.0)) / 1000.0
+        producer_rates.append(s.bytes / free_s if free_s > 0 and s.bytes else 1e9)
+    consumer_rates = [s.bytes / (s.busy_ms / 1000.0) if s.busy_ms and s.bytes else 1e9 for s in consumers]
+    records = sum(s.records for s in producers)
+    record_size = max(16, round(sum(s.bytes for s in producers) / records)) if records else 1024
+    executors = sorted({s.executor or "" for s in producers + consumers})
+    host = {e: i for i, e in enumerate(executors)}
+    params: dict[str, Any] = {
+        "num_producers": len(producers),
+        "num_consumers": len(consumers),
+        "producer_rate": producer_rates,
+        "consumer_rate": consumer_rates,
+        "bytes_per_producer": [float(s.bytes) for s in producers],
+        "record_size": record_size,
+        "producer_hosts": [host[s.executor or ""] for s in producers],
+        "consumer_hosts": [host[s.executor or ""] for s in consumers],
+        "processes": "subtask",
+        "buffer_cost": 0.0,
+        "latency": 50e-6,
+    }
+    return SweepPoint(0, dict(settings), params, {})
+
+
+def from_exchange(ex: Any) -> SweepPoint:
+    """The simulation of pipelined exchange ``ex``'s run (after an action), under its own settings: run it with
+    ``.run()``, or change its settings and parameters (``dataclasses.replace``) to predict the same exchange
+    otherwise."""
+    config = ex.plan.config
+    settings = {name: getattr(config, name) for name in type(config).settings()}
+    return from_summaries(ex.summary_rows(), settings)
+
+
+def measured(summaries: Iterable[SubtaskSummary]) -> Measured:
+    """What a real run measured, as a prediction is held against it: ``throughput_mb_per_s`` (the producers'
+    bytes over the longest subtask life) and ``producers_back_pressured_ms_per_s`` (their mean)."""
+    rows = list(summaries)
+    producers = [s for s in rows if s.side == PRODUCER]
+    life = max((_life_s(s) for s in rows), default=0.0)
+    total = sum(s.bytes for s in producers)
+    bp = [s.back_pressured_ms_per_second or 0.0 for s in producers]
+    return {
+        "throughput_mb_per_s": total / life / 1e6 if life else 0.0,
+        "producers_back_pressured_ms_per_s": sum(bp) / len(bp) if bp else 0.0,
+    }
+
+
+def predicted(report: SimulationReport) -> Measured:
+    """The same figures as :func:`measured`, from a simulation's report (virtual seconds)."""
+    window = report.end_time or 1.0
+    producers = sorted({r.subtask for r in report.rows if r.side == PRODUCER})
+    total = sum(report.value(PRODUCER, p, "numBytesOut") for p in producers)
+    bp = [report.value(PRODUCER, p, "accumulateBackPressuredTimeMs") / window for p in producers]
+    return {
+        "throughput_mb_per_s": total / window / 1e6,
+        "producers_back_pressured_ms_per_s": sum(bp) / len(bp) if bp else 0.0,
+    }
+
+
+def describe(point: SweepPoint) -> dict[str, Any]:
+    """The point's parameters, rounded for a table."""
+    out = asdict(point)["params"]
+    for key in ("producer_rate", "consumer_rate"):
+        out[key] = [round(r / 1e6, 1) for r in out[key]]
+    return out
