@@ -45,7 +45,7 @@ from spark_credit_shuffle.protocol import (
     ResultPartitionManager,
     SingleInputGate,
 )
-from spark_credit_shuffle.transport.memory import MemoryConnection
+from spark_credit_shuffle.transport.in_memory import MemoryConnection
 
 #: The target: protocol hand-overs per second.
 TARGET = 100_000

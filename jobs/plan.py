@@ -19,7 +19,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spark_credit_shuffle.__main__ import add_plan_arguments, config_from_args, plan_from_args, print_plan
+    from spark_credit_shuffle.cli import add_plan_arguments, config_from_args, plan_from_args, print_plan
     from spark_credit_shuffle.errors import ConfigError, PartitionerError
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -16,11 +16,11 @@ from pyspark.sql import functions as F
 from spark_helpers import assert_same_rows
 
 import spark_credit_shuffle as scs
+from spark_credit_shuffle.buffers.pools import NetworkBufferPool
 from spark_credit_shuffle.buffers.writer import RecordWriter
 from spark_credit_shuffle.errors import ConfigError, PartitionerError
 from spark_credit_shuffle.partitioners import AdaptiveRebalanceSelector, RoundRobinSelector
 from spark_credit_shuffle.protocol.partition import PipelinedResultPartition
-from spark_credit_shuffle.protocol.pools import NetworkBufferPool
 from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan, Injection
 
 SCHEMA = pa.schema([("id", pa.int64()), ("s", pa.string())])

@@ -24,7 +24,7 @@ from spark_credit_shuffle.metrics import CONSUMER, TaskMetrics
 from spark_credit_shuffle.runtime.blocking import STORAGE_SCHEMA
 from spark_credit_shuffle.runtime.blocking.storage import stored_buffers
 from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan
-from spark_credit_shuffle.transport.memory import StoredBuffersExchange
+from spark_credit_shuffle.transport.in_memory import StoredBuffersExchange
 
 PARTITIONERS = {
     "key_by": lambda: scs.key_by("k"),

@@ -421,9 +421,9 @@ def test_rejects_bad_input():
 def test_writer_and_readers_over_the_protocol_partition():
     """The RecordWriter drives the protocol core's PipelinedResultPartition; polling its subpartitions
     and reading gives every row in order, and every segment goes back to the pool."""
+    from spark_credit_shuffle.buffers.pools import NetworkBufferPool
     from spark_credit_shuffle.config import NetworkConfig
     from spark_credit_shuffle.protocol import PipelinedResultPartition
-    from spark_credit_shuffle.protocol.pools import NetworkBufferPool
 
     config = NetworkConfig(segment_size=SEGMENT, network_memory=1 << 22)
     network = NetworkBufferPool(config.total_network_buffers, config.segment_size)

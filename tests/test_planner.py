@@ -12,7 +12,9 @@ import pytest
 from pyspark.sql import functions as F
 
 import spark_credit_shuffle as scs
-from spark_credit_shuffle.__main__ import main as cli_main
+from spark_credit_shuffle.buffers.pools import NetworkBufferPool
+from spark_credit_shuffle.buffers.sizing import UNBOUNDED
+from spark_credit_shuffle.cli import main as cli_main
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError, InsufficientNetworkBuffersError, PartitionerError
 from spark_credit_shuffle.planner import (
@@ -21,8 +23,6 @@ from spark_credit_shuffle.planner import (
     plan_network,
     plan_table,
 )
-from spark_credit_shuffle.protocol.pools import NetworkBufferPool
-from spark_credit_shuffle.protocol.sizing import UNBOUNDED
 from spark_credit_shuffle.runtime.blocking import consume_partition, produce_partition
 from spark_credit_shuffle.runtime.exchange_plan import ExchangePlan
 from spark_credit_shuffle.runtime.planner_on_spark import check_fits, plan_dataframe

@@ -8,9 +8,8 @@ import argparse
 import pytest
 
 import spark_credit_shuffle as scs
-from spark_credit_shuffle.__main__ import PROG, build_parser
-from spark_credit_shuffle.__main__ import main as cli_main
-from spark_credit_shuffle.cli import choice
+from spark_credit_shuffle.cli import PROG, build_parser, choice
+from spark_credit_shuffle.cli import main as cli_main
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.diagnosis import SUMMARY_DDL, SUMMARY_VIEW_DDL
 from spark_credit_shuffle.errors import ConfigError

@@ -69,7 +69,7 @@ def test_a_sweep_of_eight_on_spark_equals_the_eight_run_alone(any_spark):
 
 
 def test_the_command_runs_a_sweep_in_this_process_and_refuses_a_bad_axis_before_running(capsys):
-    from spark_credit_shuffle.__main__ import main
+    from spark_credit_shuffle.cli import main
 
     base = {"num_producers": 2, "num_consumers": 2, "producer_rate": 20e6, "consumer_rate": [5e6, 40e6]}
     base["bytes_per_producer"] = 2_000_000

@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..buffers.pools import NETWORK_MEMORY_SETTING
+from ..buffers.sizing import UNBOUNDED
 from ..config import DEFAULT_SEGMENT_SIZE, NetworkConfig
 from ..errors import InsufficientNetworkBuffersError
-from ..protocol.pools import NETWORK_MEMORY_SETTING
-from ..protocol.sizing import UNBOUNDED
 from .task_buffers import TaskBuffers
 from .topology import ExchangeSpec, Executors
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..buffers.sizing import network_buffers_for_announcing
 from ..config import NetworkConfig
 from ..errors import ConfigError
-from ..protocol.sizing import network_buffers_for_announcing
 from .network_plan import NetworkPlan, StagePlan, TaskPlan
 from .task_buffers import (
     NO_BUFFERS,

@@ -1,5 +1,5 @@
 """The network buffers of one task: its result partition's pool and its input gate's exclusive and
-floating buffers, as Flink sizes them (``protocol/sizing.py``), and how many of a consumer's channels are
+floating buffers, as Flink sizes them (``buffers/sizing.py``), and how many of a consumer's channels are
 local (no exclusive buffers) for a placement of tasks on executors."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..config import NetworkConfig
-from ..protocol.sizing import (
+from ..buffers.sizing import (
     UNBOUNDED,
     PartitionType,
     input_gate_buffers_spec,
     result_partition_pool_size,
 )
+from ..config import NetworkConfig
 from .channels import Endpoint, channel_route
 
 if TYPE_CHECKING:

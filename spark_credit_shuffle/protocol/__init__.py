@@ -14,6 +14,14 @@ through the credit protocol) and the pipelined exchange over TCP.
 
 from __future__ import annotations
 
+from ..buffers.pools import LocalBufferPool, NetworkBufferPool
+from ..buffers.sizing import (
+    GateBuffersSpec,
+    PartitionType,
+    input_gate_buffers_spec,
+    network_buffers_for_announcing,
+    result_partition_pool_size,
+)
 from .blocking_partition import BlockingResultPartition, BoundedBlockingSubpartitionReader, StoredBuffer
 from .channels import (
     BufferManager,
@@ -55,20 +63,12 @@ from .messages import (
     ResumeConsumption,
 )
 from .partition import PipelinedResultPartition, ResultPartition, ResultPartitionManager, ResultPartitionWriter
-from .pools import LocalBufferPool, NetworkBufferPool
 from .readers import (
     CreditBasedSequenceNumberingViewReader,
     LocalChannelViewReader,
     SequenceNumberingViewReader,
 )
 from .sender import PartitionRequestQueue, PartitionRequestServerHandler
-from .sizing import (
-    GateBuffersSpec,
-    PartitionType,
-    input_gate_buffers_spec,
-    network_buffers_for_announcing,
-    result_partition_pool_size,
-)
 from .subpartition import (
     ADD_BUFFER_ERROR_CODE,
     DEFAULT_BUFFER_SIZE,

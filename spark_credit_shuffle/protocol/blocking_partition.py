@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from ..buffers.buffer import Buffer, BufferConsumer, DataType, Payload
+from ..buffers.pools import LocalBufferPool, NetworkBufferPool, SegmentRecycler
+from ..buffers.sizing import PartitionType
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
 from .partition import ResultPartition, partition_buffer_pool
-from .pools import LocalBufferPool, NetworkBufferPool, SegmentRecycler
-from .sizing import PartitionType
 from .subpartition import AvailabilityWithBacklog, BufferAndBacklog, BufferAvailabilityListener, end_of_partition
 
 __all__ = ["BlockingResultPartition", "BoundedBlockingSubpartitionReader", "StoredBuffer"]

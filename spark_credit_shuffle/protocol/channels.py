@@ -23,10 +23,10 @@ from typing import Protocol
 
 from ..buffers.buffer import Buffer, DataType
 from ..buffers.format import is_keep_alive
+from ..buffers.pools import LocalBufferPool, NetworkBufferPool
+from ..buffers.sizing import GateBuffersSpec
 from ..errors import BufferReorderingError, CreditShuffleError
 from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER
-from .pools import LocalBufferPool, NetworkBufferPool
-from .sizing import GateBuffersSpec
 
 __all__ = [
     "BufferManager",

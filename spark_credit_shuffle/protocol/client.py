@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from ..buffers.buffer import Buffer, DataType, Payload
 from ..buffers.format import is_keep_alive
+from ..buffers.pools import LocalBufferPool
 from ..config import DEFAULT_SEGMENT_SIZE
 from ..errors import BufferReorderingError, ProtocolError, error_in_text
 from ._flags import HAS_PRIORITY, IS_BUFFER
@@ -45,7 +46,6 @@ from .messages import (
     RecycleBuffers,
     ResumeConsumption,
 )
-from .pools import LocalBufferPool
 from .subpartition import BufferAndBacklog
 
 __all__ = ["ConnectionSubpartitionView", "CreditBasedPartitionRequestClientHandler"]

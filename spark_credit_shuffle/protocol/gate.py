@@ -15,13 +15,13 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ..buffers.buffer import Buffer, DataType
+from ..buffers.pools import LocalBufferPool, NetworkBufferPool
+from ..buffers.sizing import GateBuffersSpec, input_gate_buffers_spec
 from ..config import NetworkConfig
 from .channels import InputChannel, RemoteInputChannel
 from .client import CreditBasedPartitionRequestClientHandler
 from .local_channel import LocalInputChannel, LocalPartitionRequestClient
 from .partition import ResultPartition, ResultPartitionManager
-from .pools import LocalBufferPool, NetworkBufferPool
-from .sizing import GateBuffersSpec, input_gate_buffers_spec
 
 __all__ = ["BufferOrEvent", "SingleInputGate"]
 

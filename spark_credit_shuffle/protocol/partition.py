@@ -17,11 +17,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..buffers.buffer import Buffer, BufferConsumer, ByteBufferBuilder
+from ..buffers.pools import LocalBufferPool, NetworkBufferPool, SegmentRecycler
+from ..buffers.sizing import PartitionType, result_partition_pool_size
 from ..buffers.writer import ResultPartitionWriter
 from ..config import NetworkConfig
 from ..errors import PartitionNotFoundError, PartitionStateError
-from .pools import LocalBufferPool, NetworkBufferPool, SegmentRecycler
-from .sizing import PartitionType, result_partition_pool_size
 from .subpartition import (
     BufferAvailabilityListener,
     OutputChannelStateWriter,

@@ -10,7 +10,7 @@ and its timer flushes (buffer timeout) and sends keep-alives. Consumers are the 
 decode every buffer with its RecordReaders (the rows of each channel are checked in order) and spend
 ``size / rate`` virtual seconds on each buffer before they recycle it.
 
-Remote channels travel over :class:`~spark_credit_shuffle.transport.memory.MemoryConnection`\\ s with an
+Remote channels travel over :class:`~spark_credit_shuffle.transport.in_memory.MemoryConnection`\\ s with an
 optional latency and bandwidth, one connection per host pair (Flink's multiplexing: every channel
 between two hosts shares it) or per task pair; a consumer on the producer's host reads it through a
 :class:`LocalInputChannel`: directly (``processes="host"``, Flink's TaskManager) or through a

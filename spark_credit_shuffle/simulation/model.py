@@ -7,6 +7,7 @@ import functools
 import math
 from collections.abc import Callable, Hashable, Sequence
 
+from ..buffers.pools import NetworkBufferPool
 from ..config import NetworkConfig
 from ..engine import Settings
 from ..errors import ConfigError, SimulationStalledError
@@ -17,15 +18,14 @@ from ..protocol.channels import RemoteInputChannel
 from ..protocol.client import CreditBasedPartitionRequestClientHandler
 from ..protocol.gate import SingleInputGate
 from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
-from ..protocol.pools import NetworkBufferPool
 from ..protocol.sender import PartitionRequestServerHandler
-from ..transport.memory import MemoryConnection, MemoryNetwork
-from .checkpoints import CheckpointCoordinator
+from ..transport.in_memory import MemoryConnection, MemoryNetwork
+from .barrier_models import CheckpointCoordinator
 from .clock import VirtualClock, per_subtask
-from .consumer import SimulatedConsumer
 from .observe import check_invariants, sample
-from .producer import SimulatedProducer
 from .report import BYTES_IN_PER_SECOND, DATA_BYTES_IN, FINISH_TIME, ChannelOrigin, SimulationReport
+from .simulated_consumer import SimulatedConsumer
+from .simulated_producer import SimulatedProducer
 
 __all__ = ["Simulation", "simulate"]
 

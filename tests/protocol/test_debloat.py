@@ -20,7 +20,7 @@ from spark_credit_shuffle.protocol import (
     SingleInputGate,
     ThroughputCalculator,
 )
-from spark_credit_shuffle.transport.memory import MemoryConnection
+from spark_credit_shuffle.transport.in_memory import MemoryConnection
 
 
 def debloater(*, target_ms=1000, min_size=50, max_size=1100, threshold=25, samples=1):

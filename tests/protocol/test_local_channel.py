@@ -25,7 +25,7 @@ from spark_credit_shuffle.protocol import (
     SingleInputGate,
 )
 from spark_credit_shuffle.protocol.messages import RecycleBuffers
-from spark_credit_shuffle.transport.memory import MemoryConnection
+from spark_credit_shuffle.transport.in_memory import MemoryConnection
 
 
 class TwoProcesses:

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from spark_credit_shuffle.buffers.sizing import UNBOUNDED
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import (
     InsufficientNetworkBuffersError,
@@ -23,7 +24,6 @@ from spark_credit_shuffle.protocol import (
     network_buffers_for_announcing,
     result_partition_pool_size,
 )
-from spark_credit_shuffle.protocol.sizing import UNBOUNDED
 
 
 def test_bounded_buffer():

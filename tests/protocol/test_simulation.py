@@ -18,7 +18,7 @@ MB = 1_000_000
 
 @pytest.fixture(autouse=True)
 def _quiet_pool_warnings(caplog):
-    caplog.set_level(logging.ERROR, logger="spark_credit_shuffle.protocol.pools")
+    caplog.set_level(logging.ERROR, logger="spark_credit_shuffle.buffers.pools")
 
 
 @st.composite

@@ -23,7 +23,7 @@ from spark_credit_shuffle.protocol import (
     SingleInputGate,
 )
 from spark_credit_shuffle.protocol.codec import encoded_size
-from spark_credit_shuffle.transport.memory import MemoryConnection, StoredBuffersExchange
+from spark_credit_shuffle.transport.in_memory import MemoryConnection, StoredBuffersExchange
 
 CONFIG = NetworkConfig(segment_size=4096)
 

@@ -18,13 +18,13 @@ import pyarrow as pa
 
 from ...buffers import DataType
 from ...buffers.compression import STORED_COMPRESSED_FLAG, BufferDecompressor
+from ...buffers.pools import NetworkBufferPool
 from ...buffers.reader import RecordReader
 from ...engine import ConsumerEngine, Settings, combine
 from ...engine.checkpoints import ConsumerCheckpoints
 from ...errors import ProtocolError
 from ...metrics import CONSUMER, MetricRow, executor_row, rows_from_bytes
-from ...protocol.pools import NetworkBufferPool
-from ...transport.memory import StoredBuffersExchange
+from ...transport.in_memory import StoredBuffersExchange
 from ..chain import apply_chain
 from ..handoff import handed_on
 from ..metrics_report import IN_BAND, MetricsReport

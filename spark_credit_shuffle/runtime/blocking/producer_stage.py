@@ -12,12 +12,12 @@ import pyarrow as pa
 
 from ...buffers.compression import STORED_COMPRESSED_FLAG, BufferCompressor
 from ...buffers.format import CheckpointBarrier
+from ...buffers.pools import NetworkBufferPool
+from ...buffers.sizing import PartitionType
 from ...engine import ProducerEngine, Settings
 from ...metrics import PRODUCER, MetricRow, executor_row, rows_to_bytes
 from ...protocol.blocking_partition import BlockingResultPartition, StoredBuffer
 from ...protocol.partition import partition_buffer_pool
-from ...protocol.pools import NetworkBufferPool
-from ...protocol.sizing import PartitionType
 from ..chain import apply_chain
 from ..monitor import task_monitor, watch
 from .input import timed_batches

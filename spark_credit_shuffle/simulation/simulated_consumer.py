@@ -19,7 +19,7 @@ from ..errors import BufferDecodeError
 from ..metrics import MetricRow
 from ..protocol.gate import BufferOrEvent, SingleInputGate
 from .clock import Context
-from .producer import RECORD_OVERHEAD, RECORD_SCHEMA
+from .simulated_producer import RECORD_OVERHEAD, RECORD_SCHEMA
 
 __all__ = ["SimulatedConsumer"]
 

@@ -1,6 +1,6 @@
 """How many network buffers Flink gives a result partition's and an input gate's pools (Flink's
 ``NettyShuffleUtils`` and ``ResultPartitionType``; docs/flink.md, "Buffer pools and their sizes"): pure
-functions of the settings, used by the pools (:mod:`spark_credit_shuffle.protocol.pools`), the runtimes and
+functions of the settings, used by the pools (:mod:`spark_credit_shuffle.buffers.pools`), the runtimes and
 the planner alike.
 """
 

@@ -1,6 +1,6 @@
 """Network buffer pools: one :class:`NetworkBufferPool` per executor, :class:`LocalBufferPool` per partition
 and per input gate (docs/flink.md, "Buffer pools and their sizes"; how Flink sizes them is
-:mod:`spark_credit_shuffle.protocol.sizing`).
+:mod:`spark_credit_shuffle.buffers.sizing`).
 
 Segments are accounting tokens: the pools count them and never allocate memory (the bytes of a buffer live
 in its ``Buffer`` object, owned by whoever wrote or received it). What the counts bound is what Flink's

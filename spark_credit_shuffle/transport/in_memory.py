@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from ..buffers.buffer import Buffer, DataType
+from ..buffers.pools import NetworkBufferPool
 from ..config import DEFAULT_SEGMENT_SIZE, NetworkConfig
 from ..errors import ProtocolError
 from ..protocol.client import CreditBasedPartitionRequestClientHandler
@@ -26,7 +27,6 @@ from ..protocol.codec import FrameDecoder, default_max_frame_length, encode, enc
 from ..protocol.gate import BufferOrEvent, SingleInputGate
 from ..protocol.messages import BufferResponse, Message
 from ..protocol.partition import ResultPartitionManager
-from ..protocol.pools import NetworkBufferPool
 from ..protocol.sender import PartitionRequestServerHandler
 from ..protocol.subpartition import BufferAvailabilityListener, PipelinedSubpartition, PipelinedSubpartitionView
 
