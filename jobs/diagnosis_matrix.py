@@ -26,27 +26,13 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from spark_credit_shuffle.cli import conf_pair, job_session, positive_int
+from spark_credit_shuffle.jobs.common import slow_on
 
 CASES = ("healthy", "chained", "producer", "skew", "after", "blocking-chained")
-
-
-def slow_on(partition: int, seconds_per_row: float) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """A mapInPandas function sleeping ``seconds_per_row`` per row on one partition (``-1``: every one)."""
-
-    def slow(frames: Iterator[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
-
-        mine = partition < 0 or TaskContext.get().partitionId() == partition
-        for frame in frames:
-            if mine:
-                time.sleep(seconds_per_row * len(frame))
-            yield frame
-
-    return slow
 
 
 def expected(case: str, slow: int) -> Callable[[Any], bool]:

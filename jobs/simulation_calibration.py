@@ -18,26 +18,11 @@ import argparse
 import dataclasses
 import json
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from spark_credit_shuffle.cli import conf_pair, job_session, positive_int
-
-
-def slow_on(partition: int, seconds_per_row: float) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """A ``map_in_pandas`` function sleeping ``seconds_per_row`` per row in one partition's task only."""
-
-    def slow(frames: Iterator[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
-
-        mine = TaskContext.get().partitionId() == partition
-        for frame in frames:
-            if mine:
-                time.sleep(seconds_per_row * len(frame))
-            yield frame
-
-    return slow
+from spark_credit_shuffle.jobs.common import slow_on
 
 
 def error(predicted: float, measured: float) -> float:

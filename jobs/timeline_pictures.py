@@ -23,27 +23,10 @@ import argparse
 import json
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from spark_credit_shuffle.cli import conf_pair, positive_int, require_plotting
-
-
-def slow_on(partition: int, seconds_per_row: float) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """A ``map_in_pandas`` function sleeping ``seconds_per_row`` per row in the task of one partition only."""
-
-    def slow(frames: Iterator[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
-
-        mine = TaskContext.get().partitionId() == partition
-        for frame in frames:
-            if mine:
-                time.sleep(seconds_per_row * len(frame))
-            yield frame
-
-    return slow
+from spark_credit_shuffle.jobs.common import slow_on
 
 
 def main(argv: list[str] | None = None) -> int:

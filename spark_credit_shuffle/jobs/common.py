@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from ..cli import job_session
@@ -25,6 +25,7 @@ __all__ = [
     "noop",
     "process_tree_cpu",
     "rotated",
+    "slow_on",
     "timed",
     "worst",
 ]
@@ -178,3 +179,20 @@ def worst(rows: list[dict[str, Any]], metric: str, stat: str) -> float | None:
     """The largest value of ``metric`` (its ``stat``) over every task's rows; None if no row has it."""
     values = [r["value"] for r in rows if r["metric"] == metric and r["stat"] == stat]
     return max(values) if values else None
+
+
+def slow_on(partition: int, seconds_per_row: float) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A ``map_in_pandas`` / ``mapInPandas`` function of the user's kind that sleeps ``seconds_per_row`` per row in
+    the task of one partition (``-1``: every one) and yields its frames unchanged: the slow step of the demos."""
+
+    def slow(frames: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        mine = partition < 0 or (context is not None and context.partitionId() == partition)
+        for frame in frames:
+            if mine:
+                time.sleep(seconds_per_row * len(frame))
+            yield frame
+
+    return slow
