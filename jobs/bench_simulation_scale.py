@@ -1,19 +1,19 @@
 """Benchmark: how the simulation (``spark_credit_shuffle.simulation.simulate``) scales with the number of tasks.
 
-The configuration of the scale target (docs/benchmarks.md, "Simulation at scale"): ``tasks`` producers and
-``tasks`` consumers, all-to-all (``tasks**2`` channels), on ``tasks / 8`` hosts of 8 slots (producer and
-consumer ``i`` on host ``i // 8``: a consumer reads the 8 producers of its own host directly, the others over
-one connection per host pair), 20 MB/s per producer, 40 MB/s per consumer, 100 us latency, the default
-``NetworkConfig``; ``--duration`` virtual seconds per size (default 0.5 s, 0.2 s at 64 tasks, as first
-measured). Network memory: the default (64 MB, 2048 buffers per host) where it holds a host's minimum (16 and
-64 tasks), otherwise each host gets exactly its minimum plus 2048 buffers (``extra_buffers_per_host=2048``;
-column ``network``).
+The configuration of the scale target (docs/benchmarks.md, "Simulation at scale"): ``tasks`` producers and ``tasks``
+consumers, all-to-all (``tasks**2`` channels), on ``tasks / 8`` hosts of 8 slots (producer and consumer ``i`` on
+host ``i // 8``: a consumer reads the 8 producers of its own host directly, the others over one connection per host
+pair), 20 MB/s per producer, 40 MB/s per consumer, 100 us latency, the default ``NetworkConfig``; ``--duration``
+virtual seconds per size (default 0.5 s, 0.2 s at 64 tasks, as first measured; 0.15 s at 800 tasks: the first flush
+round of the 100 ms buffer timeout and its delivery, what a run within minutes reaches there). Network memory: the
+default (64 MB, 2048 buffers per host) where it holds a host's minimum (16 and 64 tasks), otherwise each host gets
+exactly its minimum plus 2048 buffers (``extra_buffers_per_host=2048``; column ``network``).
 
-Each size runs in a subprocess of its own, so its peak resident memory (``ru_maxrss`` of the child) is its
-own. Printed per size: tasks, channels, virtual s, wall s (the run alone: building the topology and
-``run()``, not the interpreter's start), peak RSS MB, KB per channel (peak RSS over the channels), wall us
-per buffer (the data buffers the consumers received). With ``--repeat`` > 1 the figures are medians. The last
-line printed is one JSON object with the figures of every size.
+Each size runs in a subprocess of its own, so its peak resident memory (``ru_maxrss`` of the child) is its own.
+Printed per size: tasks, channels, virtual s, wall s and CPU s (the run alone: building the topology and ``run()``,
+not the interpreter's start; CPU is steadier than wall time on a shared machine), peak RSS MB, KB per channel (peak
+RSS over the channels), wall us per buffer and CPU us per buffer (the data buffers the consumers received). With
+``--repeat`` > 1 the figures are medians. The last line printed is one JSON object with the figures of every size.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from typing import Any
 
 SLOTS = 8
 #: The durations per size first measured (virtual seconds); other sizes run 0.5 s unless ``--duration`` says.
-DURATIONS = {16: 0.5, 64: 0.2, 128: 0.5}
+DURATIONS = {16: 0.5, 64: 0.2, 128: 0.5, 800: 0.15}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", default="16,64,128", help="comma-separated task counts (multiples of 8)")
+    parser.add_argument("--tasks", default="16,128,800", help="comma-separated task counts (multiples of 8)")
     parser.add_argument("--duration", type=float, default=None, help="virtual seconds for every size")
     parser.add_argument("--repeat", type=int, default=1, help="runs per size (medians reported)")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child: this many tasks
@@ -66,14 +66,15 @@ def run_one(tasks: int, duration: float) -> dict[str, Any]:
         "duration": duration,
     }
     network = "default"
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         report = simulate(**kwargs)
     except InsufficientNetworkBuffersError:  # raised while building, before the run: the default is too small
         network = "minimum+2048"
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         report = simulate(**kwargs, extra_buffers_per_host=2048)
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     buffers = sum(r.value for r in report.rows if r.side == "consumer" and r.metric == "numBuffersIn")
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     channels = tasks * tasks
@@ -83,10 +84,12 @@ def run_one(tasks: int, duration: float) -> dict[str, Any]:
         "virtual_s": duration,
         "network": network,
         "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
         "peak_rss_mb": round(rss_mb, 1),
         "kb_per_channel": round(rss_mb * 1024 / channels, 2),
         "buffers": int(buffers),
         "wall_us_per_buffer": round(wall / buffers * 1e6, 1) if buffers else None,
+        "cpu_us_per_buffer": round(cpu / buffers * 1e6, 1) if buffers else None,
         "steps": report.steps,
     }
 
@@ -103,15 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         print(json.dumps(run_one(args.one, args.duration if args.duration is not None else 0.5)))
         return 0
-    columns = ("tasks", "channels", "virtual_s", "network", "wall_s", "peak_rss_mb", "kb_per_channel")
-    columns += ("wall_us_per_buffer",)
+    columns = ("tasks", "channels", "virtual_s", "network", "wall_s", "cpu_s", "peak_rss_mb", "kb_per_channel")
+    columns += ("buffers", "wall_us_per_buffer", "cpu_us_per_buffer")
     print(" ".join(f"{c:>18}" for c in columns))
     results = []
     for tasks in args.sizes:
         duration = args.duration if args.duration is not None else DURATIONS.get(tasks, 0.5)
         runs = [measure(tasks, duration) for _ in range(args.repeat)]
         row = dict(runs[0])
-        for key in ("wall_s", "peak_rss_mb", "kb_per_channel", "wall_us_per_buffer"):
+        for key in ("wall_s", "cpu_s", "peak_rss_mb", "kb_per_channel", "wall_us_per_buffer", "cpu_us_per_buffer"):
             values = [r[key] for r in runs if r[key] is not None]
             row[key] = round(statistics.median(values), 2) if values else None
         results.append(row)

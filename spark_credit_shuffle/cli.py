@@ -304,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     job_path.add_argument("job", type=choice(*JOBS), choices=tuple(JOBS), help="the job: " + ", ".join(JOBS))
+    commands.add_parser(
+        "simulate",
+        add_help=False,
+        help="the simulation's cluster (hosts x slots, all-to-all) at buffer timeouts, Flink 1.5+ and 1.4: a table, "
+        "a JSON line, --png (its options: spark-credit-shuffle simulate --help)",
+    ).add_argument("options", nargs=argparse.REMAINDER)
     sweep = commands.add_parser(
         "sweep",
         help="a grid of simulations on the virtual clock, one per Spark task, and their headline figures",
@@ -400,8 +406,13 @@ def run_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command on ``argv`` (default: the process's arguments); the exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["simulate"]:  # its own options (spark_credit_shuffle.simulation.cli)
+        from .simulation.cli import main as simulate
+
+        return simulate(arguments[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     if args.command == "job-path":
         print(job_path(args.job))
         return 0

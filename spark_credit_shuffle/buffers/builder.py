@@ -18,7 +18,11 @@ from .buffer import Buffer, BufferConsumer, DataType
 from .format import CHUNK_HEADER, FORMAT_VERSION, MAGIC
 from .size_model import IpcSizeModel, compact
 
-__all__ = ["BufferBuilder"]
+__all__ = ["APPENDED", "FULL", "BufferBuilder"]
+
+#: What :meth:`BufferBuilder.append_if_fits` did: appended, or appended and nothing more fits.
+APPENDED = 1
+FULL = 2
 
 _HEADER = CHUNK_HEADER.size
 _PACK = CHUNK_HEADER.pack
@@ -49,6 +53,7 @@ class BufferBuilder:
         "_pending",
         "_pending_bits",
         "_pending_overhead",
+        "_readers",
         "_recycler",
         "_written",
         "capacity",
@@ -59,7 +64,7 @@ class BufferBuilder:
         self.capacity = capacity
         self.model = model
         self._lock = threading.Lock()
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes] = []  # a unicast builder empties what its reader built
         self._written = 0
         self._pending: list[pa.RecordBatch] = []
         self._pending_bits = 0
@@ -68,6 +73,7 @@ class BufferBuilder:
         self._finished = False
         self._recycler = recycler
         self._open_consumers = 0  # consumers that have not seen the builder finished (or been closed)
+        self._readers = 0  # consumers ever made (a broadcast builder's chunks are read by each)
         self._outstanding = 0  # built slices not yet recycled
 
     # -- writer side ------------------------------------------------------------------------------
@@ -97,6 +103,30 @@ class BufferBuilder:
             self._pending_bits += bits
             if overhead > self._pending_overhead:
                 self._pending_overhead = overhead
+
+    def append_if_fits(
+        self, batch: pa.RecordBatch, offset: int, length: int, bits: int, overhead: int, min_bits: int
+    ) -> int:
+        """Append rows ``offset .. offset + length - 1`` of ``batch`` if the size model lets them in (their
+        ``bits`` within :meth:`free_bits` of ``overhead``), under one lock: 0 if they do not fit (nothing
+        appended, or the builder has overflow to hand on first), :data:`APPENDED`, or :data:`FULL` when
+        less than ``min_bits`` (the smallest row) is left, so the writer finishes the builder."""
+        with self._lock:
+            if self._overflow:
+                return 0
+            pending_overhead = self._pending_overhead
+            if overhead < pending_overhead:
+                free = (self.capacity - self._written - pending_overhead) * 8 - self._pending_bits
+            else:
+                free = (self.capacity - self._written - overhead) * 8 - self._pending_bits
+                self._pending_overhead = overhead
+            if bits > free:
+                if overhead > pending_overhead:
+                    self._pending_overhead = pending_overhead
+                return 0
+            self._pending.append(batch.slice(offset, length))
+            self._pending_bits += bits
+            return FULL if free - bits < min_bits else APPENDED
 
     def append_chunk(self, chunk: bytes) -> None:
         """Add a ready chunk (a fragment or an exactly measured message) behind what is written.
@@ -141,6 +171,7 @@ class BufferBuilder:
         """A new reader of this segment; a broadcast builder has one per subpartition."""
         with self._lock:
             self._open_consumers += 1
+            self._readers += 1
         return _RecordConsumer(self)
 
     # -- serialisation (lock held) ----------------------------------------------------------------
@@ -258,6 +289,9 @@ class _RecordConsumer:
         else:
             data = chunks[start] if end - start == 1 else b"".join(chunks[start:end])
             buffer = Buffer(DataType.DATA_BUFFER, data, builder._slice_returned)
+            if builder._readers == 1:  # its only reader has them now: the open builder need not keep them
+                with builder._lock:
+                    chunks[start:end] = [_EMPTY] * (end - start)
         if finished and not self._done:
             self._done = True
             builder._consumer_done()

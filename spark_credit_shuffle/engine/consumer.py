@@ -393,7 +393,7 @@ class GateGauges:
     pass over its remote channels (the values of the gate's properties of those names, computed
     once per buffer instead of three passes each)."""
 
-    __slots__ = ("_exclusive", "_exclusive_total", "_floating", "_in_pool", "_managers", "_pool")
+    __slots__ = ("_exclusive", "_exclusive_total", "_floating", "_in_pool", "_managers", "_pool", "_tally")
 
     #: The gauges' names, in the order :meth:`values` returns them.
     NAMES = ("inPoolUsage", "inputExclusiveBuffersUsage", "inputFloatingBuffersUsage")
@@ -402,6 +402,11 @@ class GateGauges:
         remote = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
         self._managers = [(c.buffer_manager, c.initial_credit) for c in remote]
         self._exclusive_total = sum(c.initial_credit for c in remote)
+        # The gate's running sums, where they are exactly those of these channels (a channel's unused
+        # exclusive buffers never exceed its initial credit); otherwise one walk over the channels per sample.
+        tally = getattr(gate, "buffer_tally", None)
+        shared = all(c.buffer_manager.tally is tally for c in remote)
+        self._tally = tally if tally is not None and shared and tally.channels == len(remote) else None
         self._pool = gate.buffer_pool
         self._in_pool, self._exclusive, self._floating = (
             metrics.gauges.setdefault(name, GaugeStats()) for name in self.NAMES
@@ -409,12 +414,17 @@ class GateGauges:
 
     def values(self) -> tuple[float, float, float]:
         """(inPoolUsage, inputExclusiveBuffersUsage, inputFloatingBuffersUsage) now."""
-        exclusive_used = unused_floating = 0
-        for manager, initial in self._managers:
-            unused = manager.num_exclusive
-            if initial > unused:
-                exclusive_used += initial - unused
-            unused_floating += manager.num_floating
+        tally = self._tally
+        if tally is not None:
+            exclusive_used = self._exclusive_total - tally.exclusive
+            unused_floating = tally.floating
+        else:
+            exclusive_used = unused_floating = 0
+            for manager, initial in self._managers:
+                unused = manager.num_exclusive
+                if initial > unused:
+                    exclusive_used += initial - unused
+                unused_floating += manager.num_floating
         pool = self._pool
         floating_used = pool.num_used - unused_floating
         if floating_used < 0:

@@ -287,10 +287,11 @@ class ProducerEngine:
     def metric_rows(self, now: float) -> list[MetricRow]:
         """Counters per subpartition, gauge statistics; pipelined: queue lengths and time metrics."""
         writer, metrics = self.writer, self.metrics
+        records, bytes_out, buffers = writer.num_records_out, writer.num_bytes_out, writer.num_buffers_out  # once
         for sp, consumer in enumerate(self.consumers):
-            metrics.count("numRecordsOut", writer.num_records_out[sp], consumer)
-            metrics.count("numBytesOut", writer.num_bytes_out[sp], consumer)
-            metrics.count("numBuffersOut", writer.num_buffers_out[sp], consumer)
+            metrics.count("numRecordsOut", records[sp], consumer)
+            metrics.count("numBytesOut", bytes_out[sp], consumer)
+            metrics.count("numBuffersOut", buffers[sp], consumer)
         rows = list(metrics.rows())
         if self.settings.blocking:
             return [*rows, *self.time.rows(PRODUCER, self.subtask, now)]

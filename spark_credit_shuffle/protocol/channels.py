@@ -30,6 +30,7 @@ from ._flags import HAS_PRIORITY, IS_BLOCKING_UPSTREAM, IS_BUFFER
 
 __all__ = [
     "BufferManager",
+    "BufferTally",
     "InputChannel",
     "InputChannelError",
     "InputGate",
@@ -122,31 +123,73 @@ class PartitionRequestClient(Protocol):
 # -- remote channel -----------------------------------------------------------------------------------
 
 
+class BufferTally:
+    """The unused exclusive and floating buffers of every remote channel of one gate, summed as they change,
+    so the gate's buffer usage gauges (sampled on every data buffer) cost the same whatever its channels."""
+
+    __slots__ = ("channels", "exclusive", "floating")
+
+    def __init__(self) -> None:
+        self.channels = 0  # the buffer managers that add to it
+        self.exclusive = 0
+        self.floating = 0
+
+
 class BufferManager:
     """The buffers of one remote channel (Flink's ``BufferManager`` + ``AvailableBufferQueue``).
 
     Counts the channel's unused exclusive and floating buffers, ``num_required_buffers`` (backlog +
-    initial credit) and whether it waits for a floating buffer of the gate's pool.
+    initial credit) and whether it waits for a floating buffer of the gate's pool; the counts of unused
+    buffers are added to the gate's :class:`BufferTally` as they change.
     """
 
     __slots__ = (
+        "_exclusive",
+        "_floating",
         "channel",
         "floating_pool",
         "global_pool",
         "is_waiting_for_floating_buffers",
-        "num_exclusive",
-        "num_floating",
         "num_required_buffers",
+        "tally",
     )
 
-    def __init__(self, channel: RemoteInputChannel, global_pool: NetworkBufferPool, floating_pool: LocalBufferPool):
+    def __init__(
+        self,
+        channel: RemoteInputChannel,
+        global_pool: NetworkBufferPool,
+        floating_pool: LocalBufferPool,
+        tally: BufferTally | None = None,
+    ):
         self.channel = channel
         self.global_pool = global_pool
         self.floating_pool = floating_pool
-        self.num_exclusive = 0  # unused exclusive buffers
-        self.num_floating = 0  # unused floating buffers
+        self.tally = tally if tally is not None else BufferTally()
+        self.tally.channels += 1
+        self._exclusive = 0  # unused exclusive buffers
+        self._floating = 0  # unused floating buffers
         self.num_required_buffers = 0
         self.is_waiting_for_floating_buffers = False
+
+    @property
+    def num_exclusive(self) -> int:
+        """Unused exclusive buffers."""
+        return self._exclusive
+
+    @num_exclusive.setter
+    def num_exclusive(self, value: int) -> None:
+        self.tally.exclusive += value - self._exclusive
+        self._exclusive = value
+
+    @property
+    def num_floating(self) -> int:
+        """Unused floating buffers."""
+        return self._floating
+
+    @num_floating.setter
+    def num_floating(self, value: int) -> None:
+        self.tally.floating += value - self._floating
+        self._floating = value
 
     @property
     def num_available_buffers(self) -> int:
@@ -264,7 +307,9 @@ class RemoteInputChannel:
         self.connection = connection
         self.credit_based = gate.credit_based
         self.initial_credit = gate.spec.exclusive_per_channel if gate.credit_based else 0
-        self.buffer_manager = BufferManager(self, gate.network_pool, gate.buffer_pool)
+        self.buffer_manager = BufferManager(
+            self, gate.network_pool, gate.buffer_pool, getattr(gate, "buffer_tally", None)
+        )
         self.unannounced_credit = 0
         self.expected_sequence_number = 0
         self.received_buffers: deque[tuple[Buffer, int]] = deque()

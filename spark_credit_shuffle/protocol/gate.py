@@ -18,7 +18,7 @@ from ..buffers.buffer import Buffer, DataType
 from ..buffers.pools import LocalBufferPool, NetworkBufferPool
 from ..buffers.sizing import GateBuffersSpec, input_gate_buffers_spec
 from ..config import NetworkConfig
-from .channels import InputChannel, RemoteInputChannel
+from .channels import BufferTally, InputChannel, RemoteInputChannel
 from .client import CreditBasedPartitionRequestClientHandler
 from .local_channel import LocalInputChannel, LocalPartitionRequestClient
 from .partition import ResultPartition, ResultPartitionManager
@@ -71,6 +71,8 @@ class SingleInputGate:
         #: The gate's floating buffers (all its buffers in the model without credits).
         self.buffer_pool = buffer_pool
         self.channels: list[InputChannel | None] = [None] * num_channels
+        #: The unused exclusive and floating buffers of the gate's remote channels, summed as they change.
+        self.buffer_tally = BufferTally()
         self._channels_with_data: deque[InputChannel] = deque()
         self.num_finished_channels = 0
         self.is_closed = False

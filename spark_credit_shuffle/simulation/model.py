@@ -48,6 +48,12 @@ class Simulation:
     A consumer spends ``records' bytes / rate`` on a data buffer (its rate is the operator's: it processes
     records) plus ``buffer_cost`` seconds for the buffer itself (its header and Arrow metadata, decoded at the
     machine's speed whatever the operator's: the task engine's ``take`` of one buffer costs about 20-25 us).
+    A producer spends ``records' bytes / rate`` on a batch plus ``producer_buffer_cost`` for every buffer it
+    finishes (default 0). ``flush_model``: ``"1.5"`` (Flink 1.5 and later, the default: a flush hands the
+    reader a slice of the open buffer, which the writer keeps filling) or ``"1.4"`` (Flink 1.4's output
+    flusher: a flush finishes every open buffer, and every buffer handed over costs ``notification_cost`` more,
+    its wake-up of the network thread; see :class:`SimulatedProducer`). ``progress(now)``, if
+    given, is called with the virtual time every ``progress_steps`` events (a progress line for long runs).
     """
 
     def __init__(
@@ -78,6 +84,11 @@ class Simulation:
         buffer_cost: float = 25e-6,
         max_steps: int = 2_000_000,
         processes: str = "host",
+        producer_buffer_cost: float = 0.0,
+        flush_model: str = "1.5",
+        notification_cost: float = 0.0,
+        progress: Callable[[float], None] | None = None,
+        progress_steps: int = 20_000,
     ) -> None:
         if num_producers < 1 or num_consumers < 1:
             raise ConfigError("parallelism", (num_producers, num_consumers), "at least 1 producer and 1 consumer")
@@ -89,8 +100,19 @@ class Simulation:
             raise ConfigError("connections", connections, "'host_pair' or 'task_pair'")
         if processes not in ("host", "subtask"):
             raise ConfigError("processes", processes, "'host' or 'subtask'")
-        if not (buffer_cost >= 0 and math.isfinite(buffer_cost)):
-            raise ConfigError("buffer_cost", buffer_cost, "a finite time >= 0 s")
+        costs = (
+            ("buffer_cost", buffer_cost),
+            ("producer_buffer_cost", producer_buffer_cost),
+            ("notification_cost", notification_cost),
+        )
+        for name, cost in costs:
+            if not (cost >= 0 and math.isfinite(cost)):
+                raise ConfigError(name, cost, "a finite time >= 0 s")
+        if flush_model not in ("1.5", "1.4"):
+            raise ConfigError("flush_model", flush_model, "'1.5' (current Flink) or '1.4' (flush finishes buffers)")
+        self.flush_model = flush_model
+        self.progress = progress
+        self.progress_steps = max(1, progress_steps)
         if record_size < 1 or batch_records < 1:
             raise ConfigError("record_size", (record_size, batch_records), "record_size and batch_records >= 1")
         self.config = config
@@ -164,7 +186,17 @@ class Simulation:
             self.managers[host].register_partition(partition)
             self.producers.append(
                 SimulatedProducer(
-                    self, p, partition, consumers, producer_rates[p], totals[p], record_size, batch_records
+                    self,
+                    p,
+                    partition,
+                    consumers,
+                    producer_rates[p],
+                    totals[p],
+                    record_size,
+                    batch_records,
+                    producer_buffer_cost,
+                    flush_model,
+                    notification_cost,
                 )
             )
 
@@ -304,6 +336,8 @@ class Simulation:
             clock.run_next()
             self._settle(clock.now)
             self.steps += 1
+            if self.progress is not None and self.steps % self.progress_steps == 0:
+                self.progress(clock.now)
             if self.steps > self.max_steps:
                 raise SimulationStalledError(
                     f"simulation exceeded {self.max_steps} steps at virtual time {clock.now:.6f}s; "
@@ -332,6 +366,7 @@ class Simulation:
             if producer.finish_time is not None:
                 rows.append(MetricRow(PRODUCER, producer.index, None, FINISH_TIME, "total", producer.finish_time * 1e3))
         intact = True
+        written = [producer.records_written for producer in self.producers]  # once each, not once per channel
         origins: dict[tuple[int, int], ChannelOrigin] = {}
         for consumer in self.consumers:
             c = consumer.index
@@ -339,11 +374,7 @@ class Simulation:
             for index, (p, sp, local) in enumerate(self._channel_origin[c]):
                 origins[(c, p)] = ChannelOrigin(sp, local)
                 rows.append(MetricRow(CONSUMER, c, p, DATA_BYTES_IN, "total", float(consumer.bytes_per_channel[index])))
-                intact = (
-                    intact
-                    and consumer.in_order[index]
-                    and consumer.records_per_channel[index] == self.producers[p].records_written[sp]
-                )
+                intact = intact and consumer.in_order[index] and consumer.records_per_channel[index] == written[p][sp]
             if consumer.finish_time is not None:
                 rows.append(MetricRow(CONSUMER, c, None, FINISH_TIME, "total", consumer.finish_time * 1e3))
             bytes_in = sum(r.num_bytes_in for r in consumer.engine.readers)

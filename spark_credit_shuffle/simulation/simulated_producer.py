@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from ..buffers.buffer import Buffer, DataType
 from ..buffers.format import CheckpointBarrier
+from ..buffers.writer import RecordWriter
 from ..engine import Fail, ProducerEngine
 from ..metrics import MetricRow
 from ..partitioners.selectors import RoundRobinSelector
@@ -40,11 +41,35 @@ class _SimulatedPartition:
     recorded as progress (the backpressure wait is measured from it), and, in the model without credits,
     aligned barriers sent as plain events (see :mod:`.checkpoints`)."""
 
-    def __init__(self, partition: PipelinedResultPartition, credit_based: bool, on_recycle: Callable[[], None]):
+    def __init__(
+        self,
+        partition: PipelinedResultPartition,
+        credit_based: bool,
+        on_recycle: Callable[[], None],
+        finish_on_flush: bool = False,
+    ):
         self.partition = partition
         self.num_subpartitions = partition.num_subpartitions
         self._credit_based = credit_based
         self._on_recycle = on_recycle
+        #: Flink 1.4's flush (see :class:`SimulatedProducer`): finish the open buffers, then hand them over.
+        self.finish_on_flush = finish_on_flush
+        self.writer: RecordWriter | None = None
+
+    def flush(self, subpartition: int) -> None:
+        if self.finish_on_flush and self.writer is not None:
+            self._finish_open_buffers()
+        self.partition.flush(subpartition)
+
+    def flush_all(self) -> None:
+        if self.finish_on_flush and self.writer is not None:
+            self._finish_open_buffers()
+        self.partition.flush_all()
+
+    def _finish_open_buffers(self) -> None:
+        writer = self.writer
+        assert writer is not None
+        writer.finish_open_buffers()
 
     def request_segment(self, subpartition: int) -> Callable[[], None]:
         recycler = self.partition.request_segment(subpartition)
@@ -61,7 +86,7 @@ class _SimulatedPartition:
             buffer = Buffer(DataType.EVENT_BUFFER, buffer.data)
         self.partition.add_event(subpartition, buffer)
 
-    def __getattr__(self, name: str) -> object:  # add_consumer, flush, finish, is_available, builder hooks
+    def __getattr__(self, name: str) -> object:  # add_consumer, finish, is_available, builder hooks
         return getattr(self.partition, name)
 
 
@@ -74,7 +99,17 @@ class SimulatedProducer:
     (Flink's ``requestBufferBuilderBlocking``; a record that spans buffers takes its continuation buffers
     from the overdraft) and the producer writes on from there once the pool is available again; its timer
     flushes (buffer timeout) and sends keep-alives; its backpressure wait fails the run after
-    ``buffers_request_timeout_ms`` without a segment coming back."""
+    ``buffers_request_timeout_ms`` without a segment coming back.
+
+    ``buffer_cost``: virtual seconds the producer spends on each buffer (or event) it hands to the network, a flushed
+    slice as a finished buffer (its Arrow message, the hand-over), on top of ``size / rate`` for the records: the
+    next batch starts that much later. ``flush_model="1.4"`` is Flink 1.4's output flusher and notification path: a
+    flush *finishes* every open buffer (the serializer's buffer went to the subpartition whole and the next record
+    took a new segment, where Flink 1.5's ``BufferConsumer`` hands over a slice and keeps writing into the same
+    segment), so every flush costs a segment of the producer's pool until its consumer recycled it; with ``"1.5"``
+    (the default) a flush only tells the reader that data is there. Flink 1.4 also woke its network thread for every
+    buffer added, where 1.5 wakes it once when a queue becomes non-empty and it then drains the queue: with
+    ``"1.4"`` every buffer handed over costs ``notification_cost`` more."""
 
     def __init__(
         self,
@@ -86,8 +121,15 @@ class SimulatedProducer:
         total_bytes: float,
         record_size: int,
         batch_records: int,
+        buffer_cost: float = 0.0,
+        flush_model: str = "1.5",
+        notification_cost: float = 0.0,
     ) -> None:
         self.sim = sim
+        # Flink 1.4 woke the network thread for every buffer added (1.5: once when a queue becomes non-empty)
+        self.buffer_cost = buffer_cost + (notification_cost if flush_model == "1.4" else 0.0)
+        self._buffers_counted = 0
+        self._debt = 0.0  # buffer costs of timer flushes, paid before the next batch
         self.index = index
         self.partition = partition
         self.rate = rate
@@ -103,6 +145,9 @@ class SimulatedProducer:
         self.finish_time: float | None = None
         self._timer: int | None = None
         self._wait_check: int | None = None
+        writer_partition = _SimulatedPartition(
+            partition, sim.config.credit_based, self._recycled, finish_on_flush=flush_model == "1.4"
+        )
         self.engine = ProducerEngine(
             index,
             partition,
@@ -112,9 +157,10 @@ class SimulatedProducer:
             sim.config.segment_size,
             RECORD_SCHEMA,
             0.0,
-            partition_writer=_SimulatedPartition(partition, sim.config.credit_based, self._recycled),
+            partition_writer=writer_partition,
             resumable=True,
         )
+        writer_partition.writer = self.engine.writer
         partition.buffer_pool.add_availability_listener(self._on_available)
 
     @property
@@ -147,7 +193,16 @@ class SimulatedProducer:
         self._timer = None
         if not self.finished:
             self.engine.on_timer(now, round(now * 1e9))
+            if self.buffer_cost:
+                self._debt += self._new_buffers() * self.buffer_cost
             self._schedule_timer()
+
+    def _new_buffers(self) -> int:
+        """Buffers and events its subpartitions handed to the network since the last call (their sequence
+        numbers): what ``buffer_cost`` is paid for, a flushed slice as a finished buffer."""
+        total = sum(sub._sequence_number for sub in self.partition.subpartitions)
+        new, self._buffers_counted = total - self._buffers_counted, total
+        return new
 
     def inject_barrier(self, now: float, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was triggered at ``now``: open buffers finish, then the barrier goes
@@ -220,7 +275,11 @@ class SimulatedProducer:
         if self.remaining_records <= 0:
             self._finish(now)
             return
-        self.sim.clock.schedule(now + count * self.record_size / self.rate, self.emit)
+        delay = count * self.record_size / self.rate
+        if self.buffer_cost:
+            delay += self._new_buffers() * self.buffer_cost + self._debt
+            self._debt = 0.0
+        self.sim.clock.schedule(now + delay, self.emit)
 
     def metric_rows(self, end: float) -> list[MetricRow]:
         """The engine's metric rows at the ``end`` of the run (a wait still going on ends there)."""
