@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from spark_helpers import TEST_JVM_OPTIONS, WORKER_DAEMON
 
 import spark_credit_shuffle as scs
@@ -53,6 +54,7 @@ def _after(text: str, marker: str) -> list[str]:
     return rest[: next((i for i, line in enumerate(rest) if line.startswith("--- ")), None)]
 
 
+@pytest.mark.spark  # it starts a Spark application in a subprocess: not in the quick loop
 def test_an_uncaught_spark_error_is_reported_with_the_typed_error_first(tmp_path):
     script = tmp_path / "null_key.py"
     script.write_text(SCRIPT)
