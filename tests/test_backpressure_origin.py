@@ -17,36 +17,13 @@ from pyspark.sql import functions as F
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.diagnosis import HIGH
+from spark_credit_shuffle.jobs.common import slow_on  # the demos' slow step of the user's
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
 from spark_credit_shuffle.runtime.monitor import Monitor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this module
 
 pytestmark = pytest.mark.spark
-
-
-def slow_on(partition: int, seconds_per_row: float):
-    """A mapInPandas function that sleeps ``seconds_per_row`` per row on one partition only."""
-
-    def slow(frames):
-        from pyspark import TaskContext
-
-        mine = TaskContext.get().partitionId() == partition
-        for frame in frames:
-            if mine:
-                time.sleep(seconds_per_row * len(frame))
-            yield frame
-
-    return slow
-
-
-def slow_everywhere(seconds_per_row: float):
-    def slow_source(frames):
-        for frame in frames:
-            time.sleep(seconds_per_row * len(frame))
-            yield frame
-
-    return slow_source
 
 
 def summary(ex):
@@ -121,7 +98,7 @@ def test_a_slow_operator_chained_before_the_exchange_makes_it_source_bound(spark
         scs.rebalance(),
         4,
         mode="pipelined",
-        before=scs.map_in_pandas(slow_everywhere(4e-5), "id long, user_id long"),
+        before=scs.map_in_pandas(slow_on(-1, 4e-5), "id long, user_id long"),
     )
     assert ex.df.count() == 100_000
     d = ex.diagnose()

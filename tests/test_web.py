@@ -27,6 +27,7 @@ import spark_credit_shuffle as scs
 from spark_credit_shuffle import web
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import ConfigError
+from spark_credit_shuffle.jobs.common import slow_on  # the demos' slow step of the user's
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER, MetricRow
 from spark_credit_shuffle.web.board import ExchangeView
 from spark_credit_shuffle.web.server import MAX_HEADER_LINES, MAX_REQUEST_LINE, MAX_UNAUTHENTICATED
@@ -63,22 +64,6 @@ return {
   lines: section.querySelectorAll("svg.chart polyline.series.producer").length,
 };
 """
-
-
-def slow_on(partition: int, seconds_per_row: float):
-    """A mapInPandas function that sleeps ``seconds_per_row`` per row on one partition only (a slow operator
-    chained after the exchange, in that consumer's task)."""
-
-    def slow(frames):
-        from pyspark import TaskContext
-
-        mine = TaskContext.get().partitionId() == partition
-        for frame in frames:
-            if mine:
-                time.sleep(seconds_per_row * len(frame))
-            yield frame
-
-    return slow
 
 
 def wait_for(what: str, condition: Callable[[], Any], timeout_s: float, detail: Callable[[], str] = lambda: "") -> Any:
