@@ -8,9 +8,9 @@ Three cases (``--case``, default all):
 - ``timeout``: buffer timeout 0 (a flush after every slice of at most 64 rows a writer appends,
   docs/network.md, "Backpressure: bounded producer pools") against 1 ms, pipelined, ``--timeout-rows`` rows
   (Flink 2.3 measured 1.4-2.4x slower at 0).
-- ``memory``: a pipelined exchange whose consumer subtask 0 sleeps 1 ms per row, at 1x and 10x input
-  (``--slow-rows``), Spark's Arrow batches of ``--batch-rows`` rows in both: the worst task's peak resident
-  and Arrow-allocated memory, which must stay flat.
+- ``memory``: a pipelined exchange whose consumer subtask 0 runs a chained step sleeping 1 ms per row, at 1x
+  and 10x input (``--slow-rows``), Spark's Arrow batches of ``--batch-rows`` rows in both: the worst task's
+  peak resident and Arrow-allocated memory, which must stay flat.
 
 Every case runs its variants interleaved ``--repeat`` times after one warm-up and reports medians. Prints a
 table per case and, as its last line, one JSON object with the ratios.
@@ -107,15 +107,16 @@ def timeout(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def memory(spark: Any, args: argparse.Namespace) -> dict[str, Any]:
     import spark_credit_shuffle as scs
+    from spark_credit_shuffle.jobs.common import slow_on
 
-    slow = scs.Injection(consumer_delay_s=((0, 0.001),))
     # a producer holds one input batch beside its bounded buffers: Spark's batches of the same size in both
     # runs (the 1x input already fills whole batches), so what could grow is only what the exchange holds
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.batch_rows))
     peaks: dict[str, tuple[float, float]] = {}
     for label, rows in (("1x", max(10, args.slow_rows // 10)), ("10x", args.slow_rows)):
         df = cached_rows(spark, rows, 2, "ac")
-        _, ex = run(df, scs.rebalance(seed=1), 2, "pipelined", injection=slow)
+        slow = scs.map_in_pandas(slow_on(0, 0.001), df.schema)  # the user's slow step, chained into consumer 0
+        _, ex = run(df, scs.rebalance(seed=1), 2, "pipelined", after=slow)
         values = {(r.metric, r.stat): [] for r in ex.metric_rows()}
         for r in ex.metric_rows():
             values[(r.metric, r.stat)].append(r.value)

@@ -5,8 +5,8 @@ on 2 hosts all-to-all; consumer 0 reads at ``--sim-slow-rate`` (0.5 MB/s), the o
 Every ``--interval-ms`` each producer injects a barrier; the run is repeated with credit-based flow control
 and with the pre-1.5 model without credits (a full receiver pauses its whole connection), aligned and
 unaligned. **Spark** (pipelined mode, real TCP): ``--parallelism`` producers key their rows to as many
-consumers, all of producer 0's rows on one hot key that goes to consumer 0, which sleeps ``--delay-ms``
-per row; the exchange runs with aligned and with unaligned
+consumers, all of producer 0's rows on one hot key that goes to consumer 0, where a step chained into its task
+sleeps ``--delay-ms`` per row; the exchange runs with aligned and with unaligned
 barriers every ``--interval-ms``, ``--repeat`` rounds interleaved. The alignment time of a checkpoint is
 Flink's ``checkpointAlignmentTime``: first barrier to last on a consumer subtask. Prints the tables, writes a
 PNG with ``--png`` and ends with one JSON line of the headline figures.
@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from spark_credit_shuffle.cli import conf_pair, positive_int, require_plotting
+from spark_credit_shuffle.jobs.common import slow_on
 
 SIM_CASES = [(credit, unaligned) for credit in (True, False) for unaligned in (False, True)]
 
@@ -245,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             F.when(F.col("id") < args.rows, F.lit(hot)).otherwise(F.col("id") % 97).cast("int").alias("k"),
             F.lit("x" * 40).alias("payload"),
         )
-        slow = scs.Injection(consumer_delay_s=((0, args.delay_ms / 1000.0),))
+        # the user's slow step, chained into consumer 0's task (its time is that consumer's busy time)
+        slow = scs.map_in_pandas(slow_on(0, args.delay_ms / 1000.0), df.schema)
         cases = (("aligned", False), ("unaligned", True))
         runs = [case for _ in range(args.repeat) for case in cases]
         try:
@@ -256,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                     scs.key_by("k"),
                     parallelism=n,
                     mode="pipelined",
-                    injection=slow,
+                    after=slow,
                     segment_size=args.segment_size,
                     checkpoint_interval_ms=args.interval_ms,
                     unaligned_checkpoints=unaligned,

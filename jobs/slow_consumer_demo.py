@@ -1,7 +1,8 @@
 """Slow-consumer demo: round robin vs adaptive rebalance, the fast consumer's throughput in both.
 
-Two producer subtasks rebalance rows to two consumer subtasks in a pipelined exchange; consumer subtask 0
-sleeps ``--delay-ms`` (1 ms) per row. Plain round robin is blind to that: every producer sends half its rows
+Two producer subtasks rebalance rows to two consumer subtasks in a pipelined exchange; a step of the user's
+chained into consumer subtask 0's task (``exchange(..., after=scs.map_in_pandas(...))``) sleeps ``--delay-ms``
+(1 ms) per row. Plain round robin is blind to that: every producer sends half its rows
 to consumer 0, fills that channel, is back-pressured, and consumer 1 starves, getting about the slow one's
 rate. Adaptive rebalance (``rebalance(adaptive=True)``, Flink 2.x's adaptive partitioner) sends each small
 chunk of rows to the channel with the fewest bytes queued, so consumer 1 keeps its own pace.
@@ -27,6 +28,7 @@ import time
 from typing import Any
 
 from spark_credit_shuffle.cli import conf_pair, positive_int
+from spark_credit_shuffle.jobs.common import slow_on
 
 UNTHROTTLED = "round robin, no delay"
 ROUND_ROBIN = "round robin, consumer 0 slow"
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             F.col("id"), F.concat(F.lit("p" * args.payload_bytes), F.col("id").cast("string")).alias("payload")
         )
 
-    slow = scs.Injection(consumer_delay_s=((0, args.delay_ms / 1000.0),))
+    # the user's slow step, chained into consumer 0's task (its time is that consumer's busy time)
+    slow = scs.map_in_pandas(slow_on(0, args.delay_ms / 1000.0), rows_of(1).schema)
     round_robin = scs.rebalance(seed=1)
     adaptive = scs.rebalance(seed=1, adaptive=True, max_traverse=args.max_traverse)
     cases = [
@@ -121,14 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     runs += [case for _ in range(args.repeat) for case in cases]
     results: dict[str, list[dict[int, tuple[float, float]]]] = {label: [] for label, *_ in cases}
     try:
-        for step, (label, partitioner, injection, per_producer) in enumerate(runs, 1):
+        for step, (label, partitioner, after, per_producer) in enumerate(runs, 1):
             started = time.perf_counter()
             ex = scs.exchange(
                 rows_of(per_producer),
                 partitioner,
                 parallelism=2,
                 mode="pipelined",
-                injection=injection,
+                after=after,
                 segment_size=args.segment_size,
             )
             with ex.labelled():

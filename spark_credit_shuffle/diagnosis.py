@@ -58,7 +58,12 @@ _NEARLY_AS_BUSY = 0.8
 #: _STRAGGLER_MIN_MS) is a straggler: where no producer is back-pressured (blocking mode's producers never wait),
 #: the slow consumer shows as its own time.
 STRAGGLER_RATIO = 2.0
-_STRAGGLER_MIN_MS = 100.0
+#: Half a second: what a pause of the machine (a descheduled thread, a collection in the JVM or Python) gives a
+#: healthy consumer of a small exchange on a loaded machine stays below it.
+_STRAGGLER_MIN_MS = 500.0
+#: A straggler spends at least this share of its life on the work the others did not have: the time it held the
+#: exchange's end back, not a pause within a life spent mostly waiting for data.
+_STRAGGLER_SHARE_OF_LIFE = 0.5
 
 
 def back_pressure_status(back_pressured_ms_per_second: float | None) -> str | None:
@@ -376,7 +381,7 @@ def diagnose(summaries: Iterable[SubtaskSummary], cpu: Cpu | None = None, mode: 
         figures[f"producer_{s.subtask}_back_pressured_ms_per_second"] = s.back_pressured_ms_per_second or 0.0
     origin = find_origin([_load(s) for s in consumers])
     busy = {s.subtask: s.busy_ms for s in consumers if s.busy_ms is not None}
-    straggler = _straggler(busy) if not pressured else None
+    straggler = _straggler(busy, {s.subtask: _life_s(s) * 1000.0 for s in consumers}) if not pressured else None
     # a consumer HIGH on its output for a second or more is the news even where producers never wait (blocking)
     loud = (
         origin.kind == "downstream"
@@ -514,16 +519,19 @@ def _least_idle(consumers: list[SubtaskSummary]) -> SubtaskSummary:
     )
 
 
-def _straggler(busy: dict[int, float]) -> tuple[int, float] | None:
+def _straggler(busy: dict[int, float], life_ms: dict[int, float]) -> tuple[int, float] | None:
     """(the consumer busy at least :data:`STRAGGLER_RATIO` times the others' median busy time, that median), or
-    None; ``busy``: each consumer's busy ms."""
+    None; ``busy``: each consumer's busy ms; ``life_ms``: each consumer's life (0 where unknown). A consumer whose
+    extra busy time is a small part of its life was paused, not slow: its life was spent waiting like the others'."""
     if len(busy) < 2:
         return None
     slowest = max(busy, key=lambda c: (busy[c], -c))
     median = statistics.median(ms for c, ms in busy.items() if c != slowest)  # the others'
-    if busy[slowest] >= _STRAGGLER_MIN_MS and busy[slowest] >= STRAGGLER_RATIO * max(median, 1e-9):
-        return slowest, median
-    return None
+    if busy[slowest] < _STRAGGLER_MIN_MS or busy[slowest] < STRAGGLER_RATIO * max(median, 1e-9):
+        return None
+    if busy[slowest] - median < _STRAGGLER_SHARE_OF_LIFE * life_ms.get(slowest, 0.0):
+        return None
+    return slowest, median
 
 
 def _life_s(s: SubtaskSummary) -> float:
