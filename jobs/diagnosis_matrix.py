@@ -11,8 +11,8 @@ Cases (``--case``, default all), each a rebalance exchange on local Spark whose 
 - ``skew``: ``key_by`` of a column 80% of whose rows hold one key: ``skew``, or ``backpressure`` at the
   skewed consumer with skew named as its cause;
 - ``after``: ``ex.df.mapInPandas(slow)`` with ``retryable=False``, the step outside the exchange's tasks,
-  30 us per row on partition ``--slow``, ``--after-rows`` rows (more than Spark holds between two Python steps,
-  see docs/diagnosis.md): ``downstream`` at that consumer;
+  0.1 ms per row on partition ``--slow`` (slower than the exchange even on a loaded machine), ``--after-rows``
+  rows (more than Spark holds between two Python steps, see docs/diagnosis.md): ``downstream`` at that consumer;
 - ``blocking-chained``: the chained slow operator in blocking mode: ``straggler`` at that consumer.
 
 Every case runs ``--repeat`` times, rotated (one of each per round). Prints one line per run (verdict, origin,
@@ -78,7 +78,7 @@ def run_case(spark: Any, case: str, args: argparse.Namespace) -> tuple[Any, floa
             "id", (F.col("id") % 1000).alias("user_id"), F.lit("x" * 90).alias("pad")
         )
         ex = scs.exchange(big, scs.rebalance(), 4, mode="pipelined", retryable=False)
-        n = ex.df.mapInPandas(slow_on(args.slow, 3e-5), schema).count()
+        n = ex.df.mapInPandas(slow_on(args.slow, 1e-4), schema).count()
         data = big
     else:  # blocking-chained
         ex = scs.exchange(data, scs.rebalance(), 4, mode="blocking")
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", choices=(*CASES, "all"), default="all")
     parser.add_argument("--rows", type=positive_int, default=400_000)
-    parser.add_argument("--after-rows", type=positive_int, default=2_000_000)
+    parser.add_argument("--after-rows", type=positive_int, default=1_200_000)
     parser.add_argument("--slow", type=int, choices=range(4), default=2, help="the slow consumer subtask")
     parser.add_argument("--repeat", type=positive_int, default=3)
     parser.add_argument("--master", default="local[4]")

@@ -32,6 +32,11 @@ SPARK_CONF = {
     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
     "spark.python.worker.reuse": "true",
     "spark.python.daemon.module": WORKER_DAEMON,
+    # Spark's sockets to its Python workers as Unix domain sockets, whose kernel buffers stay small: over TCP on
+    # 127.0.0.1 the kernel grows them with use (up to net.ipv4.tcp_rmem's maximum, 32 MiB on the test machine),
+    # so what Spark holds between two Python steps varies from run to run
+    # (docs/diagnosis.md, "The kernel's socket buffers")
+    "spark.python.unix.domain.socket.enabled": "true",
     # PySpark's DataFrame debugging (the Python call site of each column function, kept for error messages'
     # query context) costs some 4 py4j round trips per column function; no test reads that context. Without it
     # a small exchange and its check took 5-18% less time and a third less of the driver's CPU.

@@ -1,9 +1,7 @@
 """Where backpressure starts, with the user's own operators: a slow operator chained after the exchange (in the
 consumer's task), a slow one chained before it (in the producer's), a slow Spark step after ``ex.df`` (outside
-the exchange's tasks) in ``jobs/diagnosis_matrix.py`` only (docs/diagnosis.md, "What Spark holds between two
-Python steps": in the full suite it sometimes showed no wait downstream), and healthy runs that must name no
-consumer. Each case runs a real exchange on the test session; the job runs the same cases several times and
-prints the table."""
+the exchange's tasks), and healthy runs that must name no consumer. Each case runs a real exchange on the test
+session; ``jobs/diagnosis_matrix.py`` runs the same cases several times and prints the table."""
 
 from __future__ import annotations
 
@@ -14,9 +12,10 @@ import time
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
+from spark_helpers import session_conf
 
 import spark_credit_shuffle as scs
-from spark_credit_shuffle.diagnosis import HIGH
+from spark_credit_shuffle.diagnosis import HIGH, LOW
 from spark_credit_shuffle.jobs.common import slow_on  # the demos' slow step of the user's
 from spark_credit_shuffle.metrics import CONSUMER, PRODUCER
 from spark_credit_shuffle.runtime.monitor import Monitor
@@ -104,3 +103,31 @@ def test_a_slow_operator_chained_before_the_exchange_makes_it_source_bound(spark
     d = ex.diagnose()
     assert (d.verdict, d.origin, d.back_pressured) == ("source-bound", None, ()), (d, ex.summary_rows())
     assert d.figures["producers_busy_ms_per_second"] >= 850 and d.figures["consumers_idle_ms_per_second"] >= 900
+
+
+def test_a_slow_step_after_the_exchanges_output_back_pressures_its_consumer(spark):
+    """``ex.df.mapInPandas(slow)`` with ``retryable=False`` (the output streams into the step; the retryable
+    form's goes through a shuffle first, which nothing after it back-pressures): the slow step runs in another
+    Python worker, behind what Spark holds between the two Python steps and the consumer's own hand-over
+    (docs/diagnosis.md, "What Spark holds between two Python steps": about 10 MB together over the test
+    session's Unix domain sockets, 14-39 MB over TCP, whose kernel buffers grow with use). 30 MB per partition
+    here, which the step takes 15 s for (2 MB/s, far slower than the exchange on a loaded machine), so the
+    consumer's output fills and it waits, back-pressured on its output, and its producers with it."""
+    df = spark.range(0, 60_000, 1, 2).select("id", F.lit("x" * 1000).alias("pad"))
+    ex = scs.exchange(
+        df, scs.rebalance(), 2, mode="pipelined", retryable=False, segment_size="64kb", max_buffers_per_channel=40
+    )
+    with session_conf(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "1000"):
+        out = ex.df.mapInPandas(slow_on(1, 5e-4), "id long, pad string")
+        assert sorted(r.id for r in out.select("id").collect()) == list(range(60_000))
+    s = summary(ex)
+    c1 = s[(CONSUMER, 1)]
+    assert c1.back_pressured_ms_per_second > c1.busy_ms_per_second and c1.back_pressure in (LOW, HIGH), times(ex)
+    # producer 0 (the other task) waits for buffers; producer 1 shares its task's JVM thread with the slow
+    # step, which feeds it no input while it waits on the step: it waits for buffers or for its input
+    assert s[(PRODUCER, 0)].back_pressure in (LOW, HIGH), times(ex)
+    p1 = s[(PRODUCER, 1)]
+    assert p1.back_pressure in (LOW, HIGH) or p1.idle_ms_per_second >= 500, times(ex)
+    d = ex.diagnose()
+    assert (d.verdict, d.origin) == ("downstream", 1), (d.text, times(ex))
+    assert "the step that follows the exchange on partition 1 is slow" in d.text
