@@ -47,6 +47,9 @@ def report_failure(
     try:
         answer = converse(address, exchange, secret, request, 5.0, tls)
     except (OSError, ValueError, ProtocolError) as e:
-        log.warning("task %d of %s: could not report its failure to the driver: %s", task, exchange, e)
+        # not news for the user: the task fails with ``exc`` all the same, and the usual reason is a driver that
+        # already ended the exchange (another task's report failed the job first); a warning here printed after
+        # the driver's own report of the error
+        log.info("task %d of %s: could not report its failure to the driver: %s", task, exchange, e)
         return False
     return isinstance(answer, dict) and "failed" in answer
