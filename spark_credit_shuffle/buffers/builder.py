@@ -66,7 +66,10 @@ class BufferBuilder:
         self._lock = threading.Lock()
         self._chunks: list[bytes] = []  # a unicast builder empties what its reader built
         self._written = 0
-        self._pending: list[pa.RecordBatch] = []
+        #: Rows appended since the last serialisation: record-batch slices, or ``(batch, offset, length)`` of
+        #: a run appended by :meth:`append_if_fits` (sliced only when serialised: a slice object per run was
+        #: most of a partly filled buffer's memory with a few rows per channel).
+        self._pending: list[pa.RecordBatch | tuple[pa.RecordBatch, int, int]] = []
         self._pending_bits = 0
         self._pending_overhead = 0
         self._overflow: list[pa.RecordBatch] = []
@@ -124,7 +127,7 @@ class BufferBuilder:
                 if overhead > pending_overhead:
                     self._pending_overhead = pending_overhead
                 return 0
-            self._pending.append(batch.slice(offset, length))
+            self._pending.append((batch, offset, length))
             self._pending_bits += bits
             return FULL if free - bits < min_bits else APPENDED
 
@@ -177,7 +180,7 @@ class BufferBuilder:
     # -- serialisation (lock held) ----------------------------------------------------------------
 
     def _materialise(self) -> None:
-        pending = self._pending
+        pending = [p[0].slice(p[1], p[2]) if isinstance(p, tuple) else p for p in self._pending]
         rows = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
         bound = self._pending_overhead + -(-self._pending_bits // 8)
         self._pending = []

@@ -47,6 +47,14 @@ _PREFIX = struct.Struct("<Ii")  # Arrow IPC: continuation marker, metadata lengt
 _CONTINUATION = 0xFFFFFFFF
 _DATA = DataType.DATA_BUFFER
 _DATA_CLEAR_END = DataType.DATA_BUFFER_WITH_CLEAR_END
+#: Schema events already decoded, by payload (``bytes`` only): every channel of a gate starts with its producer's
+#: schema event, the same bytes for every channel of that producer, so decoding it once per channel was a
+#: large part of a gate's set-up at hundreds of channels. Bounded; cleared when full.
+_SCHEMA_EVENTS: dict[bytes, SchemaEvent] = {}
+#: What a channel's schema implies (an unsupported type, the exact metadata bound), by schema identity: the
+#: readers of a gate share their expected schema object. Holds the schema, so an id is never reused meanwhile.
+_SCHEMA_FACTS: dict[int, tuple[pa.Schema, str | None, int]] = {}
+_CACHE_ENTRIES = 64
 
 
 class RecordReader:
@@ -133,8 +141,16 @@ class RecordReader:
                 f"{data_type.name} event inside a spanning row: fragment {len(self._pieces)} of "
                 f"{self._fragment_count} is missing"
             )
+        cached = _SCHEMA_EVENTS.get(data) if type(data) is bytes and data_type is DataType.EVENT_BUFFER else None
+        if cached is not None:
+            self._set_schema(cached.schema)
+            return []
         event = decode_event_payload(data_type, data)
         if isinstance(event, SchemaEvent):
+            if type(data) is bytes:
+                if len(_SCHEMA_EVENTS) >= _CACHE_ENTRIES:
+                    _SCHEMA_EVENTS.clear()
+                _SCHEMA_EVENTS[data] = event
             self._set_schema(event.schema)
             return []
         if isinstance(event, EndOfPartition):
@@ -146,12 +162,11 @@ class RecordReader:
         if expected is not None and not schema.equals(expected):
             raise MalformedPayload(f"channel schema\n{schema}\ndiffers from the expected schema\n{expected}")
         if self._schema is None:
-            problem = unsupported_type(schema)
+            problem, max_metadata = _schema_facts(expected if expected is not None else schema)
             if problem is not None:
                 raise MalformedPayload(f"schema event carries an unsupported {problem}")
             self._schema = expected if expected is not None else schema
-            # an exact bound: body compression or any other extra table makes the metadata longer
-            self._max_metadata = measure_metadata(self._schema)
+            self._max_metadata = max_metadata
 
     def _decode_data(self, payload: pa.Buffer, size: int) -> list[pa.RecordBatch | Event]:
         out: list[pa.RecordBatch | Event] = []
@@ -224,6 +239,20 @@ class RecordReader:
             raise MalformedPayload(f"chunk header declares {rows} rows, its Arrow message holds {batch.num_rows}")
         self.num_records_in += rows
         return batch
+
+
+def _schema_facts(schema: pa.Schema) -> tuple[str | None, int]:
+    """:func:`unsupported_type` of ``schema`` and, if it has none, its exact metadata bound (body compression
+    or any other extra table makes the metadata longer), once per schema object."""
+    facts = _SCHEMA_FACTS.get(id(schema))
+    if facts is not None and facts[0] is schema:
+        return facts[1], facts[2]
+    problem = unsupported_type(schema)
+    max_metadata = measure_metadata(schema) if problem is None else 0
+    if len(_SCHEMA_FACTS) >= _CACHE_ENTRIES:
+        _SCHEMA_FACTS.clear()
+    _SCHEMA_FACTS[id(schema)] = (schema, problem, max_metadata)
+    return problem, max_metadata
 
 
 def _immutable(data: Payload) -> pa.Buffer:

@@ -327,13 +327,19 @@ class RemoteInputChannel:
 
     # -- setup --
 
-    def setup(self) -> None:
-        """Take the exclusive buffers (raises InsufficientNetworkBuffersError if they do not fit)."""
+    def setup(self, *, exclusive_granted: bool = False) -> None:
+        """Take the exclusive buffers (raises InsufficientNetworkBuffersError if they do not fit).
+
+        ``exclusive_granted``: the gate already took them from the network buffer pool, with those of its
+        other channels in one request (:meth:`SingleInputGate.setup`); the channel only counts them."""
         if self.is_set_up:
             return
         self.is_set_up = True
         if self.initial_credit:
-            self.buffer_manager.request_exclusive_buffers(self.initial_credit)
+            if exclusive_granted:
+                self.buffer_manager.num_exclusive += self.initial_credit
+            else:
+                self.buffer_manager.request_exclusive_buffers(self.initial_credit)
 
     def request_subpartition(self) -> None:
         """Queue the PartitionRequest (credit = initial credit) on the channel's connection."""

@@ -18,6 +18,7 @@ from ..buffers.buffer import Buffer, DataType
 from ..buffers.pools import LocalBufferPool, NetworkBufferPool
 from ..buffers.sizing import GateBuffersSpec, input_gate_buffers_spec
 from ..config import NetworkConfig
+from ..errors import InsufficientNetworkBuffersError, NetworkBuffersNotFreeError
 from .channels import BufferTally, InputChannel, RemoteInputChannel
 from .client import CreditBasedPartitionRequestClientHandler
 from .local_channel import LocalInputChannel, LocalPartitionRequestClient
@@ -134,11 +135,27 @@ class SingleInputGate:
         self.channels[channel.channel_index] = channel
 
     def setup(self) -> None:
-        """Reserve one floating buffer, then the exclusive buffers of every remote channel (FLINK-24035)."""
+        """Reserve one floating buffer, then the exclusive buffers of every remote channel (FLINK-24035).
+
+        The remote channels' exclusive buffers are taken from the network buffer pool in one request (one
+        redistribution of its pools, not one per channel: at thousands of channels per host that was most of
+        the set-up); if that request fails, every channel requests its own in turn, as Flink's channels do, so
+        the error and what was taken before it are those of the per-channel requests."""
         self.buffer_pool.reserve_segments(1)
-        for channel in self.channels:
-            if channel is not None:
-                channel.setup()
+        remote = [
+            c for c in self.channels if isinstance(c, RemoteInputChannel) and not c.is_set_up and c.initial_credit
+        ]
+        if len(remote) > 1:
+            try:
+                self.network_pool.request_unpooled_segments(sum(c.initial_credit for c in remote))
+            except (InsufficientNetworkBuffersError, NetworkBuffersNotFreeError):
+                pass  # nothing was taken: the channels' own requests below raise what they raise
+            else:
+                for channel in remote:
+                    channel.setup(exclusive_granted=True)
+        for each in self.channels:
+            if each is not None:
+                each.setup()
 
     def request_partitions(self) -> None:
         """Send every channel's partition request (set up first if needed)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 from collections import deque
 
-import numpy as np
 import pyarrow as pa
 
 from ..buffers.buffer import Buffer, DataType
@@ -184,17 +183,26 @@ class SimulatedConsumer:
 
     def _check(self, channel: int, batches: list[pa.RecordBatch]) -> int:
         """The decoded rows continue their channel's ``seq`` in order, each with its whole payload; how many
-        rows ``batches`` hold."""
+        rows ``batches`` hold.
+
+        A buffer holds a few rows at scale (two or three per channel per flush at 800 tasks), so the values are
+        read through memoryviews and compared as Python lists: cheaper per buffer than NumPy's per-call cost."""
         step, size = self._step[channel], self._payload_size
         total = 0
         for batch in batches:
             rows = batch.num_rows
-            seq = batch.column(0).to_numpy()
             first = self._next_seq[channel]
-            column = batch.column(1)
-            offsets = np.frombuffer(column.buffers()[1], dtype=np.int32, count=column.offset + rows + 1)
-            payload = int(offsets[-1] - offsets[column.offset]) if rows else 0
-            if payload != rows * size or not np.array_equal(seq, np.arange(first, first + rows * step, step)):
+            seq, payload = batch.columns
+            if seq.null_count or payload.null_count:
+                intact = False
+            else:
+                s, p = seq.offset, payload.offset
+                values = memoryview(seq.buffers()[1]).cast("B").cast("q")[s : s + rows]
+                offsets = memoryview(payload.buffers()[1]).cast("B").cast("i")
+                intact = offsets[p + rows] - offsets[p] == rows * size and values.tolist() == list(
+                    range(first, first + rows * step, step)
+                )
+            if not intact:
                 self.in_order[channel] = False
             self._next_seq[channel] = first + rows * step
             self.records_per_channel[channel] += rows
