@@ -31,6 +31,11 @@ from .simulated_producer import SimulatedProducer
 __all__ = ["Simulation", "simulate"]
 
 
+#: The channels (producers x consumers, at most) from which a run freezes its topology: below, the collection
+#: that must come first costs more than the run saves (a whole test process's heap walked per small simulation).
+_FREEZE_FROM_CHANNELS = 4096
+
+
 class Simulation:
     """An exchange of ``num_producers`` -> ``num_consumers`` subtasks on virtual time.
 
@@ -319,6 +324,8 @@ class Simulation:
         collector's generations for the run (``gc.freeze``): it lives as long as the run, and every full
         collection walked all of it again (a few seconds each at 800 tasks). Nothing in the run depends on
         when a collection happens (no finalizers), so the results are the same."""
+        if len(self.producers) * len(self.consumers) < _FREEZE_FROM_CHANNELS:
+            return self._run()  # a small topology: a collection before the run would cost more than it saves
         gc.collect()
         gc.freeze()
         try:
