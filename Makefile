@@ -48,12 +48,17 @@ browser:
 	    || echo "could not install chromium and chromium-driver: tests/test_web.py will fail naming them"; \
 	else echo "chromium and chromium-driver are missing (apt-get install chromium chromium-driver): tests/test_web.py will fail naming them"; fi
 
+# nbmake's pytest plugin (installed with the dev extra, for running notebooks by hand: pytest --nbmake) is not
+# loaded: the suite runs the notebooks itself (tests/test_notebooks.py), and loading it imports Jupyter's client
+# in every test process (about 0.15 s of CPU each).
+PYTEST_PLUGINS_OFF := -p no:nbmake
+
 test: bytecode $(JVM_ARCHIVE) browser
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_PLUGINS_OFF)
 
 # The quick loop: every test that needs no JVM (no SparkSession, spark-submit or java).
 test-fast: bytecode
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not spark"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not spark" $(PYTEST_PLUGINS_OFF)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy

@@ -56,6 +56,20 @@ def session_settings(connect_port: int) -> dict[str, str]:
     }
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """While the test modules are collected, pytest keeps the bytecode of the ones it rewrote (for assertions)
+    even where ``PYTHONDONTWRITEBYTECODE`` is set: each test process rewrote all of them on every run otherwise
+    (some 2.5 s of CPU), and pytest checks a kept file against its module's source before it uses it. Only here:
+    the tests and the processes they start run as the environment says."""
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = before
+
+
 def pytest_collection_finish(session):
     """The applications of their own that the collected tests assert on start now, beside the tests
     (``spark_helpers.background_job``)."""
@@ -139,22 +153,26 @@ def any_spark(request):
 JVM_FIXTURES = {"spark", "connect_spark", "any_spark", "connect_server", "_connect_session", "java_hash"}
 
 
-#: The longest modules, longest first (whole-suite runs on two cores: about 90, 85, 55, 40, 40, 30, 25 and 20 s),
-#: collected before the rest: ``make test`` (``--dist loadscope``) hands modules out in collection order, so the
-#: last ones to start are short and both test processes end close together.
+#: The longest modules, longest first, collected before the rest: ``make test`` (``--dist loadscope``) hands
+#: modules out in collection order, so the last ones to start are short and both test processes end close
+#: together. A whole-suite run on two cores busy with other work as well took 153, 164, 90, 87, 52, 45, 31, 25,
+#: 22, 21 and 19 s in them (the first module of each process also pays for its session's first jobs).
 STARTED_FIRST = (
     "test_notebooks.py",
     "test_exchange.py",
     "test_queries.py",
-    "test_checks.py",
     "test_jobs.py",
+    "test_retries.py",
+    "test_checks.py",
+    "test_web.py",
     "test_pipelined.py",
+    "test_wheel.py",
     "test_types.py",
     "test_diagnosis.py",
 )
 #: Modules whose tests wait for the report of an application that starts with the run
 #: (``spark_helpers.background_job``): collected last, when the application has long ended.
-STARTED_LAST = ("test_local_cluster.py",)
+STARTED_LAST = ("test_local_cluster.py", "test_error_hook.py")
 
 
 def pytest_collection_modifyitems(config, items):

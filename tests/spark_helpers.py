@@ -143,12 +143,13 @@ def _run_directory(config) -> Path:
 
 
 def start_background_jobs(config, items) -> None:
-    """Start the declared applications that the collected ``items`` need, each once per run whichever test
-    process gets here first. Each runs as a process of its own, under a shell that writes its exit code
-    when it ends; its output goes to files of the run's directory."""
+    """Start the declared applications that the collected spark tests of ``items`` need, each once per run
+    whichever test process gets here first. Each runs as a process of its own, under a shell that writes its
+    exit code when it ends; its output goes to files of the run's directory."""
     if config.option.collectonly:
         return
-    modules = {os.path.realpath(str(item.path)) for item in items}
+    # an application is a JVM of its own: only a spark test (never one of the quick loop) asserts on one
+    modules = {os.path.realpath(str(item.path)) for item in items if item.get_closest_marker("spark")}
     for module in sorted(modules & BACKGROUND_JOBS.keys()):
         for name, text in BACKGROUND_JOBS[module]:
             work = _run_directory(config) / f"job-{name}"

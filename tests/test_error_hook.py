@@ -3,12 +3,11 @@ with that error first (in a script and in IPython), and every other exception as
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
 import pytest
-from spark_helpers import TEST_JVM_OPTIONS, WORKER_DAEMON
+from spark_helpers import TEST_JVM_OPTIONS, WORKER_DAEMON, background_job, job_report
 
 import spark_credit_shuffle as scs
 from spark_credit_shuffle.errors import CreditShuffleError
@@ -46,6 +45,23 @@ SCRIPT = textwrap.dedent(
     """
 )
 
+#: The script run as an application beside the tests (``spark_helpers.background_job``: it starts with the run
+#: instead of holding a test process while its JVM starts), reporting its exit code and output.
+_JOB = background_job(
+    __file__,
+    "error-hook",
+    textwrap.dedent(
+        f"""
+        import json, subprocess, sys
+        from pathlib import Path
+
+        Path("null_key.py").write_text({SCRIPT!r})
+        done = subprocess.run([sys.executable, "null_key.py"], capture_output=True, text=True, timeout=180)
+        print(json.dumps({{"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}}))
+        """
+    ),
+)
+
 
 def _after(text: str, marker: str) -> list[str]:
     """The lines of ``text`` after the line ``marker``, up to the next marker."""
@@ -54,15 +70,15 @@ def _after(text: str, marker: str) -> list[str]:
     return rest[: next((i for i, line in enumerate(rest) if line.startswith("--- ")), None)]
 
 
-@pytest.mark.spark  # it starts a Spark application in a subprocess: not in the quick loop
-def test_an_uncaught_spark_error_is_reported_with_the_typed_error_first(tmp_path):
-    script = tmp_path / "null_key.py"
-    script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
-    assert done.returncode == 1, done.stderr[-3000:]
+@pytest.mark.spark  # it asserts on a Spark application of its own: not in the quick loop
+@pytest.mark.timeout(360)
+def test_an_uncaught_spark_error_is_reported_with_the_typed_error_first(pytestconfig):
+    report = job_report(pytestconfig, _JOB, 240)
+    assert report["returncode"] == 1, report["stderr"][-3000:]
+    stdout, stderr = report["stdout"], report["stderr"]
     typed = "spark_credit_shuffle.errors.NullKeyError: producer subtask "
     # in a script: the first thing after the action is the typed error, then Spark's traceback, then it again
-    script_report = [line for line in _after(done.stderr, "--- script ---") if line.strip()]
+    script_report = [line for line in _after(stderr, "--- script ---") if line.strip()]
     # (log lines of Spark or of the tasks may come before it: the report is what the hook prints)
     first_typed = next(i for i, line in enumerate(script_report) if line.startswith(typed))
     assert all(not line.startswith(("Traceback", "py4j.")) for line in script_report[:first_typed]), script_report[:8]
@@ -71,11 +87,11 @@ def test_an_uncaught_spark_error_is_reported_with_the_typed_error_first(tmp_path
     assert any(line.startswith("py4j.protocol.Py4JJavaError") for line in script_report)
     assert script_report[-1].startswith(typed)
     # in IPython: the same line first on stderr, IPython's own traceback (on stdout) after it
-    ipython_report = [line for line in _after(done.stderr, "--- ipython ---") if line.strip()]
+    ipython_report = [line for line in _after(stderr, "--- ipython ---") if line.strip()]
     first_typed = next(i for i, line in enumerate(ipython_report) if line.startswith(typed))
     assert all(not line.startswith(("Traceback", "py4j.")) for line in ipython_report[:first_typed]), ipython_report[:8]
     assert ipython_report[-1].startswith(typed), ipython_report[-5:]
-    assert "Py4JJavaError" in "\n".join(_after(done.stdout, "--- ipython ---"))
+    assert "Py4JJavaError" in "\n".join(_after(stdout, "--- ipython ---"))
 
 
 def test_other_exceptions_are_reported_as_before_and_the_hook_comes_off():

@@ -91,7 +91,9 @@ def test_multiplexing_demo_shows_what_credits_do(tmp_path, capsys):
 def test_checkpoint_alignment_demo_measures_both_models_and_both_barrier_kinds(spark, tmp_path, capsys):
     demo = load_job("checkpoint_alignment_demo")
     png = tmp_path / "alignment.png"
-    argv = ["--rows", "1500", "--delay-ms", "0.3", "--sim-duration", "20", "--png", str(png)]
+    # 10 virtual seconds per simulation: every comparison below holds by a wide margin from the first seconds on
+    # (deterministic), and the debloated buffer size has settled by the second half
+    argv = ["--rows", "1500", "--delay-ms", "0.3", "--sim-duration", "10", "--png", str(png)]
     assert demo.main(argv) == 0
     out = capsys.readouterr().out
     assert [line[:5] for line in out.splitlines() if line.startswith("[")] == ["[1/2]", "[2/2]"]

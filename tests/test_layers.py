@@ -7,6 +7,7 @@ Read from the source with :mod:`ast`, so the test sees the imports a run might n
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -113,6 +114,7 @@ def _layer(name: str) -> int:
     return best
 
 
+@functools.cache  # the sources do not change during a run: read and parse them once for every test here
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}

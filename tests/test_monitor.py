@@ -217,7 +217,7 @@ def test_a_quiet_exchange_keeps_no_thread_and_an_old_one_no_key(monkeypatch):
             assert wait_until(lambda v=value: got and got[-1][0].value == v)
             assert wait_until(lambda: not dispatching())
         # a key unused for longer than EXCHANGE_TTL_S is forgotten: its samples are refused from then on
-        time.sleep(1.6)
+        assert wait_until(lambda: address.key not in service._exchanges)
         late = MonitorClient(address, attempt=99)
         late.publish(sample(0, 1.0))
         late.close()

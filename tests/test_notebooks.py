@@ -11,9 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 from spark_helpers import TEST_JVM_OPTIONS
 
 pytestmark = pytest.mark.spark
@@ -86,6 +84,8 @@ def without_jupyter_only(source: str) -> str:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_both_formats_hold_the_same_notebook(name):
+    import nbformat  # here, not at the top: the quick loop collects this module without running it
+
     notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     nbformat.validate(notebook)
     assert notebook.metadata["kernelspec"]["name"] == "python3"
@@ -106,6 +106,9 @@ def run_notebooks(session: str, connect_url: str | None = None) -> list[tuple[st
     on a local classic session of the kernel's own (``session="classic"``), or the Databricks form cell by
     cell on the Spark Connect server at ``connect_url``. Returns each cell's notebook (or "reset", "check")
     and outputs."""
+    import nbformat
+    from nbclient import NotebookClient
+
     env = {
         **os.environ,
         "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),

@@ -792,7 +792,7 @@ def test_tight_configurations_finish_without_timeouts_and_conserve_rows(
 def test_a_producer_waits_for_a_slow_consumer_that_works_through_the_buffers_it_received():
     # given a consumer that sleeps 0.2 ms per row and a partition request timeout shorter than the time it
     # takes to work through the buffers (32 KiB, up to 10 per channel) it holds from a producer that has
-    # sent everything
+    # sent everything (its 10,000 rows: 2 s, twice the timeout)
     plan = make_plan(
         scs.rebalance(seed=1),
         2,
@@ -801,10 +801,10 @@ def test_a_producer_waits_for_a_slow_consumer_that_works_through_the_buffers_it_
         partition_request_timeout_ms=1000,
         segment_size=32768,
     )
-    data = inputs(2, 20_000, batch_rows=500)
+    data = inputs(2, 10_000, batch_rows=500)
     # when the exchange runs, then no task times out waiting for the end, and every row arrives once
     received, _ = run_in_threads(plan, data, timeout_s=60)
-    assert sum(b.num_rows for c in received for b in c) == 40_000
+    assert sum(b.num_rows for c in received for b in c) == 20_000
 
 
 def test_the_in_process_address_exchange_names_a_timeout_apart_from_a_failed_task():
