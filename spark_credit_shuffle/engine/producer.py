@@ -108,11 +108,7 @@ class ProducerEngine:
         self.is_finished = False  # the writer finished: nothing more is written
         self.waiting_since: float | None = None  # set while back-pressured
         self.waiting_hard = False  # the wait is in the middle of an input (hard back-pressure)
-        n = len(consumers)
-        # per subpartition, summed and maxed over the samples as arrays: a sample costs no Python step per channel
-        self._queue_max = np.zeros(n, dtype=np.int64)
-        self._queue_sum = np.zeros(n, dtype=np.int64)
-        self._queue_samples = 0
+        self._queues = QueueLengthSamples(partition, len(consumers))
         self._records_out = RateMeter()
         self._rng = random.Random(subtask)
         self.flusher = Flusher(settings, now)
@@ -241,14 +237,7 @@ class ProducerEngine:
         self.metrics.sample("outPoolUsage", partition.out_pool_usage)
         if self.settings.blocking:
             return
-        self._queue_samples += 1
-        lengths = getattr(partition, "queue_lengths", None)
-        queues = np.array(
-            lengths() if lengths is not None else [sub.queue_length() for sub in partition.subpartitions],
-            dtype=np.int64,
-        )
-        self._queue_sum += queues
-        np.maximum(self._queue_max, queues, out=self._queue_max)
+        self._queues.sample()
 
     def gauges(self, now: float, credits: dict[int, int]) -> Gauges:
         """The producer's timeline gauges at ``now``; ``credits[sp]``: the credit of remote subpartitions (see
@@ -295,8 +284,8 @@ class ProducerEngine:
         rows = list(metrics.rows())
         if self.settings.blocking:
             return [*rows, *self.time.rows(PRODUCER, self.subtask, now)]
-        samples = max(1, self._queue_samples)
-        queue_max, queue_sum = self._queue_max.tolist(), self._queue_sum.tolist()  # Python ints: int / int as before
+        queue_max, queue_sum, samples = self._queues.totals()  # Python ints: int / int as before
+        samples = max(1, samples)
         for sp, consumer in enumerate(self.consumers):
             rows.append(MetricRow(PRODUCER, self.subtask, consumer, "outputQueueLength", "max", float(queue_max[sp])))
             rows.append(
@@ -304,3 +293,74 @@ class ProducerEngine:
             )
         rows.extend(self.time.rows(PRODUCER, self.subtask, now))
         return rows
+
+
+class QueueLengthSamples:
+    """The length of every subpartition's queue, summed and maxed over the samples (``outputQueueLength``).
+
+    Where the partition tells which queues may have changed since the last sample
+    (:meth:`~spark_credit_shuffle.protocol.partition.PipelinedResultPartition.track_queue_changes`), a sample
+    reads only those: each queue keeps the length it had at its last change and the sample from which it held,
+    and its sum gains ``length x samples held`` when it changes again (or when :meth:`totals` is read), its
+    maximum the length that held for at least one sample. Constant per sample in the subpartitions; the sums
+    and maxima are exactly those of reading every queue at every sample. Otherwise every queue is read."""
+
+    def __init__(self, partition: Any, n: int) -> None:
+        self.samples = 0
+        track = getattr(partition, "track_queue_changes", None)
+        self._changed: set[int] | None = None
+        if track is not None:
+            self._changed, self._queues = track()
+            self._length = list(map(len, self._queues))  # the length since sample ``_since`` + 1 ...
+            self._since = [0] * n  # ... and the samples summed into ``_sum`` so far
+            self._sum = [0] * n
+            self._max = [0] * n
+            self._changed.clear()
+        else:
+            self._partition = partition
+            self._sum_array = np.zeros(n, dtype=np.int64)
+            self._max_array = np.zeros(n, dtype=np.int64)
+
+    def sample(self) -> None:
+        self.samples += 1
+        changed = self._changed
+        if changed is None:
+            partition = self._partition
+            lengths = getattr(partition, "queue_lengths", None)
+            queues = np.array(
+                lengths() if lengths is not None else [sub.queue_length() for sub in partition.subpartitions],
+                dtype=np.int64,
+            )
+            self._sum_array += queues
+            np.maximum(self._max_array, queues, out=self._max_array)
+            return
+        if not changed:
+            return
+        before = self.samples - 1  # the samples taken before this one
+        queues, length, since, sums, maxima = self._queues, self._length, self._since, self._sum, self._max
+        for sp in changed:
+            now = len(queues[sp])
+            old = length[sp]
+            if now != old:
+                held = before - since[sp]
+                if held:  # the old length was sampled ``held`` times
+                    sums[sp] += old * held
+                    if old > maxima[sp]:
+                        maxima[sp] = old
+                since[sp] = before
+                length[sp] = now
+        changed.clear()
+
+    def totals(self) -> tuple[list[int], list[int], int]:
+        """(maximum, sum, samples) per subpartition so far, as Python ints."""
+        if self._changed is None:
+            return self._max_array.tolist(), self._sum_array.tolist(), self.samples
+        samples = self.samples
+        maxima, sums = list(self._max), list(self._sum)
+        for sp, (length, since) in enumerate(zip(self._length, self._since)):
+            held = samples - since
+            if held:
+                sums[sp] += length * held
+                if length > maxima[sp]:
+                    maxima[sp] = length
+        return maxima, sums, samples

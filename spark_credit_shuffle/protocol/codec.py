@@ -255,10 +255,20 @@ def encode_to_bytes(message: Message) -> bytes:
 
 
 def encoded_size(message: Message) -> int:
-    """Bytes the frame of ``message`` occupies on the wire."""
+    """Bytes the frame of ``message`` occupies on the wire (a field out of its wire range raises
+    :class:`ProtocolError`, as :func:`encode` does)."""
+    if type(message) is AddCredit:  # the most frequent message after BufferResponse: fixed size, fields checked
+        try:
+            _INT_RECEIVER.pack(message.credit, message.receiver_id)
+        except struct.error as exc:
+            raise ProtocolError(f"cannot encode {message!r}: a field is out of its wire range ({exc})") from None
+        return _ADD_CREDIT_FRAME
     if isinstance(message, BufferResponse):
         return FRAME_HEADER_LENGTH + _BUFFER_RESPONSE_BODY.size + len(message.payload)
     return sum(len(chunk) for chunk in encode(message))
+
+
+_ADD_CREDIT_FRAME = FRAME_HEADER_LENGTH + _INT_RECEIVER.size
 
 
 # -- decoding ---------------------------------------------------------------------------------------

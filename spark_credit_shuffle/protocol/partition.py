@@ -13,7 +13,7 @@ Not thread-safe: callers serialise access (one lock per task in a threaded runti
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Sized
 from typing import Protocol
 
 from ..buffers.buffer import Buffer, BufferConsumer, ByteBufferBuilder
@@ -153,6 +153,7 @@ class PipelinedResultPartition(ResultPartition):
         ]
         #: Each subpartition's queue (its ``_buffers``, never replaced): :meth:`queue_lengths` in one C call.
         self._queues = [sub._buffers for sub in self.subpartitions]
+        self._queue_changes: set[int] | None = None
         self._pending_references = num_subpartitions + 1
         self._producer_closed = False
         #: Flink's LocalBufferPool availability (bound to the pool's: a resumable writer asks before every new buffer).
@@ -398,6 +399,18 @@ class PipelinedResultPartition(ResultPartition):
 
     def output_queue_length(self) -> int:
         return sum(s.queue_length() for s in self.subpartitions)
+
+    def track_queue_changes(self) -> tuple[set[int], Sequence[Sized]]:
+        """(changed, queues): the set of subpartitions whose queue may have changed length since the caller
+        last emptied it (each subpartition adds its index on every add, poll, release or barrier timeout) and
+        every subpartition's queue (``len`` of one is its ``queue_length()``), so a sampler of the queue lengths
+        reads only those that changed. The same set on every call."""
+        changed = self._queue_changes
+        if changed is None:
+            changed = self._queue_changes = set()
+            for sub in self.subpartitions:
+                sub.queue_changes = changed
+        return changed, self._queues
 
     def queue_lengths(self) -> list[int]:
         """Every subpartition's ``queue_length()``, in order, in one step (sampled after each input)."""

@@ -176,6 +176,9 @@ class PipelinedSubpartition:
         self._view_created = False
         #: Where the data buffers an unaligned barrier overtakes go (output channel state); None: not kept.
         self.channel_state_writer: OutputChannelStateWriter | None = None
+        #: If set (:meth:`PipelinedResultPartition.track_queue_changes`), this subpartition's index goes in
+        #: whenever its queue may have changed length: a sampler reads only the queues that changed.
+        self.queue_changes: set[int] | None = None
 
     # -- writing --
 
@@ -190,6 +193,8 @@ class PipelinedSubpartition:
             # (the barrier of a checkpoint a finished producer still takes part in)
             consumer.close()
             return ADD_BUFFER_ERROR_CODE
+        if self.queue_changes is not None:
+            self.queue_changes.add(self.index)
         buffers = self._buffers
         if HAS_PRIORITY[data_type]:
             self._insert_priority(consumer)
@@ -263,6 +268,8 @@ class PipelinedSubpartition:
                     break
         else:
             return None
+        if self.queue_changes is not None:
+            self.queue_changes.add(self.index)
         sizes = self._persist_overtaken(checkpoint_id, position)
         del buffers[position]
         if position == len(buffers):  # it was the tail; what preceded it was finished before it was added
@@ -314,6 +321,8 @@ class PipelinedSubpartition:
         for consumer in self._buffers:
             consumer.close()
         self._buffers.clear()
+        if self.queue_changes is not None:
+            self.queue_changes.add(self.index)
         self._num_priority = 0
         self.buffers_in_backlog = 0
         self.is_released = True
@@ -350,6 +359,8 @@ class PipelinedSubpartition:
         if not buffers:
             self.flush_requested = False
             return None
+        if self.queue_changes is not None:
+            self.queue_changes.add(self.index)
         head = buffers[0]
         buffer: Buffer | None
         if type(head) is Buffer and not self._num_priority:

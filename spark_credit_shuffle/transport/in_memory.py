@@ -30,6 +30,9 @@ from ..protocol.partition import ResultPartitionManager
 from ..protocol.sender import PartitionRequestServerHandler
 from ..protocol.subpartition import BufferAvailabilityListener, PipelinedSubpartition, PipelinedSubpartitionView
 
+#: The frame of a BufferResponse without its payload (``encoded_size``'s).
+_BUFFER_RESPONSE_FRAME = encoded_size(BufferResponse(0, 0, 0, 0, DataType.DATA_BUFFER, False, b""))
+
 __all__ = ["Link", "MemoryConnection", "MemoryNetwork", "StoredBuffersExchange"]
 
 
@@ -82,6 +85,8 @@ class Link:
 
     def send(self, now: float) -> int:
         """Take messages from the sender while the link is writable at ``now``; the number taken."""
+        if self.bandwidth is None and not self.encode:
+            return self._send_unlimited(now)
         taken = 0
         capacity = self.capacity
         timed = self.timed
@@ -107,10 +112,51 @@ class Link:
             taken += 1
         return taken
 
+    def _send_unlimited(self, now: float) -> int:
+        """:meth:`send` for a link without bandwidth or encoding (the simulation's): a message occupies the
+        link for no time, so every message taken at ``now`` arrives at ``now + latency``; the same queue,
+        sizes and counts, with one arrival time computed per call instead of per message."""
+        capacity = self.capacity
+        queued = self.queued_bytes
+        if now < self.busy_until or (capacity is not None and queued >= capacity):
+            return 0
+        timed = self.timed
+        need_size = timed or capacity is not None
+        arrival = now + self.latency if timed else now
+        source = self.source
+        append = self.queue.append
+        sent = 0
+        taken = 0
+        while True:
+            message = source()
+            if message is None:
+                break
+            if not need_size:
+                size = 0
+            elif type(message) is BufferResponse:
+                size = _BUFFER_RESPONSE_FRAME + len(message.payload)
+            else:
+                size = encoded_size(message)
+            append((arrival, message, size))
+            queued += size
+            sent += size
+            taken += 1
+            if capacity is not None and queued >= capacity:
+                break
+        if taken:
+            self.queued_bytes = queued
+            self.messages_sent += taken
+            self.bytes_sent += sent
+            if timed:
+                self.busy_until = now  # where a message of no duration leaves the link (as in send)
+        return taken
+
     def receive(self, now: float) -> int:
         """Deliver the messages that arrived by ``now`` while the receiver reads; the number delivered."""
-        delivered = 0
         queue = self.queue
+        if not queue or queue[0][0] > now:
+            return 0
+        delivered = 0
         deliver = self.deliver
         is_reading = self.is_reading
         decoder = self.decoder
@@ -187,6 +233,9 @@ class MemoryConnection:
             server_parts = (server.next_message, server.receive_message, server.queue._outbox)
             self._parts = (*client_parts, *server_parts, server.queue.available_readers)
             self.pump = self._pump_direct  # type: ignore[method-assign]  # no link test on every pump
+        elif bandwidth is None and not encode:  # latency and a socket buffer only: the simulation's links
+            self.pump = self._pump_unlimited  # type: ignore[method-assign]
+            self.next_event_time = self._next_event_unlimited  # type: ignore[method-assign]
 
     def pump(self, now: float = 0.0) -> int:
         """Move every message that can move at ``now`` (both ways, until nothing changes); the count moved."""
@@ -219,6 +268,39 @@ class MemoryConnection:
                 self.upstream.messages_sent += up
                 self.downstream.messages_sent += down
                 return up + down
+
+    def _pump_unlimited(self, now: float = 0.0) -> int:
+        """:meth:`pump` over links without bandwidth or encoding (each link's :meth:`Link.send` for them
+        called directly)."""
+        up, down = self.upstream, self.downstream
+        up_send, up_receive, down_send, down_receive = (
+            up._send_unlimited,
+            up.receive,
+            down._send_unlimited,
+            down.receive,
+        )
+        moved = 0
+        while True:
+            step = up_send(now) + up_receive(now) + down_send(now) + down_receive(now)
+            if not step:
+                return moved
+            moved += step
+
+    def _next_event_unlimited(self, now: float) -> float | None:
+        """:meth:`next_event_time` over links without bandwidth (the same answer, without the generic loop)."""
+        up, down = self.upstream, self.downstream
+        at: float | None = None
+        queue = up.queue
+        if queue and queue[0][0] > now:
+            at = queue[0][0]
+        if up.busy_until > now and self.client.has_data() and (at is None or up.busy_until < at):
+            at = up.busy_until
+        queue = down.queue
+        if queue and queue[0][0] > now and (at is None or queue[0][0] < at):
+            at = queue[0][0]
+        if down.busy_until > now and self.server.has_data() and (at is None or down.busy_until < at):
+            at = down.busy_until
+        return at
 
     def next_event_time(self, now: float) -> float | None:
         """The earliest virtual time after ``now`` at which :meth:`pump` can do something new."""
