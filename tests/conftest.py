@@ -156,7 +156,8 @@ JVM_FIXTURES = {"spark", "connect_spark", "any_spark", "connect_server", "_conne
 #: The longest modules, longest first, collected before the rest: ``make test`` (``--dist loadscope``) hands
 #: modules out in collection order, so the last ones to start are short and both test processes end close
 #: together. A whole-suite run on two cores busy with other work as well took 153, 164, 90, 87, 52, 45, 31, 25,
-#: 22, 21 and 19 s in them (the first module of each process also pays for its session's first jobs).
+#: 22, 21 and 19 s in them (the first module of each process also pays for its session's first jobs);
+#: test_backpressure_origin.py about 33 s since its slow step after ``ex.df`` (15 s of sleep) came back.
 STARTED_FIRST = (
     "test_notebooks.py",
     "test_exchange.py",
@@ -164,6 +165,7 @@ STARTED_FIRST = (
     "test_jobs.py",
     "test_retries.py",
     "test_checks.py",
+    "test_backpressure_origin.py",
     "test_web.py",
     "test_pipelined.py",
     "test_wheel.py",
