@@ -7,7 +7,6 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from ..buffers.format import CheckpointBarrier, KeepAlive, LatencyMarker, encode_event
@@ -108,7 +107,8 @@ class ProducerEngine:
         self.is_finished = False  # the writer finished: nothing more is written
         self.waiting_since: float | None = None  # set while back-pressured
         self.waiting_hard = False  # the wait is in the middle of an input (hard back-pressure)
-        self._queues = QueueLengthSamples(partition, len(consumers))
+        #: outputQueueLength over the samples (a blocking partition has no queue to sample)
+        self._queues = None if settings.blocking else QueueLengthSamples(partition, len(consumers))
         self._records_out = RateMeter()
         self._rng = random.Random(subtask)
         self.flusher = Flusher(settings, now)
@@ -237,6 +237,7 @@ class ProducerEngine:
         self.metrics.sample("outPoolUsage", partition.out_pool_usage)
         if self.settings.blocking:
             return
+        assert self._queues is not None  # pipelined (blocking returned above)
         self._queues.sample()
 
     def gauges(self, now: float, credits: dict[int, int]) -> Gauges:
@@ -284,6 +285,7 @@ class ProducerEngine:
         rows = list(metrics.rows())
         if self.settings.blocking:
             return [*rows, *self.time.rows(PRODUCER, self.subtask, now)]
+        assert self._queues is not None  # pipelined (blocking returned above)
         queue_max, queue_sum, samples = self._queues.totals()  # Python ints: int / int as before
         samples = max(1, samples)
         for sp, consumer in enumerate(self.consumers):
@@ -298,42 +300,25 @@ class ProducerEngine:
 class QueueLengthSamples:
     """The length of every subpartition's queue, summed and maxed over the samples (``outputQueueLength``).
 
-    Where the partition tells which queues may have changed since the last sample
-    (:meth:`~spark_credit_shuffle.protocol.partition.PipelinedResultPartition.track_queue_changes`), a sample
+    The partition tells which queues may have changed since the last sample
+    (:meth:`~spark_credit_shuffle.protocol.partition.PipelinedResultPartition.track_queue_changes`), so a sample
     reads only those: each queue keeps the length it had at its last change and the sample from which it held,
     and its sum gains ``length x samples held`` when it changes again (or when :meth:`totals` is read), its
     maximum the length that held for at least one sample. Constant per sample in the subpartitions; the sums
-    and maxima are exactly those of reading every queue at every sample. Otherwise every queue is read."""
+    and maxima are exactly those of reading every queue at every sample."""
 
     def __init__(self, partition: Any, n: int) -> None:
         self.samples = 0
-        track = getattr(partition, "track_queue_changes", None)
-        self._changed: set[int] | None = None
-        if track is not None:
-            self._changed, self._queues = track()
-            self._length = list(map(len, self._queues))  # the length since sample ``_since`` + 1 ...
-            self._since = [0] * n  # ... and the samples summed into ``_sum`` so far
-            self._sum = [0] * n
-            self._max = [0] * n
-            self._changed.clear()
-        else:
-            self._partition = partition
-            self._sum_array = np.zeros(n, dtype=np.int64)
-            self._max_array = np.zeros(n, dtype=np.int64)
+        self._changed, self._queues = partition.track_queue_changes()
+        self._length = list(map(len, self._queues))  # the length since sample ``_since`` + 1 ...
+        self._since = [0] * n  # ... and the samples summed into ``_sum`` so far
+        self._sum = [0] * n
+        self._max = [0] * n
+        self._changed.clear()
 
     def sample(self) -> None:
         self.samples += 1
         changed = self._changed
-        if changed is None:
-            partition = self._partition
-            lengths = getattr(partition, "queue_lengths", None)
-            queues = np.array(
-                lengths() if lengths is not None else [sub.queue_length() for sub in partition.subpartitions],
-                dtype=np.int64,
-            )
-            self._sum_array += queues
-            np.maximum(self._max_array, queues, out=self._max_array)
-            return
         if not changed:
             return
         before = self.samples - 1  # the samples taken before this one
@@ -353,8 +338,6 @@ class QueueLengthSamples:
 
     def totals(self) -> tuple[list[int], list[int], int]:
         """(maximum, sum, samples) per subpartition so far, as Python ints."""
-        if self._changed is None:
-            return self._max_array.tolist(), self._sum_array.tolist(), self.samples
         samples = self.samples
         maxima, sums = list(self._max), list(self._sum)
         for sp, (length, since) in enumerate(zip(self._length, self._since)):

@@ -413,7 +413,8 @@ class PipelinedResultPartition(ResultPartition):
         return changed, self._queues
 
     def queue_lengths(self) -> list[int]:
-        """Every subpartition's ``queue_length()``, in order, in one step (sampled after each input)."""
+        """Every subpartition's ``queue_length()``, in order, in one step (a full read: what the producer's
+        incremental samples of :meth:`track_queue_changes` must equal)."""
         return list(map(len, self._queues))
 
     def backlogs(self) -> list[int]:
