@@ -2,9 +2,12 @@
 a gate's exclusive buffers taken in one request leave the network buffer pool and every channel as the
 per-channel requests do (and a request that does not fit fails as they do); a builder's rows kept as
 ``(batch, offset, length)`` serialise to the bytes their slices do; a schema event decoded once per payload still
-checks each channel's schema; the RecordWriter's modules keep its names. No wall-clock time is asserted."""
+checks each channel's schema; the RecordWriter's modules keep its names; a large run with the garbage collector
+paused gives the figures of one without it. No wall-clock time is asserted."""
 
 from __future__ import annotations
+
+import gc
 
 import pyarrow as pa
 import pytest
@@ -18,6 +21,7 @@ from spark_credit_shuffle.buffers.size_model import IpcSizeModel
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.errors import BufferDecodeError, InsufficientNetworkBuffersError
 from spark_credit_shuffle.protocol import CreditBasedPartitionRequestClientHandler, SingleInputGate
+from spark_credit_shuffle.simulation import model, simulate
 
 SCHEMA = pa.schema([("seq", pa.int64()), ("payload", pa.binary())])
 
@@ -92,3 +96,36 @@ def test_the_record_writers_modules_keep_its_names():
         exported is RecordWriter and issubclass(RecordWriter, WriterEvents) and issubclass(WriterEvents, BufferCutting)
     )
     assert ResultPartitionWriter.__name__ == "ResultPartitionWriter" and FLUSH_ALWAYS_ROWS == 64
+
+
+def _large_run() -> tuple:
+    """A run of 64 x 64 channels (the size from which a run freezes its topology and pauses the collector)."""
+    hosts = [i // 8 for i in range(64)]
+    report = simulate(
+        num_producers=64,
+        num_consumers=64,
+        producer_rate=20e6,
+        consumer_rate=40e6,
+        producer_hosts=hosts,
+        consumer_hosts=hosts,
+        latency=100e-6,
+        bytes_per_producer=400_000,  # about six records per channel, all delivered
+        extra_buffers_per_host=256,
+    )
+    return report.steps, report.messages, report.data_intact, report.rows, report.timeline
+
+
+def test_a_large_run_with_the_collector_paused_gives_the_figures_of_one_without(monkeypatch):
+    """The collector paused while a large topology is built and run, and what the run kept handed to the oldest
+    generation after it: the same figures and rows as with the collector running throughout, and the collector
+    as it was (enabled, its thresholds, nothing left frozen), also after a build that failed."""
+    before = (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())
+    paused = _large_run()
+    assert (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count()) == before
+    with pytest.raises(InsufficientNetworkBuffersError):  # building fails: the collector is enabled again
+        simulate(num_producers=64, num_consumers=64, producer_rate=1e6, consumer_rate=1e6, duration=0.01)
+    assert (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count()) == before
+    monkeypatch.setattr(model, "_FREEZE_FROM_CHANNELS", 10**9)  # this size as a small one: nothing paused
+    running = _large_run()
+    assert paused[:3] == running[:3] and paused[2] is True
+    assert paused[3] == running[3] and paused[4] == running[4]

@@ -334,11 +334,12 @@ class ConsumerEngine:
 
     def metric_rows(self, now: float) -> list[MetricRow]:
         """Counters per channel, gauge statistics, checkpoints; pipelined: latency and time metrics."""
-        metrics = self.metrics
-        for reader, producer in zip(self.readers, self.producers):
-            metrics.count("numRecordsIn", reader.num_records_in, producer)
-            metrics.count("numBytesIn", reader.num_bytes_in, producer)
-            metrics.count("numBuffersIn", reader.num_buffers_in, producer)
+        metrics, readers = self.metrics, self.readers
+        per_channel = {
+            "numRecordsIn": [r.num_records_in for r in readers],
+            "numBytesIn": [r.num_bytes_in for r in readers],
+            "numBuffersIn": [r.num_buffers_in for r in readers],
+        }
         gate = self.gate
         metrics.count("numBytesInLocal", gate.num_bytes_in_local)
         metrics.count("numBytesInRemote", gate.num_bytes_in_remote)
@@ -346,12 +347,12 @@ class ConsumerEngine:
         metrics.count("numBuffersInRemote", gate.num_buffers_in_remote)
         if self.settings.blocking:
             return [
-                *metrics.rows(),
+                *metrics.rows(per_channel, self.producers),
                 *self.time.rows(CONSUMER, self.subtask, now),
                 *(self.checkpoints.metric_rows() if self.checkpoints is not None else ()),
             ]
         metrics.count("numLatencyMarkersIn", len(self.latencies_ms))
-        rows = list(metrics.rows())
+        rows = metrics.rows(per_channel, self.producers)
         if self.latencies_ms:
             values = np.asarray(self.latencies_ms)
             for stat, value in (

@@ -276,23 +276,22 @@ class ProducerEngine:
 
     def metric_rows(self, now: float) -> list[MetricRow]:
         """Counters per subpartition, gauge statistics; pipelined: queue lengths and time metrics."""
-        writer, metrics = self.writer, self.metrics
-        records, bytes_out, buffers = writer.num_records_out, writer.num_bytes_out, writer.num_buffers_out  # once
-        for sp, consumer in enumerate(self.consumers):
-            metrics.count("numRecordsOut", records[sp], consumer)
-            metrics.count("numBytesOut", bytes_out[sp], consumer)
-            metrics.count("numBuffersOut", buffers[sp], consumer)
-        rows = list(metrics.rows())
+        writer = self.writer
+        per_subpartition = {
+            "numRecordsOut": writer.num_records_out,
+            "numBytesOut": writer.num_bytes_out,
+            "numBuffersOut": writer.num_buffers_out,
+        }
+        rows = self.metrics.rows(per_subpartition, self.consumers)
         if self.settings.blocking:
             return [*rows, *self.time.rows(PRODUCER, self.subtask, now)]
         assert self._queues is not None  # pipelined (blocking returned above)
         queue_max, queue_sum, samples = self._queues.totals()  # Python ints: int / int as before
         samples = max(1, samples)
+        subtask = self.subtask
         for sp, consumer in enumerate(self.consumers):
-            rows.append(MetricRow(PRODUCER, self.subtask, consumer, "outputQueueLength", "max", float(queue_max[sp])))
-            rows.append(
-                MetricRow(PRODUCER, self.subtask, consumer, "outputQueueLength", "mean", queue_sum[sp] / samples)
-            )
+            rows.append(MetricRow(PRODUCER, subtask, consumer, "outputQueueLength", "max", float(queue_max[sp])))
+            rows.append(MetricRow(PRODUCER, subtask, consumer, "outputQueueLength", "mean", queue_sum[sp] / samples))
         rows.extend(self.time.rows(PRODUCER, self.subtask, now))
         return rows
 
