@@ -109,7 +109,7 @@ def _large_run() -> tuple:
         producer_hosts=hosts,
         consumer_hosts=hosts,
         latency=100e-6,
-        bytes_per_producer=400_000,  # about six records per channel, all delivered
+        bytes_per_producer=140_000,  # about two records per channel, all delivered
         extra_buffers_per_host=256,
     )
     return report.steps, report.messages, report.data_intact, report.rows, report.timeline
