@@ -24,11 +24,12 @@ bytecode: $(STAMP)
 run: bytecode
 	$(PY) jobs/demo.py
 
-# Two test processes, each with its own SparkSession: the suite waits on Spark's scheduling and on
-# subprocesses as much as it computes, so two processes share two cores well. Each test module runs in one
+# Three test processes, each with its own SparkSession: the suite waits on Spark's scheduling, on sleeping
+# slow consumers and on subprocesses between its bursts of CPU, and a third process fills those gaps on two
+# cores (docs/development.md: 272.6 s against 295.9 s with two, back to back). Each test module runs in one
 # process (--dist loadscope): its module fixtures, such as the local-cluster application, are built once;
 # modules go out in collection order (tests/conftest.py collects the longest ones first).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 # Spark's classes as the tests' JVMs load them, archived once per virtual environment (tests/jvm_class_archive.py):
 # every Spark JVM the tests start maps them instead of loading and verifying them again.

@@ -154,7 +154,7 @@ JVM_FIXTURES = {"spark", "connect_spark", "any_spark", "connect_server", "_conne
 
 
 #: The longest modules, longest first, collected before the rest: ``make test`` (``--dist loadscope``) hands
-#: modules out in collection order, so the last ones to start are short and both test processes end close
+#: modules out in collection order, so the last ones to start are short and the test processes end close
 #: together. A whole-suite run on two cores busy with other work as well took 153, 164, 90, 87, 52, 45, 31, 25,
 #: 22, 21 and 19 s in them (the first module of each process also pays for its session's first jobs);
 #: test_backpressure_origin.py about 33 s since its slow step after ``ex.df`` (15 s of sleep) came back.
