@@ -24,7 +24,6 @@ fails the handshake and closes that connection only.
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import socket
@@ -154,17 +153,7 @@ class ConnectionSetup(ConnectionReading):
     # -- accepting a connection (the I/O thread) ------------------------------------------------------
 
     def _accept(self) -> None:
-        for _ in range(ACCEPTS_PER_ROUND):  # the rest next round, after the other sockets were read again
-            try:
-                sock, addr = self._loop.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    log.warning("%s cannot accept a connection: %s", self.name, exc)
-                    return
-                raise
-            peer = f"{addr[0]}:{addr[1]}"
+        for sock, peer in self._loop.accept_some(ACCEPTS_PER_ROUND, self.name, raise_unexpected=True):
             if self._factory is None:
                 self._refuse(sock, peer, "this endpoint serves no partitions")
                 continue

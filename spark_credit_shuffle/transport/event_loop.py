@@ -11,10 +11,12 @@ whose request arrived in the same round counts before a new connection can push 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import selectors
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = ["LISTEN_BACKLOG", "EventLoop", "ServicesByHost"]
@@ -27,6 +29,9 @@ __all__ = ["LISTEN_BACKLOG", "EventLoop", "ServicesByHost"]
 LISTEN_BACKLOG = 1024
 
 _LISTENER = object()
+#: Errors of a listener out of resources: the connection waits in the backlog, accepted a round later.
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+log = logging.getLogger("spark_credit_shuffle")
 _WAKEUP = object()
 
 
@@ -91,6 +96,23 @@ class EventLoop:
         # Cleared after draining: a wakeup racing with this sends one byte more (a spare loop), never one
         # less; whatever its caller queued before calling it is seen by the round that follows.
         self._woken = False
+
+    def accept_some(self, limit: int, label: str, *, raise_unexpected: bool) -> Iterator[tuple[socket.socket, str]]:
+        """The connections waiting on the listener, at most ``limit`` (the rest next round, after the other
+        sockets were read again), each with its peer as ``"host:port"``. A listener out of file descriptors,
+        buffers or memory is logged as ``label``'s and tried again next round; any other ``OSError`` is raised
+        with ``raise_unexpected``, logged and left for the next round without."""
+        for _ in range(limit):
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if raise_unexpected and exc.errno not in _OUT_OF_RESOURCES:
+                    raise
+                log.warning("%s cannot accept a connection: %s", label, exc)
+                return
+            yield sock, f"{addr[0]}:{addr[1]}"
 
     def stop_accepting(self) -> None:
         """Close the listener (new connections are refused; the registered ones go on)."""

@@ -490,15 +490,7 @@ class LineService:
         return min(60.0, max(0.0, min(deadlines) - now))
 
     def _accept(self) -> None:
-        for _ in range(ACCEPTS_PER_ROUND):  # the rest next round, after the other sockets were read again
-            try:
-                sock, addr = self._loop.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # out of file descriptors: try again next round
-                log.warning("%s cannot accept a connection: %s", self.label, exc)
-                return
-            address = f"{addr[0]}:{addr[1]}"
+        for sock, address in self._loop.accept_some(ACCEPTS_PER_ROUND, self.label, raise_unexpected=False):
             try:
                 self._admit(sock, address)
             except Exception as exc:  # the new connection's failure, not the service's
