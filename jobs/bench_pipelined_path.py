@@ -7,8 +7,9 @@ of 32 KiB: every task produces and consumes, so each moves about ``1 / tasks`` o
 the rest to the others (remote channels; ``--local`` puts all tasks on one executor: local channels through
 the connection, Flink's ``LocalInputChannel`` across processes). The input is built before the clock starts.
 
-It measures CPU per thread (``time.thread_time``; the task's own metrics: producer, consumer and I/O
-thread, and the process for the timer thread), divided by the data buffers the exchange moved:
+It measures CPU per thread (``time.thread_time``; the task's own metrics: its input, loop and output
+threads, see :mod:`spark_credit_shuffle.runtime.pipelined.loop`, and the process for the rest), divided by the
+data buffers the exchange moved:
 
 - ``--repeat`` plain runs: the headline figures (medians), untouched by any measurement inside;
 - one profiled run: every stage's own CPU (exclusive of the stages it calls), per thread, from timers
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {role: statistics.median(values) for role, values in per_role.items()}
     print(f"data buffers: {out:,} sent; received {remote:,} over remote channels, {local:,} local or own")
     print(f"\nplain runs (median of {args.repeat}), us of CPU per data buffer, all tasks:")
-    for role in ("producer", "io", "consumer", "timer + rest", "total"):
+    for role in ("input", "loop", "output", "rest", "total"):
         values = " / ".join(f"{v:.1f}" for v in per_role[role])
         print(f"  {role:14s} {med[role]:7.1f}   ({values})")
     print(f"  core in place  {core_us:7.1f}   (one thread, no network: the floor)")
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         role: statistics.median(
             sum(t["switches"].get(role, 0) for t in run["tasks"]) / buffers_of(run)[0] for run in plain_runs
         )
-        for role in ("producer", "io", "consumer", "timer")
+        for role in ("input", "loop", "output")
     }
     print("    voluntary, by thread: " + ", ".join(f"{role} {value:.2f}" for role, value in by_thread.items()))
     beyond = med["total"] - core_us
@@ -115,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         "local_channels": args.local,
         "buffers": out,
         "buffers_remote": remote,
-        "us_per_buffer_producer_thread": round(med["producer"], 1),
-        "us_per_buffer_io_thread": round(med["io"], 1),
-        "us_per_buffer_consumer_thread": round(med["consumer"], 1),
-        "us_per_buffer_timer_and_rest": round(med["timer + rest"], 1),
+        "us_per_buffer_input_thread": round(med["input"], 1),
+        "us_per_buffer_loop_thread": round(med["loop"], 1),
+        "us_per_buffer_output_thread": round(med["output"], 1),
+        "us_per_buffer_rest": round(med["rest"], 1),
         "us_per_buffer_total": round(med["total"], 1),
         "us_per_buffer_core_in_place": round(core_us, 1),
         "us_per_buffer_core_writer": round(core_write_us, 1),
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             for role, count in task["python_calls"].items():
                 counted[role] += count
         print("\nPython function calls per data buffer, all tasks:")
-        for role in ("producer", "io", "consumer", "timer"):
+        for role in ("input", "loop", "output"):
             print(f"  {role:9s} {counted.get(role, 0) / buffers:7.1f}")
             headline[f"python_calls_per_buffer_{role}"] = round(counted.get(role, 0) / buffers, 1)
         headline["python_calls_per_buffer"] = round(sum(counted.values()) / buffers, 1)

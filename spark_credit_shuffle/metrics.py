@@ -25,7 +25,7 @@ time_ms    double    wall-clock time of the sample, milliseconds since the Unix 
 
 Timeline rows have ``stat = "sample"``: every ``metrics_sample_interval_ms`` of wall time a task
 records its gauges, plus once at its start and once at its end. In blocking mode the clock is checked
-once per input batch or received buffer (never per row); in pipelined mode each task's timer thread
+once per input batch or received buffer (never per row); in pipelined mode each task's loop
 samples both of its sides on time, whether data moves or the task waits.
 
 - Producers: ``outPoolUsage``, ``isBackPressured`` (0/1), ``numRecordsOutPerSecond`` since the

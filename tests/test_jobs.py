@@ -93,7 +93,7 @@ def test_checkpoint_alignment_demo_measures_both_models_and_both_barrier_kinds(s
     png = tmp_path / "alignment.png"
     # 10 virtual seconds per simulation: every comparison below holds by a wide margin from the first seconds on
     # (deterministic), and the debloated buffer size has settled by the second half
-    argv = ["--rows", "1500", "--delay-ms", "0.3", "--sim-duration", "10", "--png", str(png)]
+    argv = ["--rows", "3000", "--delay-ms", "0.3", "--sim-duration", "10", "--png", str(png)]
     assert demo.main(argv) == 0
     out = capsys.readouterr().out
     assert [line[:5] for line in out.splitlines() if line.startswith("[")] == ["[1/2]", "[2/2]"]
@@ -331,8 +331,8 @@ def test_path_floor_job_runs_the_lean_and_the_pipelined_path_in_spark_barrier_st
     assert set(cpu) == set(job.SPARK_CASES) and all(0 <= s < 600 for s in cpu.values()), cpu
     assert sum(cpu.values()) > 0, cpu
     per_buffer = figures["pipelined_streaming_us_per_buffer"]
-    assert per_buffer["buffers"] > 0 and per_buffer["producer thread"] > 0 and per_buffer["consumer thread"] > 0
-    assert per_buffer["task"] >= per_buffer["producer thread"]
+    assert per_buffer["buffers"] > 0 and per_buffer["loop thread"] > 0 and per_buffer["output thread"] > 0
+    assert per_buffer["task"] >= per_buffer["loop thread"]
     assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached  # its data is not left cached
 
 
@@ -343,9 +343,9 @@ def test_pipelined_path_job_measures_every_thread_and_stage_of_an_exchange_betwe
     out = capsys.readouterr().out
     headline = last_json(out)
     assert headline["tasks"] == 3 and headline["buffers"] > 0 and headline["buffers_remote"] > 0
-    for thread in ("producer_thread", "io_thread", "consumer_thread"):
+    for thread in ("input_thread", "loop_thread", "output_thread"):
         assert headline[f"us_per_buffer_{thread}"] > 0
-    assert headline["us_per_buffer_total"] >= headline["us_per_buffer_producer_thread"]
+    assert headline["us_per_buffer_total"] >= headline["us_per_buffer_loop_thread"]
     for stage in ("producer: slice + IPC write", "receiver: decode frames", "consumer: decode (RecordReader)"):
         assert stage in out
 

@@ -530,9 +530,9 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
 #: own work for the task runs on the thread that reads its input, the producer, or writes its output, the
 #: consumer), and the whole task's.
 THREAD_METRICS = {
-    "producer thread": "producerThreadCpuTimeMs",
-    "I/O thread": "ioThreadCpuTimeMs",
-    "consumer thread": "consumerThreadCpuTimeMs",
+    "input thread": "inputThreadCpuTimeMs",
+    "loop thread": "loopThreadCpuTimeMs",
+    "output thread": "outputThreadCpuTimeMs",
     "task": "taskCpuTimeMs",
 }
 

@@ -101,10 +101,10 @@ class StageTimers:
     @staticmethod
     def role() -> str:
         name = threading.current_thread().name
-        for role in ("producer", "timer", "io"):
+        for role in ("input", "loop"):
             if name.startswith(f"credit-shuffle-{role}"):
                 return role
-        return "consumer" if threading.current_thread() is threading.main_thread() else name
+        return "output" if threading.current_thread() is threading.main_thread() else name
 
     def overhead_s(self) -> float:
         """The CPU one timed call adds (measured on an empty function)."""
@@ -132,7 +132,8 @@ def install_timers(timers: StageTimers) -> None:
     from spark_credit_shuffle.protocol import client, gate, sender
     from spark_credit_shuffle.protocol.channels import RemoteInputChannel
     from spark_credit_shuffle.protocol.messages import BufferResponse
-    from spark_credit_shuffle.runtime.pipelined import locked_partition, task, wiring
+    from spark_credit_shuffle.runtime import handoff
+    from spark_credit_shuffle.runtime.pipelined import locked_partition, loop, wiring
     from spark_credit_shuffle.transport import connection, event_loop, tcp
 
     def data_or_control(*args: Any) -> str:
@@ -154,10 +155,13 @@ def install_timers(timers: StageTimers) -> None:
         wrap(locked_partition.LockedPartition, method, "producer: enqueue (partition, lock)")
     wrap(sender.PartitionRequestQueue, "notify_reader_non_empty", "producer: notify (reader available)")
     wrap(tcp.TcpTransport, "_ready", "notify: transport ready")
-    wrap(event_loop.EventLoop, "wakeup", "notify: I/O thread wakeup (socket)")
-    wrap(wiring.TaskWiring, "notify_consumer", "notify: consumer condition")
-    wrap(wiring.TaskWiring, "deliver_consumer_wakeup", "notify: consumer condition")
-    wrap(wiring.TaskWiring, "notify_producer", "notify: producer condition")
+    wrap(event_loop.EventLoop, "wakeup", "notify: loop wakeup (socket)")
+    wrap(wiring.TaskWiring, "notify_gate", "notify: gate (the loop's consumer half)")
+    wrap(wiring.TaskWiring, "notify_loop", "notify: loop (a buffer back)")
+    wrap(handoff.InputHandoff, "put", "input: hand-over (wait, condition)")
+    wrap(handoff.InputHandoff, "pop", "producer: input hand-over")
+    wrap(handoff.OutputHandoff, "offer", "consumer: output hand-over")
+    wrap(handoff.OutputHandoff, "take", "Spark thread: output hand-over (wait, condition)")
     wrap(wiring.TaskWiring, "_on_transport_event", "notify: transport event")
     wrap(sender.PartitionRequestQueue, "next_message", "sender: poll (reader, credit)")
     wrap(client.CreditBasedPartitionRequestClientHandler, "next_message", "credit/recycle out: poll")
@@ -177,7 +181,7 @@ def install_timers(timers: StageTimers) -> None:
     wrap(gate.SingleInputGate, "notify_channel_non_empty", "receiver: enqueue (gate)")
     wrap(sender.PartitionRequestServerHandler, "receive_data", "credit/recycle in: decode")
     wrap(sender.PartitionRequestServerHandler, "receive_message", "credit/recycle in: dispatch")
-    wrap(task.PipelinedTask, "_next_burst", "consumer: poll (wait, lock)")
+    wrap(loop.TaskLoop, "_timers", "loop: timers")
     wrap(ConsumerEngine, "next", "consumer: poll (gate)")
     wrap(ConsumerEngine, "take", "consumer: take")
     wrap(RecordReader, "feed", "consumer: decode (RecordReader)")
@@ -255,7 +259,7 @@ def _task_process(index: int, tasks: int, rows: int, local: bool, profile: str, 
     sys.setprofile(None)
     after = resource.getrusage(resource.RUSAGE_SELF)
     main_after = resource.getrusage(resource.RUSAGE_THREAD)
-    switches["consumer"] += main_after.ru_nvcsw - main_before.ru_nvcsw
+    switches["output"] += main_after.ru_nvcsw - main_before.ru_nvcsw
     received_sum = sum(pc.sum(a).as_py() or 0 for a in received)
     metrics["voluntarySwitches"] = float(after.ru_nvcsw - before.ru_nvcsw)
     metrics["involuntarySwitches"] = float(after.ru_nivcsw - before.ru_nivcsw)
@@ -315,9 +319,9 @@ def run_exchange(tasks: int, rows: int, local: bool, profile: str = "") -> dict[
 
 
 THREADS = (
-    ("producer", "producerThreadCpuTimeMs"),
-    ("consumer", "consumerThreadCpuTimeMs"),
-    ("io", "ioThreadCpuTimeMs"),
+    ("input", "inputThreadCpuTimeMs"),
+    ("loop", "loopThreadCpuTimeMs"),
+    ("output", "outputThreadCpuTimeMs"),
 )
 
 
@@ -332,7 +336,7 @@ def thread_cpu_s(run: dict[str, Any]) -> dict[str, float]:
             seconds = m.get(metric, 0.0) / 1000.0
             out[role] += seconds
             named += seconds
-        out["timer + rest"] += max(0.0, total - named)
+        out["rest"] += max(0.0, total - named)
         out["total"] += total
     return dict(out)
 
@@ -435,8 +439,8 @@ def stage_table(run: dict[str, Any], buffers: int) -> tuple[list[tuple[str, str,
             calls[(role, label)] += task["calls"][key]
     cpu = thread_cpu_s(run)
     rows = []
-    order = {"producer": 0, "io": 1, "consumer": 2, "timer": 3}
-    for role in sorted({r for r, _ in seconds} | {"producer", "io", "consumer"}, key=lambda r: order.get(r, 9)):
+    order = {"input": 0, "loop": 1, "output": 2, "rest": 3}
+    for role in sorted({r for r, _ in seconds} | {"input", "loop", "output"}, key=lambda r: order.get(r, 9)):
         timed = 0.0
         for (r, label), value in sorted(seconds.items(), key=lambda kv: -kv[1]):
             if r != role:
@@ -445,8 +449,8 @@ def stage_table(run: dict[str, Any], buffers: int) -> tuple[list[tuple[str, str,
             if value / buffers * 1e6 < 0.05:  # set-up messages, handshakes: nothing per buffer
                 continue
             rows.append((role, label, value / buffers * 1e6, calls[(r, label)] / buffers))
-        total = cpu.get(role if role != "timer" else "timer + rest", 0.0)
-        if role in ("producer", "io", "consumer"):
+        total = cpu.get(role, 0.0)
+        if role in ("input", "loop", "output"):
             rows.append((role, "(other: untimed)", (total - timed) / buffers * 1e6, 0.0))
             rows.append((role, "= thread total", total / buffers * 1e6, 0.0))
     overhead = statistics.median(t["overhead_s"] for t in run["tasks"]) * 1e6

@@ -1,12 +1,13 @@
 """The bounded hand-over of a consumer's output to the Spark task thread that yields it.
 
-A pipelined consumer decodes (and runs its chained operators) on a thread of its own; the Spark task thread
-only hands whole output batches to Spark. Between the two sits an :class:`OutputHandoff` of a few batches:
-when Spark does not take the task's output (the rest of the stage is slower, or Spark's own buffers towards
-the next Python step are full), the hand-over fills, the consumer waits, and that wait is its back-pressured
-time, as a Flink task whose output buffers are all taken (``backPressuredTimeMsPerSecond``). While it waits
-it reads no input: its input buffers stay taken, it announces no credit, and its producers become
-back-pressured in turn.
+A pipelined consumer decodes on its task's loop (a blocking one on a thread of its own, with its chained
+operators); the Spark task thread hands whole output batches to Spark. Between the two sits an
+:class:`OutputHandoff` of a few batches: when Spark does not take the task's output (the rest of the stage is
+slower, or Spark's own buffers towards the next Python step are full), the hand-over fills, the consumer
+waits, and that wait is its back-pressured time, as a Flink task whose output buffers are all taken
+(``backPressuredTimeMsPerSecond``). While it waits it reads no input: its input buffers stay taken, it
+announces no credit, and its producers become back-pressured in turn. The pipelined task's input comes the
+other way, from the thread that reads Spark's input to the loop, through an :class:`InputHandoff`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ import pyarrow as pa
 
 from ..errors import CreditShuffleError
 
-__all__ = ["HANDOFF_BATCHES", "HANDOFF_BYTES", "OutputHandoff", "handed_on"]
+__all__ = [
+    "HANDOFF_BATCHES",
+    "HANDOFF_BYTES",
+    "INPUT_BATCHES",
+    "InputHandoff",
+    "OutputHandoff",
+    "ThreadClock",
+    "handed_on",
+]
 
 #: Output batches handed on and not yet taken: four, so that the consumer decodes the next while Spark consumes one,
 #: and a burst of input (producers released together) does not count as waiting on the output. A slow step after the
@@ -53,6 +62,10 @@ class OutputHandoff:
         self._cond = threading.Condition()
         self._closed = False
         self._error: BaseException | None = None
+        #: Runs (on the taking thread; it must not wait) when a batch was taken after an
+        #: :meth:`offer` was refused: the offering side may hand on again.
+        self.on_room: Callable[[], None] | None = None
+        self._wants_room = False
 
     def _wait_while(
         self,
@@ -105,6 +118,35 @@ class OutputHandoff:
             self._cond.notify_all()
             self._wait_while(lambda: bool(self._items) or self._in_flight > 0, stopping, on_wait, on_taken)
 
+    def offer(self, batch: pa.RecordBatch) -> bool:
+        """Hand ``batch`` on if there is room, without waiting: False if it is full (then :attr:`on_room`
+        runs, on the taking thread, once it has room again). For a producer of batches that must not block:
+        the pipelined task's event loop."""
+        with self._cond:
+            if self._closed:
+                raise CreditShuffleError("output handed on after its end")
+            if self._full():
+                self._wants_room = True
+                return False
+            self._items.append(batch)
+            self._held_bytes += batch.nbytes
+            self._cond.notify_all()
+            return True
+
+    def has_room(self) -> bool:
+        """Whether :meth:`offer` would take a batch now; if not, :attr:`on_room` runs once it would."""
+        with self._cond:
+            if self._full():
+                self._wants_room = True
+                return False
+            return True
+
+    def end(self) -> None:
+        """No more batches, without waiting for them to be taken (:meth:`close` waits)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
     def fail(self, error: BaseException) -> None:
         """The consumer failed: :meth:`take` raises ``error`` once the batches before it were taken."""
         with self._cond:
@@ -120,6 +162,9 @@ class OutputHandoff:
             self._held_bytes -= self._in_flight_bytes
             self._in_flight_bytes = 0
             self._cond.notify_all()
+            if self._wants_room and not self._full() and self.on_room is not None:
+                self._wants_room = False
+                self.on_room()
             while not self._items:
                 if self._error is not None:
                     raise self._error
@@ -132,6 +177,88 @@ class OutputHandoff:
             self._in_flight = 1
             self._in_flight_bytes = batch.nbytes
             return batch
+
+
+#: Input batches read from Spark and not yet taken by the pipelined task's loop: one being written, one ready.
+INPUT_BATCHES = 1
+
+
+class InputHandoff:
+    """The input batches of a pipelined task, from the thread that reads them from Spark to the task's event
+    loop, which must not wait: at most ``capacity`` not yet taken, then the end (:meth:`end`). The reading
+    thread waits while it is full (the loop takes no input while its output is back-pressured, so neither
+    does Spark's reader: Flink's mailbox); :attr:`on_item` runs when a batch arrives at an empty hand-over
+    (the loop's wakeup)."""
+
+    def __init__(self, capacity: int = INPUT_BATCHES) -> None:
+        self.capacity = capacity
+        self._items: deque[pa.RecordBatch] = deque()
+        self._ended = False
+        self._cond = threading.Condition()
+        self.on_item: Callable[[], None] | None = None
+
+    def put(self, batch: pa.RecordBatch, stopping: Callable[[], bool]) -> None:
+        """Hand ``batch`` on, waiting while the hand-over is full; raises :class:`CreditShuffleError` once
+        ``stopping()``."""
+        with self._cond:
+            while len(self._items) >= self.capacity:
+                if stopping():
+                    raise CreditShuffleError("task stopping: its input is no longer taken")
+                self._cond.wait(_POLL_S)
+            self._items.append(batch)
+        if self.on_item is not None:
+            self.on_item()
+
+    def end(self) -> None:
+        """The input ended (every batch before it was handed on)."""
+        with self._cond:
+            self._ended = True
+        if self.on_item is not None:
+            self.on_item()
+
+    @property
+    def is_ended(self) -> bool:
+        """Whether every input batch was taken and the input ended."""
+        return self._ended and not self._items
+
+    def peek(self) -> pa.RecordBatch | None:
+        """The next batch, not taken (None: none now)."""
+        items = self._items
+        return items[0] if items else None
+
+    def pop(self) -> pa.RecordBatch:
+        """Take the next batch (there must be one: :meth:`peek`)."""
+        with self._cond:
+            batch = self._items.popleft()
+            self._cond.notify()
+            return batch
+
+
+class ThreadClock:
+    """How long one thread spent in one kind of wait (or work), for another thread to read: its total so far,
+    the wait going on included (:meth:`total`). The pipelined task's loop splits its own waits with it: its
+    producer half starved of input is idle only while the reading thread waits for Spark, its consumer half
+    with a full output back-pressured only while Spark holds the output."""
+
+    __slots__ = ("_since", "_total")
+
+    def __init__(self) -> None:
+        self._total = 0.0
+        self._since: float | None = None
+
+    def begin(self, now: float) -> None:
+        if self._since is None:
+            self._since = now
+
+    def end(self, now: float) -> None:
+        since = self._since
+        if since is not None:
+            self._total += max(0.0, now - since)
+            self._since = None
+
+    def total(self, now: float) -> float:
+        total, since = self._total, self._since  # in this order: a wait ended meanwhile is missed, not doubled
+        return total + (max(0.0, now - since) if since is not None else 0.0)
 
 
 def handed_on(

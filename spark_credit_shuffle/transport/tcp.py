@@ -106,9 +106,11 @@ class TcpTransport(ConnectionSetup):
     ``server_handler_factory(wakeup)`` builds the handler of an accepted connection (None: accept nothing).
     ``on_event()`` runs, with ``lock`` held, after input was processed or a connection closed, so waiting
     threads can look again; ``on_data_sent(connection, n)`` runs, with ``lock`` held, whenever ``n`` data
-    buffers were pulled from a handler (progress). ``on_closed(connection)`` runs, with ``lock`` held, when a connection
-    ends (its ``error`` tells why, None for a clean close). ``on_round_end()`` runs, without ``lock``, at the end
-    of every round of the I/O thread (what the round's input made ready can be announced once there).
+    buffers were pulled from a handler (progress). ``on_closed(connection)`` runs, with ``lock`` held, when a
+    connection ends (its ``error`` tells why, None for a clean close). ``on_round()`` runs, without ``lock``, in
+    every round after the sockets were read and before what is sendable is written: the owner's own work on
+    this thread (a pipelined task's loop); it returns when it wants the next round (``time.monotonic()``; the
+    round may come earlier).
     ``handshake_timeout_s`` is the authentication deadline of an accepted connection and
     ``max_unauthenticated`` how many may wait for it at once (:func:`unauthenticated_cap`);
     ``handshake_timeout_setting`` names where the deadline comes from in logs. ``tls``: the exchange's key
@@ -131,7 +133,7 @@ class TcpTransport(ConnectionSetup):
         on_event: Callable[[], None] | None = None,
         on_data_sent: Callable[[Connection, int], None] | None = None,
         on_closed: Callable[[Connection], None] | None = None,
-        on_round_end: Callable[[], None] | None = None,
+        on_round: Callable[[], float] | None = None,
         name: str = "",
         port: int = 0,
         tls: TlsIdentity | None = None,
@@ -142,7 +144,9 @@ class TcpTransport(ConnectionSetup):
             raise ValueError(f"handshake_timeout_s must be > 0, got {handshake_timeout_s}")
         if max_unauthenticated < 1:
             raise ValueError(f"max_unauthenticated must be >= 1, got {max_unauthenticated}")
-        self._on_round_end = on_round_end
+        self._on_round = on_round
+        #: When ``on_round`` wants the next round (``time.monotonic()``), None: when something happens.
+        self._round_due: float | None = None
         super().__init__(
             host,
             port,
@@ -179,7 +183,7 @@ class TcpTransport(ConnectionSetup):
         """Start the I/O thread."""
         if self._thread is not None:
             raise RuntimeError("transport already started")
-        self._thread = threading.Thread(target=self._run, name=f"credit-shuffle-io-{self.name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"credit-shuffle-loop-{self.name}", daemon=True)
         self._thread.start()
 
     @property
@@ -188,6 +192,10 @@ class TcpTransport(ConnectionSetup):
         if self._thread is None or self._thread.ident is None:
             raise RuntimeError("transport not started")
         return self._thread.ident
+
+    def on_own_thread(self) -> bool:
+        """Whether the calling thread is the I/O thread."""
+        return threading.current_thread() is self._thread
 
     def sending(self) -> _SendingBlock:
         """Within this block the calling thread writes what its protocol calls made sendable, at its end.
@@ -271,6 +279,9 @@ class TcpTransport(ConnectionSetup):
         try:
             while not self._stopping or self._lingering():
                 timeout = 0.0 if self._tls_readable else self._select_timeout()
+                if self._round_due is not None:
+                    left = max(0.0, self._round_due - time.monotonic())
+                    timeout = left if timeout is None else min(timeout, left)
                 if self._linger_started:  # look again when the lingering ends at the latest
                     assert self._linger_until is not None
                     left = max(0.0, self._linger_until - time.monotonic())
@@ -298,11 +309,11 @@ class TcpTransport(ConnectionSetup):
                 if accept and not self._stopping:  # after the other sockets were read: a handshake that arrived counts
                     self._accept()
                 self._adopt_pending()
+                if self._on_round is not None and not self._stopping:
+                    self._round_due = self._on_round()
                 self._pump()
                 if self._unauthenticated:
                     self._expire_handshakes()
-                if self._on_round_end is not None:
-                    self._on_round_end()
         except BaseException as exc:  # a bug or an OS failure: make it visible to the runtime
             self.error = exc
             log.exception("I/O thread of %s failed", self.name)

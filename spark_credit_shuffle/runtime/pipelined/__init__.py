@@ -23,16 +23,17 @@ task's own subpartition is read directly (no copy), a subpartition of another ta
 Python worker process) through that connection, with the producer's segment held in its pool until the
 consumer recycled the buffer (:class:`~spark_credit_shuffle.protocol.client.ConnectionSubpartitionView`):
 backpressure on a local channel is the producer's pool filling. ``local_channels="task"`` makes every
-channel between tasks remote (credit-based) instead. Threads per task: one consumer thread decodes what the
-gate delivers (and runs the operators chained after the exchange, :mod:`~.chain`) and hands whole output
-batches to the Spark task thread, which yields them (:mod:`~.handoff`: a bounded hand-over whose wait is the
-consumer's back-pressured time); one producer thread feeds the input batches (through the operators chained
-before the exchange) to the RecordWriter, one I/O thread drives every socket
-(:class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) and one timer thread is
-the output flusher (``buffer_timeout_ms``), sends latency markers and samples memory. All protocol objects
-of a task are guarded by one re-entrant lock. What those threads do and when is decided by the task engine
-(:mod:`~spark_credit_shuffle.engine`, which reads no clock); :mod:`~.task` (the threads),
-:mod:`~.wiring` (sockets, connections, the end) and :mod:`~.in_threads` (tasks as threads of one process)
+channel between tasks remote (credit-based) instead. Threads per task: one loop (:mod:`~.loop`, the
+transport's I/O thread, :class:`~spark_credit_shuffle.transport.tcp.TcpTransport`) drives every socket, writes
+the input batches (the RecordWriter), decodes what the gate delivers, hands whole output batches on and runs
+the schedule (the output flusher, ``buffer_timeout_ms``; latency markers, debloating, checkpoint barriers,
+samples); an input thread reads Spark's input (through the operators chained before the exchange) and hands
+it over in whole batches; the Spark task thread runs the operators chained after the exchange
+(:mod:`~.chain`) and yields to Spark (:mod:`~.handoff`: bounded hand-overs, whose waits the loop turns into
+the halves' idle and back-pressured time). Only the loop touches the protocol, so no buffer crosses a thread.
+What the loop does and when is decided by the task engine (:mod:`~spark_credit_shuffle.engine`, which reads
+no clock); :mod:`~.task` (set-up, the threads), :mod:`~.loop` (the rounds), :mod:`~.wiring` (sockets,
+connections, the end) and :mod:`~.in_threads` (tasks as threads of one process)
 are the glue around it, and this module the Spark side.
 
 **Placement.** The stage has max(S, T) tasks, and the cluster must be able to run them all at once
@@ -69,13 +70,12 @@ nothing else. At most four times the task's remote consumers (at least 32) may w
 closes the oldest of them, and a consumer writes its ``Hello`` with its connect, so a flood of silent
 connections costs a bounded number of sockets and does not displace the consumers.
 
-**Backpressure.** The producer thread hands each input batch to a resumable ``RecordWriter``, which takes a
-new buffer only while the pool is available (Flink's ``isAvailable``, checked per buffer request) and
-otherwise stops there; the thread waits (woken by every recycled segment) and resumes the batch. A producer
-holds at most its pool size plus the overdraft, and the time it waits is its back-pressured time. Threads
-that make data or credit sendable write it to the socket themselves (see
-:meth:`TcpTransport.sending`): every hand-over between threads costs a wait for the interpreter lock, and
-the credit loop is the latency that bounds a channel's throughput.
+**Backpressure.** The loop hands each input batch to a resumable ``RecordWriter``, which takes a new buffer
+only while the pool is available (Flink's ``isAvailable``, checked per buffer request) and otherwise stops
+there; the loop serves its sockets (a buffer comes back) and resumes the batch, and takes no next input
+meanwhile, so the input thread stops reading Spark's. A producer holds at most its pool size plus the
+overdraft, and the time it waits is its back-pressured time. What a round makes sendable (data, credit) is
+written by the same round: no buffer is handed between threads.
 
 **Metrics** are the blocking mode's (same schema, Flink's time metrics per side included:
 ``accumulateBackPressuredTimeMs``, ``accumulateIdleTimeMs``, ``accumulateBusyTimeMs`` (stat ``total``),
@@ -89,11 +89,12 @@ Producers also report ``outputQueueLength`` per channel (max, mean); consumers r
 latency markers they received (p50, p99, max, mean) and ``numLatencyMarkersIn``; each task reports its
 resident memory ``taskRssBytes``, Arrow memory ``taskArrowAllocatedBytes`` and the network buffers it holds,
 ``usedMemorySegments`` (Flink's ``Status.Shuffle.Netty.UsedMemorySegments``, of each task's own pool here;
-max, mean), sampled by the timer thread, and its CPU time (``taskCpuTimeMs``; ``producerThreadCpuTimeMs``,
-``consumerThreadCpuTimeMs``, ``ioThreadCpuTimeMs`` per thread) next to its wall-clock time ``taskWallTimeMs``.
+max, mean), sampled by the task's loop, and its CPU time (``taskCpuTimeMs``; ``inputThreadCpuTimeMs``,
+``loopThreadCpuTimeMs``, ``outputThreadCpuTimeMs`` per thread, see :mod:`.loop`) next to its wall-clock time
+``taskWallTimeMs``.
 The producer half hands its rows to the consumer half of the same task, whose last output row carries both.
 
-**Timeline.** Every ``metrics_sample_interval_ms`` the timer thread samples both sides of its task (pool
+**Timeline.** Every ``metrics_sample_interval_ms`` the loop samples both sides of its task (pool
 usage, backpressure, rates, and per channel backlog, queue length and credits; the list is in
 :mod:`spark_credit_shuffle.metrics`), once more when a side ends; ``Exchange.timeline()`` returns them.
 

@@ -11,7 +11,6 @@ threads around it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -89,17 +88,13 @@ class TaskWiring:
         self.is_producer = index < plan.num_producers
         self.is_consumer = index < plan.num_consumers
         self.partition_id = int(attempt_id) & 0xFFFF_FFFF_FFFF
+        #: Guards the protocol objects: the loop holds it for each round's work, the other threads take it
+        #: for their few moments with them (set-up, the end, the metrics); ``cond`` wakes the end's wait.
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
-        #: What the consumer thread waits on (data on the gate) and what the producer thread waits on (a
-        #: buffer of its pool): one condition each, so that neither wakes for the other's events.
-        self.consumer_cond = threading.Condition(self.lock)
-        self.producer_cond = threading.Condition(self.lock)
-        self.writer_lock = threading.Lock()
-        #: The threads that wake the consumer at the end of their burst (:meth:`notify_consumer`), and whether a
-        #: wake-up is owed.
-        self._deferring_threads: set[int] = set()
-        self._consumer_wakeup_pending = False
+        #: What the task's loop is told: the gate went from empty to holding data; the task failed (with what).
+        self.on_gate: Callable[[], None] | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
         self.max_frame_length = default_max_frame_length(config.segment_size)
         self._failure: BaseException | None = None
         self.failed_at: float | None = None  # monotonic time this task first failed (its peers fail after it)
@@ -154,76 +149,56 @@ class TaskWiring:
     # -- notifications (lock held) --
 
     def _notify(self) -> None:
-        """Something happened (input processed, a connection closed): wake every waiting thread."""
+        """Something happened (input processed, a connection closed): the end's wait looks again."""
         with self.cond:  # re-entrant: usually called with the lock already held
             self.cond.notify_all()
-            self.consumer_cond.notify_all()
-            self.producer_cond.notify_all()
 
     def _on_transport_event(self) -> None:
-        """Input was processed or a connection closed (lock held): the general waiters look again; the consumer
-        and producer threads wake on their own events (data on the gate, a buffer in the pool) or a failure."""
+        """Input was processed or a connection closed (lock held); a failed I/O thread fails the task."""
         transport = self.transport
-        if self._failure is not None or (transport is not None and transport.error is not None):
-            self._notify()
-        else:
-            self.cond.notify_all()
+        if transport is not None and transport.error is not None and self._failure is None:
+            self.fail(CreditShuffleError(f"task {self.index}: the network I/O thread failed: {transport.error!r}"))
+        self._notify()
 
-    def notify_consumer(self) -> None:
-        """The gate has data (the consumer thread's wait). A thread inside :meth:`consumer_wakeups_deferred`
-        (the producer writing an input batch) or the I/O thread within one of its rounds leaves the wake-up for
-        the end of its burst: one hand-off to the consumer per burst of buffers, not per buffer."""
-        deferring = self._deferring_threads
-        if deferring and threading.get_ident() in deferring:
-            self._consumer_wakeup_pending = True
-            return
-        with self.lock:
-            self.consumer_cond.notify()
+    def notify_loop(self) -> None:
+        """Something the loop waits for happened (a buffer back in the pool): off the loop's thread, wake it
+        (on it, the round looks anyway)."""
+        transport = self.transport
+        if transport is not None and not transport.on_own_thread():
+            transport.wakeup()
 
-    def deliver_consumer_wakeup(self) -> None:
-        """Wake the consumer thread if a deferred notification is owed (the end of a burst)."""
-        if self._consumer_wakeup_pending:
-            with self.lock:
-                if self._consumer_wakeup_pending:
-                    self._consumer_wakeup_pending = False
-                    self.consumer_cond.notify()
+    def notify_gate(self) -> None:
+        """The gate went from empty to holding data: the loop's consumer half looks."""
+        if self.on_gate is not None:
+            self.on_gate()
+        self.notify_loop()
 
-    @contextlib.contextmanager
-    def consumer_wakeups_deferred(self) -> Iterator[None]:
-        """Within this block the data the calling thread makes available on this task's own gate wakes the
-        consumer thread once, at the block's end, instead of at every buffer that finds the gate empty: a
-        thread hand-off (and the interpreter lock's) per burst, not per buffer. The block must not wait for the
-        consumer (the producer leaves it before it waits for a buffer of its pool)."""
-        ident = threading.get_ident()
-        self._deferring_threads.add(ident)
-        try:
-            yield
-        finally:
-            self._deferring_threads.discard(ident)
-            self.deliver_consumer_wakeup()
-
-    def notify_producer(self) -> None:
-        """The partition's pool has a buffer (the producer thread's wait)."""
-        with self.lock:
-            self.producer_cond.notify()
+    @property
+    def has_failed(self) -> bool:
+        """Whether the task failed (:meth:`fail`)."""
+        return self._failure is not None
 
     def fail(self, exc: BaseException) -> None:
+        """The task fails with ``exc`` (the first failure stays): the Spark task thread raises it, the loop stops
+        its work and the end's wait ends."""
         with self.cond:
             if self._failure is None:
                 self._failure = exc
                 self.failed_at = time.monotonic() if self.failed_at is None else self.failed_at
+                if self.on_failure is not None:
+                    self.on_failure(exc)
             self._notify()
 
     def pause(self, seconds: float) -> None:
         """Spend ``seconds`` as an injected slow consumer's work (:class:`~.plan.Injection`), ending early if
         the task fails meanwhile: a failed stage's tasks are killed, their user code included."""
         deadline = time.monotonic() + seconds
-        with self.consumer_cond:
+        with self.cond:
             while self._failure is None and not self.stopping.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
-                self.consumer_cond.wait(left)
+                self.cond.wait(left)
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -235,8 +210,9 @@ class TaskWiring:
 
     # -- sockets --
 
-    def start_transport(self) -> None:
-        """Listen, start the I/O thread, announce the address (if asked to)."""
+    def start_transport(self, on_round: Callable[[], float]) -> None:
+        """Listen, start the I/O thread (the task's loop: ``on_round`` is its work, see
+        :class:`~.loop.TaskLoop`), announce the address (if asked to)."""
         remote_consumers = {c for c in self.subpartition_consumers if c != self.index}
         self.transport = TcpTransport(
             self.host,
@@ -248,13 +224,11 @@ class TaskWiring:
             on_event=self._on_transport_event,
             on_data_sent=self._on_data_sent,
             on_closed=self._on_connection_closed,
-            on_round_end=self.deliver_consumer_wakeup,
+            on_round=on_round,
             name=f"{self.plan.name} task {self.index}",
             tls=self.tls,
         )
         self.transport.start()
-        if self.is_consumer:  # what the I/O thread receives in one round wakes the consumer once, at the round's end
-            self._deferring_threads.add(self.transport.thread_ident)
         directory = self.announce_address_dir
         if directory:
             host, port = self.transport.address
