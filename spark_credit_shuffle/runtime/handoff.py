@@ -171,7 +171,7 @@ class OutputHandoff:
                 if self._closed:
                     return None
                 if not alive():
-                    raise CreditShuffleError("the consumer thread ended without handing on the end of its output")
+                    raise CreditShuffleError("the thread handing on the output ended without handing on its end")
                 self._cond.wait(_POLL_S)
             batch = self._items.popleft()
             self._in_flight = 1

@@ -51,8 +51,8 @@ class TaskOptions:
     them to Spark (0: one output batch per network buffer). ``output_linger_ms``: how long the consumer waits
     for more rows when fewer than ``output_batch_rows`` are ready (each output batch costs Spark a fixed
     amount, as a network buffer costs Flink); None takes a tenth of the buffer timeout, at most 2 ms, none
-    with timeout 0 and 2 ms with -1 (:class:`~.engine.Settings`). ``sample_memory_ms``: how often the timer
-    thread samples the task's memory (0: never). ``announce_address_dir``: if set, each task writes its
+    with timeout 0 and 2 ms with -1 (:class:`~.engine.Settings`). ``sample_memory_ms``: how often the task's
+    loop samples the task's memory (0: never). ``announce_address_dir``: if set, each task writes its
     listening address there (``task-<i>.addr``) for tests and demos. ``address_exchange``: how tasks learn
     each other's addresses: ``"auto"`` through the driver's address service on a classic session (see
     :mod:`~spark_credit_shuffle.runtime.pipelined.rendezvous`), Spark's ``allGather`` on Spark Connect;
