@@ -1,15 +1,19 @@
 """The consumer's hand-over to the Spark task thread: bounded in batches and in bytes, so that the time a
-consumer waits on its output does not depend on how large its batches happened to be cut."""
+consumer waits on its output does not depend on how large its batches happened to be cut. And the input's
+hand-over from the thread reading Spark to the task's loop: bounded, every batch once and in order, the
+reader woken to refill only when the loop took all but a few, the loop only when a batch arrives at an empty
+hand-over."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pyarrow as pa
 import pytest
 
 from spark_credit_shuffle.errors import CreditShuffleError
-from spark_credit_shuffle.runtime.handoff import HANDOFF_BATCHES, OutputHandoff
+from spark_credit_shuffle.runtime.handoff import HANDOFF_BATCHES, InputHandoff, OutputHandoff
 
 
 def batch_of(size: int) -> pa.RecordBatch:
@@ -79,3 +83,72 @@ def test_every_batch_comes_out_once_in_order_and_then_the_end(size):
     closer.join(10)
     assert not closer.is_alive(), "close() still waits although every batch was taken"
     assert received == sent
+
+
+def numbered(i: int) -> pa.RecordBatch:
+    return pa.record_batch([pa.array([i])], names=["i"])
+
+
+def test_the_input_reader_waits_while_full_and_refills_only_below_the_low_water_mark():
+    inputs = InputHandoff(capacity=4, low_water=1)
+    wakeups = []
+    inputs.on_item = lambda: wakeups.append(len(wakeups))
+    put_done = []
+
+    def reader() -> None:
+        for i in range(10):
+            inputs.put(numbered(i), lambda: False)
+            put_done.append(i)
+        inputs.end()
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    wait_until(lambda: len(put_done) == 4)
+    time_passes()  # the reader, with its fifth batch, now waits for room
+    assert len(put_done) == 4
+    assert len(wakeups) == 1  # the loop is woken by the first batch only: the hand-over held one after
+    taken = [inputs.pop().column(0)[0].as_py() for _ in range(2)]
+    time_passes()
+    assert len(put_done) == 4  # two left, above the low water mark: the reader is not woken
+    taken.append(inputs.pop().column(0)[0].as_py())  # one left: woken, it refills to four
+    wait_until(lambda: len(put_done) == 7)
+    while not inputs.is_ended:
+        batch = inputs.peek()
+        if batch is None:
+            time_passes()
+            continue
+        taken.append(inputs.pop().column(0)[0].as_py())
+    thread.join(10)
+    assert taken == list(range(10))
+
+
+def test_a_full_input_hand_over_lets_a_stopping_reader_go():
+    inputs = InputHandoff(capacity=1, low_water=0)
+    inputs.put(numbered(0), lambda: False)
+    with pytest.raises(CreditShuffleError, match="no longer taken"):
+        inputs.put(numbered(1), lambda: True)
+    with pytest.raises(ValueError, match="low_water"):
+        InputHandoff(capacity=2, low_water=2)
+
+
+def test_a_waiting_taker_is_woken_by_the_next_batch():
+    handoff = OutputHandoff(capacity=2)
+    got = []
+    taker = threading.Thread(target=lambda: got.append(handoff.take(lambda: True)), daemon=True)
+    taker.start()
+    time_passes()
+    assert handoff.offer(numbered(7))
+    taker.join(0.4)  # woken at once, not at the taker's next look (0.5 s)
+    assert not taker.is_alive() and got[0].column(0)[0].as_py() == 7
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the reader thread"
+        time.sleep(0.005)
+
+
+def time_passes() -> None:
+    """Long enough for the other thread to act on anything it was woken for."""
+    time.sleep(0.05)

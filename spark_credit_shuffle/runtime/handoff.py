@@ -24,6 +24,7 @@ __all__ = [
     "HANDOFF_BATCHES",
     "HANDOFF_BYTES",
     "INPUT_BATCHES",
+    "INPUT_LOW_WATER",
     "InputHandoff",
     "OutputHandoff",
     "ThreadClock",
@@ -66,6 +67,11 @@ class OutputHandoff:
         #: :meth:`offer` was refused: the offering side may hand on again.
         self.on_room: Callable[[], None] | None = None
         self._wants_room = False
+        #: Threads waiting in :meth:`take` (for a batch) and in :meth:`put` or :meth:`close` (for room): a
+        #: notification wakes them only (a wakeup that finds no one is a system call for nothing, and on a
+        #: virtual machine one that finds a sleeper costs tens of microseconds).
+        self._takers_waiting = 0
+        self._putters_waiting = 0
 
     def _wait_while(
         self,
@@ -78,12 +84,14 @@ class OutputHandoff:
         if not full():
             return
         on_wait()
+        self._putters_waiting += 1
         try:
             while full():
                 if stopping():
                     raise CreditShuffleError("task stopping: its output is no longer taken")
                 self._cond.wait(_POLL_S)
         finally:
+            self._putters_waiting -= 1
             on_taken()
 
     def put(
@@ -100,7 +108,8 @@ class OutputHandoff:
             self._wait_while(self._full, stopping, on_wait, on_taken)
             self._items.append(batch)
             self._held_bytes += batch.nbytes
-            self._cond.notify_all()
+            if self._takers_waiting:
+                self._cond.notify_all()
 
     def _full(self) -> bool:
         return len(self._items) + self._in_flight >= self.capacity or self._held_bytes >= self.max_bytes
@@ -130,11 +139,14 @@ class OutputHandoff:
                 return False
             self._items.append(batch)
             self._held_bytes += batch.nbytes
-            self._cond.notify_all()
+            if self._takers_waiting:
+                self._cond.notify_all()
             return True
 
     def has_room(self) -> bool:
         """Whether :meth:`offer` would take a batch now; if not, :attr:`on_room` runs once it would."""
+        if not self._full():  # without the lock: only the offering thread fills it, so room seen stays room
+            return True
         with self._cond:
             if self._full():
                 self._wants_room = True
@@ -161,7 +173,8 @@ class OutputHandoff:
             self._in_flight = 0  # the batch taken before, if any, was consumed: Spark asks for the next
             self._held_bytes -= self._in_flight_bytes
             self._in_flight_bytes = 0
-            self._cond.notify_all()
+            if self._putters_waiting:
+                self._cond.notify_all()
             if self._wants_room and not self._full() and self.on_room is not None:
                 self._wants_room = False
                 self.on_room()
@@ -172,41 +185,59 @@ class OutputHandoff:
                     return None
                 if not alive():
                     raise CreditShuffleError("the thread handing on the output ended without handing on its end")
-                self._cond.wait(_POLL_S)
+                self._takers_waiting += 1
+                try:
+                    self._cond.wait(_POLL_S)
+                finally:
+                    self._takers_waiting -= 1
             batch = self._items.popleft()
             self._in_flight = 1
             self._in_flight_bytes = batch.nbytes
             return batch
 
 
-#: Input batches read from Spark and not yet taken by the pipelined task's loop: one being written, one ready.
-INPUT_BATCHES = 1
+#: Input batches read from Spark and not yet taken by the pipelined task's loop. The reading thread is woken to
+#: read more once the loop took all but one (:data:`INPUT_LOW_WATER`): one wakeup per three batches, not one per
+#: batch, and the loop still finds one ready while the reader refills.
+INPUT_BATCHES = 4
+INPUT_LOW_WATER = 1
 
 
 class InputHandoff:
     """The input batches of a pipelined task, from the thread that reads them from Spark to the task's event
     loop, which must not wait: at most ``capacity`` not yet taken, then the end (:meth:`end`). The reading
     thread waits while it is full (the loop takes no input while its output is back-pressured, so neither
-    does Spark's reader: Flink's mailbox); :attr:`on_item` runs when a batch arrives at an empty hand-over
-    (the loop's wakeup)."""
+    does Spark's reader: Flink's mailbox). A waiting reader is woken once the loop took all but ``low_water``
+    of them (it then refills in one go); :attr:`on_item` runs when a batch arrives at an empty hand-over (the
+    loop's wakeup: one that still holds a batch is looked at by the loop's next round anyway)."""
 
-    def __init__(self, capacity: int = INPUT_BATCHES) -> None:
+    def __init__(self, capacity: int = INPUT_BATCHES, low_water: int = INPUT_LOW_WATER) -> None:
+        if not 0 <= low_water < capacity:
+            raise ValueError(f"low_water must be in [0, capacity), got {low_water} with capacity {capacity}")
         self.capacity = capacity
+        self.low_water = low_water
         self._items: deque[pa.RecordBatch] = deque()
         self._ended = False
         self._cond = threading.Condition()
+        self._reader_waiting = False
         self.on_item: Callable[[], None] | None = None
 
     def put(self, batch: pa.RecordBatch, stopping: Callable[[], bool]) -> None:
         """Hand ``batch`` on, waiting while the hand-over is full; raises :class:`CreditShuffleError` once
         ``stopping()``."""
         with self._cond:
-            while len(self._items) >= self.capacity:
-                if stopping():
-                    raise CreditShuffleError("task stopping: its input is no longer taken")
-                self._cond.wait(_POLL_S)
+            if len(self._items) >= self.capacity:
+                self._reader_waiting = True
+                try:
+                    while len(self._items) > self.low_water:
+                        if stopping():
+                            raise CreditShuffleError("task stopping: its input is no longer taken")
+                        self._cond.wait(_POLL_S)
+                finally:
+                    self._reader_waiting = False
+            was_empty = not self._items
             self._items.append(batch)
-        if self.on_item is not None:
+        if was_empty and self.on_item is not None:
             self.on_item()
 
     def end(self) -> None:
@@ -230,7 +261,8 @@ class InputHandoff:
         """Take the next batch (there must be one: :meth:`peek`)."""
         with self._cond:
             batch = self._items.popleft()
-            self._cond.notify()
+            if self._reader_waiting and len(self._items) <= self.low_water:
+                self._cond.notify()
             return batch
 
 
