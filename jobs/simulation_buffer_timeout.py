@@ -32,11 +32,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--slots", type=int, default=4)
-    parser.add_argument("--duration", type=float, default=0.05, help="virtual seconds per run")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=0.05,
+        help="virtual seconds of steady state per run, after a warm-up as long (both at least two timeouts)",
+    )
     parser.add_argument("--png", default=os.path.normpath(os.path.join(PNG, "simulation_buffer_timeout.png")))
     parser.add_argument("--no-png", action="store_true")
     args = parser.parse_args(argv)
-    rows = buffer_timeout_figure(args.hosts, args.slots, timeouts_ms=FIGURE_TIMEOUTS_MS, duration=args.duration)
+    rows = buffer_timeout_figure(args.hosts, args.slots, timeouts_ms=FIGURE_TIMEOUTS_MS, window=args.window)
     print_table(rows)
     if not args.no_png:
         draw(rows, args.png)

@@ -24,11 +24,11 @@ from spark_credit_shuffle.metrics import TaskMetrics
 from spark_credit_shuffle.protocol import RemoteInputChannel
 from spark_credit_shuffle.simulation import Simulation, simulate
 from spark_credit_shuffle.simulation.cli import main as simulate_main
-from spark_credit_shuffle.simulation.cluster import run_cluster
+from spark_credit_shuffle.simulation.cluster import run_cluster, steady_state_times
 
 SCHEMA = pa.schema([("seq", pa.int64()), ("payload", pa.binary())])
 HOSTS = [i // 2 for i in range(4)]  # 2 hosts x 2 slots
-QUIET = ("--timeout-ms", "1", "--duration", "0.002", "--quiet")
+QUIET = ("--timeout-ms", "1", "--window", "0.002", "--quiet")
 
 
 def _batch(first: int, rows: int, size: int) -> pa.RecordBatch:
@@ -150,7 +150,7 @@ def test_run_cluster_reports_its_figures():
 def test_simulate_command_prints_a_table_and_a_json_line(capsys, tmp_path):
     png = tmp_path / "figure.png"
     argv = ["--hosts", "1", "--slots", "2", "--timeout-ms", "0,10", "--flush-model", "both"]
-    assert simulate_main([*argv, "--duration", "0.005", "--quiet", "--png", str(png)]) == 0
+    assert simulate_main([*argv, "--window", "0.005", "--quiet", "--png", str(png)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split()[:2] == ["flush_model", "timeout_ms"] and len(lines) == 6
     figures = json.loads(lines[-1])["simulate"]
@@ -166,3 +166,40 @@ def test_python_m_simulate():
         text=True,
     ).stdout
     assert json.loads(out.strip().splitlines()[-1])["simulate"]["flink_1.5"]["1ms"]["mb_s"] > 0
+
+
+def test_the_throughput_after_a_warm_up_counts_only_the_bytes_received_after_it():
+    """A run is deterministic, so the same run stopped at the end of the warm-up received exactly what the whole
+    run's throughput leaves out; the buffer timeout's first wait (10 ms here) is outside the window."""
+    kwargs = dict(
+        num_producers=2,
+        num_consumers=2,
+        producer_rate=5e6,
+        consumer_rate=10e6,
+        producer_hosts=[0, 1],
+        consumer_hosts=[0, 1],
+        latency=100e-6,
+    )
+    config = NetworkConfig(buffer_timeout_ms=10)
+    whole = simulate(config, **kwargs, duration=0.06, warmup=0.02)
+    prefix = simulate(config, **kwargs, duration=0.02)
+    cold = simulate(config, **kwargs, duration=0.06)
+    assert whole.window == pytest.approx(0.04)
+    for consumer in (0, 1):
+        total = cold.value("consumer", consumer, "numBytesInPerSecond", stat="mean") * 0.06
+        before = prefix.value("consumer", consumer, "numBytesInPerSecond", stat="mean") * 0.02
+        after = whole.value("consumer", consumer, "numBytesInPerSecond", stat="mean") * 0.04
+        assert before > 0 and after == pytest.approx(total - before)
+        # steady state is faster than the average from a cold start
+        assert after / 0.04 > total / 0.06
+    with pytest.raises(ConfigError, match="warmup"):
+        Simulation(config, **kwargs, duration=0.02, warmup=0.02)
+
+
+def test_a_figure_run_warms_up_and_measures_for_two_timeouts_or_the_window():
+    assert steady_state_times(0, 0.05) == (0.05, 0.1)
+    assert steady_state_times(100, 0.05) == (0.2, 0.4)
+    with pytest.raises(ConfigError, match="window"):
+        steady_state_times(1, 0)
+    row = run_cluster(1, 2, 5, duration=0.02, warmup=0.01)
+    assert row["warmup_s"] == 0.01 and row["virtual_s"] == 0.02 and row["throughput_mb_s"] > 0

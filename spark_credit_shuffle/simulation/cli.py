@@ -37,7 +37,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--flush-model", choices=("1.5", "1.4", "both"), default="1.5", help="Flink 1.5+ (default), 1.4 or both"
     )
-    p.add_argument("--duration", type=float, default=0.05, help="virtual seconds per run (default 0.05)")
+    p.add_argument(
+        "--window",
+        type=float,
+        default=0.05,
+        help="virtual seconds of steady state each throughput is measured over, after a warm-up as long (both at "
+        "least two timeouts; default 0.05)",
+    )
     p.add_argument("--png", default=None, help="draw throughput against buffer timeout into this PNG")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     return p
@@ -45,8 +51,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.hosts < 1 or args.slots < 1 or not args.duration > 0:
-        print("simulate: --hosts, --slots >= 1 and --duration > 0", file=sys.stderr)
+    if args.hosts < 1 or args.slots < 1 or not args.window > 0:
+        print("simulate: --hosts, --slots >= 1 and --window > 0", file=sys.stderr)
         return 2
     models = ("1.5", "1.4") if args.flush_model == "both" else (args.flush_model,)
     rows = buffer_timeout_figure(
@@ -54,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.slots,
         timeouts_ms=args.timeout_ms,
         flush_models=models,
-        duration=args.duration,
+        window=args.window,
         progress=not args.quiet,
     )
     print_table(rows)

@@ -35,6 +35,7 @@ from ..config import NetworkConfig
 from ..errors import ConfigError, InsufficientNetworkBuffersError
 from ..metrics import CONSUMER
 from .model import Simulation
+from .report import BYTES_IN_PER_SECOND
 
 __all__ = [
     "BUFFER_COST",
@@ -49,6 +50,7 @@ __all__ = [
     "headline",
     "print_table",
     "run_cluster",
+    "steady_state_times",
 ]
 
 #: The buffer timeouts of the article's figure, in ms.
@@ -101,6 +103,7 @@ def run_cluster(
     *,
     flush_model: str = "1.5",
     duration: float = 0.05,
+    warmup: float = 0.0,
     progress: Callable[[float], None] | None = None,
     producer_rate: float = PRODUCER_RATE,
     consumer_rate: float = CONSUMER_RATE,
@@ -108,8 +111,9 @@ def run_cluster(
     producer_buffer_cost: float = PRODUCER_BUFFER_COST,
     notification_cost: float = NOTIFICATION_COST,
 ) -> dict[str, Any]:
-    """One run of the cluster at buffer timeout ``timeout_ms``: its figures (throughput over all consumers in
-    MB per virtual second, buffers and records received, bytes per buffer, wall seconds)."""
+    """One run of the cluster at buffer timeout ``timeout_ms`` for ``duration`` virtual seconds: its figures
+    (throughput over all consumers in MB per virtual second after the first ``warmup`` seconds, buffers and
+    records received, bytes per buffer, wall seconds)."""
     if hosts < 1 or slots < 1:
         raise ConfigError("hosts", (hosts, slots), "at least 1 host and 1 slot")
     if not (duration > 0 and math.isfinite(duration)):
@@ -131,6 +135,7 @@ def run_cluster(
         "notification_cost": notification_cost,
         "progress": progress,
         "max_steps": 10**9,
+        "warmup": warmup,
     }
     config = NetworkConfig(buffer_timeout_ms=timeout_ms)
     network = "default"
@@ -143,9 +148,13 @@ def run_cluster(
     report = simulation.run()
     wall = time.perf_counter() - start
     totals = {"numBytesIn": 0.0, "numBuffersIn": 0.0, "numRecordsIn": 0.0}
+    throughput = 0.0  # bytes per virtual second over the window after the warm-up
     for row in report.rows:
-        if row.side == CONSUMER and row.metric in totals and row.channel is not None:
-            totals[row.metric] += row.value
+        if row.side == CONSUMER:
+            if row.metric in totals and row.channel is not None:
+                totals[row.metric] += row.value
+            elif row.metric == BYTES_IN_PER_SECOND:
+                throughput += row.value
     buffers = int(totals["numBuffersIn"])
     return {
         "hosts": hosts,
@@ -154,8 +163,9 @@ def run_cluster(
         "flush_model": flush_model,
         "timeout_ms": timeout_ms,
         "virtual_s": duration,
+        "warmup_s": warmup,
         "network": network,
-        "throughput_mb_s": round(totals["numBytesIn"] / duration / 1e6, 1),
+        "throughput_mb_s": round(throughput / 1e6, 1),
         "buffers": buffers,
         "records": int(totals["numRecordsIn"]),
         "bytes_per_buffer": round(totals["numBytesIn"] / buffers) if buffers else 0,
@@ -170,17 +180,21 @@ def buffer_timeout_figure(
     *,
     timeouts_ms: Sequence[int] = FIGURE_TIMEOUTS_MS,
     flush_models: Sequence[str] = ("1.5", "1.4"),
-    duration: float = 0.05,
+    window: float = 0.05,
     progress: bool = True,
     stream: TextIO | None = None,
 ) -> list[dict[str, Any]]:
-    """:func:`run_cluster` at every timeout for every flush model; each row also holds its throughput as a
-    fraction of its model's largest timeout (``of_largest``)."""
+    """:func:`run_cluster` at every timeout for every flush model, each measured in its steady state (see
+    :func:`steady_state_times`); each row also holds its throughput as a fraction of its model's largest
+    timeout (``of_largest``)."""
     rows = []
     for model in flush_models:
         for timeout in timeouts_ms:
+            warmup, duration = steady_state_times(timeout, window)
             line = ProgressLine(duration, f"[{model}, {timeout} ms] ", stream) if progress else None
-            rows.append(run_cluster(hosts, slots, timeout, flush_model=model, duration=duration, progress=line))
+            rows.append(
+                run_cluster(hosts, slots, timeout, flush_model=model, duration=duration, warmup=warmup, progress=line)
+            )
     for model in flush_models:
         own = [r for r in rows if r["flush_model"] == model]
         reference = max(own, key=lambda r: r["timeout_ms"])["throughput_mb_s"]
@@ -189,7 +203,29 @@ def buffer_timeout_figure(
     return rows
 
 
-_COLUMNS = ("flush_model", "timeout_ms", "throughput_mb_s", "of_largest", "buffers", "bytes_per_buffer", "wall_s")
+def steady_state_times(timeout_ms: int, window: float) -> tuple[float, float]:
+    """The warm-up and the duration, in virtual seconds, of a run at buffer timeout ``timeout_ms`` whose
+    throughput is measured over at least ``window`` seconds of steady state: the warm-up and the window after it
+    each last ``window`` or two timeouts, whichever is longer, so that the timeout fired twice before the window
+    opens (buffers filled for the first time, pools and credits settled) and at least twice within it."""
+    if not (window > 0 and math.isfinite(window)):
+        raise ConfigError("window", window, "a finite time > 0 s")
+    if timeout_ms < 0:
+        raise ConfigError("timeout_ms", timeout_ms, "a timeout >= 0 ms")
+    span = max(window, 2 * timeout_ms / 1000.0)
+    return span, 2 * span
+
+
+_COLUMNS = (
+    "flush_model",
+    "timeout_ms",
+    "virtual_s",
+    "throughput_mb_s",
+    "of_largest",
+    "buffers",
+    "bytes_per_buffer",
+    "wall_s",
+)
 
 
 def print_table(rows: Sequence[dict[str, Any]], stream: TextIO | None = None) -> None:
@@ -208,7 +244,9 @@ def headline(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         entry = out.setdefault(f"flink_{r['flush_model']}", {})
         entry[f"{r['timeout_ms']}ms"] = {"mb_s": r["throughput_mb_s"], "of_largest": r.get("of_largest")}
     if rows:
-        out["hosts"], out["slots"], out["virtual_s"] = rows[0]["hosts"], rows[0]["slots"], rows[0]["virtual_s"]
+        out["hosts"], out["slots"] = rows[0]["hosts"], rows[0]["slots"]
+        out["virtual_s"] = {f"{r['timeout_ms']}ms": r["virtual_s"] for r in rows}
+        out["warmup_s"] = {f"{r['timeout_ms']}ms": r["warmup_s"] for r in rows}
     return out
 
 
@@ -233,8 +271,10 @@ def draw(rows: Sequence[dict[str, Any]], path: str) -> None:
     ax.set_ylabel("throughput, MB per virtual second (all consumers)")
     first = rows[0] if rows else {}
     ax.set_title(
-        f"Simulated: {first.get('hosts')} hosts x {first.get('slots')} slots all-to-all, "
-        f"{first.get('virtual_s')} virtual s"
+        f"Simulated: {first.get('hosts')} hosts x {first.get('slots')} slots all-to-all, steady state "
+        f"(at least {min(r['virtual_s'] - r['warmup_s'] for r in rows):g} virtual s after a warm-up)"
+        if rows
+        else "Simulated"
     )
     ax.legend()
     fig.tight_layout()

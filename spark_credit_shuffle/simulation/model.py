@@ -84,6 +84,9 @@ class Simulation:
     flusher: a flush finishes every open buffer, and every buffer handed over costs ``notification_cost`` more,
     its wake-up of the network thread; see :class:`SimulatedProducer`). ``progress(now)``, if
     given, is called with the virtual time every ``progress_steps`` events (a progress line for long runs).
+    ``warmup``: the virtual seconds at the start that the consumers' throughput (``numBytesInPerSecond``) leaves
+    out, so that it is the steady state's: buffers fill for the first time, pools and credits settle, and a buffer
+    timeout has not fired yet (the report's ``window`` is the time after it).
     """
 
     @_collector_paused_while_building
@@ -120,6 +123,7 @@ class Simulation:
         notification_cost: float = 0.0,
         progress: Callable[[float], None] | None = None,
         progress_steps: int = 20_000,
+        warmup: float = 0.0,
     ) -> None:
         if num_producers < 1 or num_consumers < 1:
             raise ConfigError("parallelism", (num_producers, num_consumers), "at least 1 producer and 1 consumer")
@@ -139,6 +143,8 @@ class Simulation:
         for name, cost in costs:
             if not (cost >= 0 and math.isfinite(cost)):
                 raise ConfigError(name, cost, "a finite time >= 0 s")
+        if not (warmup >= 0 and math.isfinite(warmup)) or (duration is not None and warmup >= duration):
+            raise ConfigError("warmup", warmup, f"a time >= 0 s and below the duration ({duration} s)")
         if flush_model not in ("1.5", "1.4"):
             raise ConfigError("flush_model", flush_model, "'1.5' (current Flink) or '1.4' (flush finishes buffers)")
         self.flush_model = flush_model
@@ -149,6 +155,9 @@ class Simulation:
         self.config = config
         self.settings = Settings.of(config)  # the task engine's reading of the settings (flush rule)
         self.duration = duration
+        self.warmup = warmup
+        #: Each consumer's numBytesIn at the end of the warm-up (all 0 until then).
+        self._bytes_at_warmup: list[int] | None = None
         self.check_invariants = check_invariants
         self.buffer_cost = buffer_cost
         self.max_steps = max_steps
@@ -378,6 +387,8 @@ class Simulation:
             self.network.mark(connection)
         if self.sample_interval:
             self.clock.schedule(0.0, self._sample)
+        if self.warmup > 0:
+            self.clock.schedule(self.warmup, self._end_warmup)
         clock = self.clock
         self._settle(0.0)
         while True:
@@ -405,6 +416,13 @@ class Simulation:
             )
         return self._report(finished)
 
+    def _end_warmup(self, now: float) -> None:
+        self._bytes_at_warmup = [self._bytes_in(consumer) for consumer in self.consumers]
+
+    @staticmethod
+    def _bytes_in(consumer: SimulatedConsumer) -> int:
+        return sum(r.num_bytes_in for r in consumer.engine.readers)
+
     def _describe_state(self) -> str:
         waiting = [p.index for p in self.producers if p.waiting_since is not None]
         open_consumers = [c.index for c in self.consumers if not c.finished]
@@ -413,7 +431,8 @@ class Simulation:
 
     def _report(self, finished: bool) -> SimulationReport:
         end = self.clock.now
-        window = self.duration if self.duration is not None else end
+        window = (self.duration if self.duration is not None else end) - self.warmup
+        at_warmup = self._bytes_at_warmup or [0] * len(self.consumers)
         rows: list[MetricRow] = []
         for producer in self.producers:
             rows.extend(producer.metric_rows(end))
@@ -432,8 +451,10 @@ class Simulation:
                 intact = intact and consumer.in_order[index] and consumer.records_per_channel[index] == written[p][sp]
             if consumer.finish_time is not None:
                 rows.append(MetricRow(CONSUMER, c, None, FINISH_TIME, "total", consumer.finish_time * 1e3))
-            bytes_in = sum(r.num_bytes_in for r in consumer.engine.readers)
-            rows.append(MetricRow(CONSUMER, c, None, BYTES_IN_PER_SECOND, "mean", bytes_in / window if window else 0.0))
+            bytes_in = self._bytes_in(consumer) - at_warmup[c]
+            rows.append(
+                MetricRow(CONSUMER, c, None, BYTES_IN_PER_SECOND, "mean", bytes_in / window if window > 0 else 0.0)
+            )
         returned = finished and all(
             pool.num_available == pool.total and pool.num_total_required_buffers == 0 and not pool.buffer_pools
             for pool in self.network_pools.values()

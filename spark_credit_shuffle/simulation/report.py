@@ -24,7 +24,8 @@ FINISH_TIME = "finishTimeMs"
 #: producer's ``numBytesOut`` of that subpartition, which counts finished data buffers only.
 DATA_BYTES_IN = "numDataBytesIn"
 #: A consumer's throughput over the measured window (``stat = "mean"``): its ``numBytesIn`` over all channels
-#: divided by the window, in bytes per virtual second (Flink's meter of ``numBytesIn``, averaged over the run).
+#: received within the window, divided by it, in bytes per virtual second (Flink's meter of ``numBytesIn``,
+#: averaged over the window: the run after its warm-up).
 BYTES_IN_PER_SECOND = "numBytesInPerSecond"
 
 
@@ -52,17 +53,19 @@ class SimulationReport:
     - ``finishTimeMs`` (:data:`FINISH_TIME`), each subtask that finished: when, in virtual ms;
     - ``numDataBytesIn`` (:data:`DATA_BYTES_IN`), per consumer channel: the data buffers' bytes, equal to
       the producer's ``numBytesOut`` of the subpartition once the channel delivered everything;
-    - ``numBytesInPerSecond`` (:data:`BYTES_IN_PER_SECOND`, ``stat = "mean"``), per consumer: its
-      ``numBytesIn`` over the measured ``window``, bytes per virtual second.
+    - ``numBytesInPerSecond`` (:data:`BYTES_IN_PER_SECOND`, ``stat = "mean"``), per consumer: the
+      ``numBytesIn`` it received within the measured ``window``, bytes per virtual second.
 
     ``timeline`` holds the samples over virtual time (``time_ms``: virtual milliseconds). A producer's share of
-    the window spent back-pressured is ``value("producer", p, "accumulateBackPressuredTimeMs") / 1000 /
-    window``. What is no measurement stays out of the rows: the hosts of the subtasks, where each channel
-    reads from (:meth:`channel_origin`) and the run's checks (``data_intact``, ``buffers_returned``).
+    the run spent back-pressured is ``value("producer", p, "accumulateBackPressuredTimeMs") / 1000 /
+    end_time`` (the time counters count from the start, a warm-up included). What is no measurement stays out of
+    the rows: the hosts of the subtasks, where each channel reads from (:meth:`channel_origin`) and the run's
+    checks (``data_intact``, ``buffers_returned``).
     """
 
-    #: Virtual seconds at the end of the run, and the window the throughputs are measured over (the
-    #: ``duration``, or the end of a run that ended when everything was consumed).
+    #: Virtual seconds at the end of the run, and the window the throughputs are measured over: from the end
+    #: of the simulation's ``warmup`` (0 by default) to the ``duration``, or to the end of a run that ended when
+    #: everything was consumed.
     end_time: float
     window: float
     steps: int

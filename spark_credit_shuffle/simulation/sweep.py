@@ -132,7 +132,7 @@ def grid(base: Mapping[str, Any] | None = None, **axes: Sequence[Any]) -> list[S
 
 def figures_of(point: SweepPoint, report: SimulationReport, wall_s: float) -> tuple[Any, ...]:
     """The row of :data:`SWEEP_DDL` for ``point`` and its ``report``."""
-    window = report.window or 1.0
+    window = report.end_time or 1.0  # the time counters count over the whole run
     producers = sorted({r.subtask for r in report.rows if r.side == PRODUCER})
     consumers = sorted({r.subtask for r in report.rows if r.side == CONSUMER})
     back_pressured = [report.value(PRODUCER, p, "accumulateBackPressuredTimeMs") / window for p in producers]
