@@ -129,7 +129,7 @@ def install_timers(timers: StageTimers) -> None:
     from spark_credit_shuffle.buffers.reader import RecordReader
     from spark_credit_shuffle.buffers.writer import RecordWriter
     from spark_credit_shuffle.engine.consumer import ConsumerEngine, OutputBatcher
-    from spark_credit_shuffle.protocol import client, gate, sender
+    from spark_credit_shuffle.protocol import PipelinedResultPartition, client, gate, sender
     from spark_credit_shuffle.protocol.channels import RemoteInputChannel
     from spark_credit_shuffle.protocol.messages import BufferResponse
     from spark_credit_shuffle.runtime import handoff
@@ -151,8 +151,9 @@ def install_timers(timers: StageTimers) -> None:
     wrap = timers.wrap
     for method in ("emit", "resume", "finish", "broadcast_event"):
         wrap(RecordWriter, method, "producer: slice + IPC write")
-    for method in ("request_segment", "add_consumer", "builder_opened", "builder_finished", "flush", "add_event"):
-        wrap(locked_partition.LockedPartition, method, "producer: enqueue (partition, lock)")
+    wrap(locked_partition.LockedPartition, "request_segment", "producer: enqueue (partition)")
+    for method in ("add_consumer", "builder_opened", "builder_finished", "flush", "add_event"):
+        wrap(PipelinedResultPartition, method, "producer: enqueue (partition)")
     wrap(sender.PartitionRequestQueue, "notify_reader_non_empty", "producer: notify (reader available)")
     wrap(tcp.TcpTransport, "_ready", "notify: transport ready")
     wrap(event_loop.EventLoop, "wakeup", "notify: loop wakeup (socket)")

@@ -1,23 +1,21 @@
-"""The ``ResultPartitionWriter`` of a pipelined task's RecordWriter: its partition, called under the task's
-lock, so that the writer's thread and the I/O thread share the sans-IO partition safely."""
+"""The ``ResultPartitionWriter`` of a pipelined task's RecordWriter: its partition, written by the task's loop
+alone, whose segments mark progress when they come back."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 
-from ...buffers import Buffer, BufferConsumer
 from ...protocol import PipelinedResultPartition
 
 __all__ = ["LockedPartition"]
 
 
 class LockedPartition:
-    """The ``ResultPartitionWriter`` the RecordWriter writes to: the partition, called under the task lock.
-
-    The writer's heavy work (channel selection, grouping, size model) runs outside the lock; only the
-    partition calls take it. A recycled segment also records the time of the last progress, which the
-    back-pressure timeout is measured from.
+    """The ``ResultPartitionWriter`` the RecordWriter writes to: the partition's own methods, called without a
+    lock (the task's loop is the only thread that writes and it holds the task's lock for its whole round), and
+    segments whose recycling takes the task's lock (a segment may come back from the thread that closes the
+    task) and records the time of the last progress, which the back-pressure timeout is measured from.
     """
 
     def __init__(self, partition: PipelinedResultPartition, lock: threading.RLock, on_recycle: Callable[[], None]):
@@ -25,10 +23,17 @@ class LockedPartition:
         self.num_subpartitions = partition.num_subpartitions
         self._lock = lock
         self._on_recycle = on_recycle
+        self.add_consumer = partition.add_consumer
+        self.add_event = partition.add_event
+        self.builder_opened = partition.builder_opened
+        self.builder_finished = partition.builder_finished
+        self.flush = partition.flush
+        self.flush_all = partition.flush_all
+        self.finish = partition.finish
+        self.is_available = partition.is_available
 
     def request_segment(self, subpartition: int) -> Callable[[], None]:
-        with self._lock:
-            recycler = self.partition.request_segment(subpartition)
+        recycler = self.partition.request_segment(subpartition)
         lock, on_recycle = self._lock, self._on_recycle
 
         def recycle() -> None:
@@ -37,35 +42,3 @@ class LockedPartition:
                 on_recycle()
 
         return recycle
-
-    def add_consumer(self, subpartition: int, consumer: BufferConsumer, partial_record_length: int = 0) -> int:
-        """Queue ``consumer``; the subpartition's desired buffer size (debloating)."""
-        with self._lock:
-            return self.partition.add_consumer(subpartition, consumer, partial_record_length)
-
-    def add_event(self, subpartition: int, buffer: Buffer) -> None:
-        with self._lock:
-            self.partition.add_event(subpartition, buffer)
-
-    def builder_opened(self, subpartition: int) -> None:
-        with self._lock:
-            self.partition.builder_opened(subpartition)
-
-    def builder_finished(self, subpartition: int, *, broadcast: bool = False) -> None:
-        with self._lock:
-            self.partition.builder_finished(subpartition, broadcast=broadcast)
-
-    def flush(self, subpartition: int) -> None:
-        with self._lock:
-            self.partition.flush(subpartition)
-
-    def flush_all(self) -> None:
-        with self._lock:
-            self.partition.flush_all()
-
-    def finish(self) -> None:
-        with self._lock:
-            self.partition.finish()
-
-    def is_available(self) -> bool:
-        return self.partition.is_available()
