@@ -22,8 +22,9 @@ task, all on 127.0.0.1, as Spark's ``local[P]`` runs a pipelined exchange's task
 
 Every figure is the CPU of all processes (``getrusage``: every thread, ended ones too, from the first buffer to
 the last) divided by the data buffers moved, median of ``--repeat`` rotated rounds. "Beyond the core" is a
-path's figure less its own core's: what moving the buffers between processes costs. Every run checks that
-every row arrived once.
+path's figure less its own core's: what moving the buffers between processes costs. "Paired" is the median of
+each round's own pipelined / lean path ratio, steadier than the ratio of the medians when the machine's speed
+drifts between rounds. Every run checks that every row arrived once.
 
 With ``--spark`` (or ``--only-spark``) both paths also run inside Spark, on ``local[P]`` for the largest
 ``--parallelism``: the lean tasks as the tasks of a barrier ``mapInArrow`` (the Spark task thread reads the
@@ -153,16 +154,23 @@ def main(argv: list[str] | None = None) -> int:
         figures[parallelism] = got
     if figures:
         print()
-        print("  P   lean core   lean path   beyond   pipelined core   pipelined path   beyond   path / lean path")
+        print(
+            "  P   lean core   lean path   beyond   pipelined core   pipelined path   beyond   path / lean path"
+            "   paired"
+        )
     headline: dict[str, Any] = {"rows": args.rows, "credits_per_channel": CREDITS, "unit": "us of CPU per buffer"}
     for parallelism, got in figures.items():
         med = {name: statistics.median(values) for name, values in got.items()}
         lean_beyond = med["lean path"] - med["lean core"]
         beyond = med["pipelined path"] - med["pipelined core"]
         ratio = med["pipelined path"] / med["lean path"]
+        # each round's own ratio (its two paths ran minutes apart at most): steadier than the ratio of the medians
+        # when the machine's speed drifts between rounds
+        paired = statistics.median(p / lean for p, lean in zip(got["pipelined path"], got["lean path"], strict=True))
         print(
             f"{parallelism:3d} {med['lean core']:10.1f} {med['lean path']:11.1f} {lean_beyond:8.1f} "
             f"{med['pipelined core']:16.1f} {med['pipelined path']:16.1f} {beyond:8.1f} {ratio:18.2f}x"
+            f" {paired:7.2f}x"
         )
         print("      runs: " + "; ".join(f"{n} " + ", ".join(f"{v:.0f}" for v in vs) for n, vs in got.items()))
         headline[f"p{parallelism}_lean_core_us"] = round(med["lean core"], 1)
@@ -172,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         headline[f"p{parallelism}_pipelined_path_us"] = round(med["pipelined path"], 1)
         headline[f"p{parallelism}_pipelined_beyond_core_us"] = round(beyond, 1)
         headline[f"p{parallelism}_pipelined_vs_lean_path_ratio"] = round(ratio, 2)
+        headline[f"p{parallelism}_pipelined_vs_lean_path_ratio_paired"] = round(paired, 2)
     if args.spark or args.only_spark:
         tasks = max(args.parallelism)
         spark, created = bench_session(

@@ -305,6 +305,9 @@ def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(ca
         assert headline[f"p{p}_lean_core_us"] > 0 and headline[f"p{p}_lean_path_us"] > 0
         assert headline[f"p{p}_pipelined_core_us"] > 0 and headline[f"p{p}_pipelined_path_us"] > 0
         assert headline[f"p{p}_pipelined_vs_lean_path_ratio"] > 0
+        assert headline[f"p{p}_pipelined_vs_lean_path_ratio_paired"] == pytest.approx(
+            headline[f"p{p}_pipelined_path_us"] / headline[f"p{p}_lean_path_us"], rel=0.02
+        )  # one round: its own ratio is the ratio of its figures
 
 
 @pytest.mark.spark
