@@ -15,7 +15,13 @@ from ..errors import ExchangeTimeoutError, SchemaMismatchError
 from ..metrics import PRODUCER, SAMPLE, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from .rules import Fail, Gauges, Settings, TimeAccount, Wait
 
-__all__ = ["Flusher", "ProducerEngine", "conform", "subpartition_gauges"]
+__all__ = ["SEGMENT_HOLD_TIME", "Flusher", "ProducerEngine", "conform", "subpartition_gauges"]
+
+#: A producer's mean time, in ms, from the writer's request of a network buffer to its segment's return to the
+#: pool (``stat = "mean"``): the buffer filling, queued in its subpartition, on the wire, read by its consumer
+#: and recycled (a local channel's segment) or credited back. No Flink metric: what a buffer's round trip costs,
+#: from which the simulation's transport delay is calibrated (:mod:`spark_credit_shuffle.simulation.calibrate`).
+SEGMENT_HOLD_TIME = "segmentHoldTimeMs"
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
@@ -112,6 +118,9 @@ class ProducerEngine:
         self._records_out = RateMeter()
         self._rng = random.Random(subtask)
         self.flusher = Flusher(settings, now)
+        #: The seconds each segment the writer took was held before it came back, summed, and how many came back.
+        self._held_s = 0.0
+        self._held = 0
         self.next_heartbeat = now + settings.heartbeat_interval
         marker = settings.latency_interval
         self.next_marker = now + marker if marker else float("inf")
@@ -125,6 +134,12 @@ class ProducerEngine:
         if self.schema is not None:
             batch = conform(batch, self.schema)
         return bool(self._emit(batch))
+
+    def segment_returned(self, held_s: float) -> None:
+        """A segment the writer took came back to the pool ``held_s`` seconds after it was requested (the
+        runtime's or the simulation's clock): the mean is :data:`SEGMENT_HOLD_TIME`."""
+        self._held_s += held_s
+        self._held += 1
 
     def resume(self) -> bool:
         """Write on where :meth:`write` stopped; True once the batch is written whole."""
@@ -293,6 +308,8 @@ class ProducerEngine:
             rows.append(MetricRow(PRODUCER, subtask, consumer, "outputQueueLength", "max", float(queue_max[sp])))
             rows.append(MetricRow(PRODUCER, subtask, consumer, "outputQueueLength", "mean", queue_sum[sp] / samples))
         rows.extend(self.time.rows(PRODUCER, self.subtask, now))
+        if self._held:
+            rows.append(MetricRow(PRODUCER, subtask, None, SEGMENT_HOLD_TIME, "mean", self._held_s * 1e3 / self._held))
         return rows
 
 

@@ -10,7 +10,13 @@ subtask) :func:`from_exchange` takes:
   the simulation then spends no separate per-buffer cost (``buffer_cost=0``: the measured busy time holds it);
 - the record size (bytes over records) and the bytes each producer wrote (the run ends when all is consumed);
 - the placement: the executors the subtasks ran on as hosts, each subtask a process of its own (Spark's Python
-  workers: ``processes="subtask"``), the exchange's own settings.
+  workers: ``processes="subtask"``), the exchange's own settings;
+- the transport's delay: what a buffer's round trip costs between the tasks' processes (their loops waiting for
+  a core, the sockets, the consumer's recycle or credit) is no rate of either side. The producers measure it
+  whole, as the time each segment was held from the writer's request to its return
+  (:data:`~spark_credit_shuffle.engine.producer.SEGMENT_HOLD_TIME`); :func:`fit_transport` sets the simulation's
+  one-way latency so that its producers hold their segments as long (the median over producers), and the
+  back-pressure that follows from it is the simulation's prediction, not an input.
 
 :func:`measured` gives the figures a prediction is held against: the throughput (bytes over the exchange's life)
 and the producers' back-pressured time per second. What the simulation does not model: the CPU the subtasks
@@ -21,17 +27,25 @@ skew is not reproduced: its producers write round robin).
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
 from ..diagnosis import SubtaskSummary
+from ..engine.producer import SEGMENT_HOLD_TIME
 from ..errors import ConfigError
 from ..metrics import CONSUMER, PRODUCER
 from .report import SimulationReport
 from .sweep import SweepPoint
 
-__all__ = ["Measured", "from_exchange", "from_summaries", "measured", "predicted"]
+__all__ = ["Measured", "fit_transport", "from_exchange", "from_summaries", "measured", "predicted"]
+
+#: The latency the simulation starts from (one way, seconds): two processes on one machine.
+BASE_LATENCY = 50e-6
+#: :func:`fit_transport` stops once the simulated segment hold time is this close to the measured one.
+_HOLD_TOLERANCE = 0.05
 
 Measured = dict[str, float]
 
@@ -75,18 +89,64 @@ def from_summaries(summaries: Iterable[SubtaskSummary], settings: dict[str, Any]
         "consumer_hosts": [host[s.executor or ""] for s in consumers],
         "processes": "subtask",
         "buffer_cost": 0.0,
-        "latency": 50e-6,
+        "latency": BASE_LATENCY,
     }
     return SweepPoint(0, dict(settings), params, {})
 
 
-def from_exchange(ex: Any) -> SweepPoint:
+def from_exchange(ex: Any, *, transport: bool = True) -> SweepPoint:
     """The simulation of pipelined exchange ``ex``'s run (after an action), under its own settings: run it with
     ``.run()``, or change its settings and parameters (``dataclasses.replace``) to predict the same exchange
-    otherwise."""
+    otherwise. ``transport``: the latency fitted to the segments' measured hold time (:func:`fit_transport`;
+    False: the base latency of two local processes)."""
     config = ex.plan.config
     settings = {name: getattr(config, name) for name in type(config).settings()}
-    return from_summaries(ex.summary_rows(), settings)
+    point = from_summaries(ex.summary_rows(), settings)
+    holds = [r.value for r in ex.metric_rows() if r.side == PRODUCER and r.metric == SEGMENT_HOLD_TIME]
+    return fit_transport(point, statistics.median(holds) / 1e3) if transport and holds else point
+
+
+def _hold_s(report: SimulationReport) -> float | None:
+    """The median over the simulated producers of their mean segment hold time, in seconds."""
+    holds = [r.value for r in report.rows if r.side == PRODUCER and r.metric == SEGMENT_HOLD_TIME]
+    return statistics.median(holds) / 1e3 if holds else None
+
+
+def fit_transport(point: SweepPoint, hold_s: float, rounds: int = 10) -> SweepPoint:
+    """``point`` with the one-way ``latency`` at which its producers hold a segment ``hold_s`` seconds (the
+    median over producers of their mean), within 5% or the closest of ``rounds`` simulations. The hold time grows
+    with the latency faster than twice over (a segment crosses it twice, and waits longer for credit the longer
+    credit takes), so the latency is first moved by half the gap until the simulated hold passes the measured
+    one, then bisected (geometrically) between the two. It never falls below :data:`BASE_LATENCY`."""
+    if not (hold_s > 0):
+        raise ConfigError("hold_s", hold_s, "a measured segment hold time > 0 s")
+    latency = max(BASE_LATENCY, float(point.params.get("latency", BASE_LATENCY)))
+    low = high = None  # latencies known to hold segments shorter / longer than measured
+    best: tuple[float, float] | None = None  # (|gap|, latency)
+    for _ in range(rounds):
+        candidate = dataclasses.replace(point, params={**point.params, "latency": latency})
+        simulated = _hold_s(candidate.run())
+        if simulated is None:
+            break
+        gap = hold_s - simulated
+        if best is None or abs(gap) < best[0]:
+            best = (abs(gap), latency)
+        if abs(gap) <= _HOLD_TOLERANCE * hold_s:
+            break
+        if gap > 0:
+            low = latency
+        else:
+            if latency <= BASE_LATENCY:
+                break  # held longer than measured even at the base latency: nothing to take away
+            high = latency
+        if low is not None and high is not None:
+            latency = (low * high) ** 0.5
+        elif high is None:
+            latency = latency + gap / 2
+        else:
+            latency = max(BASE_LATENCY, latency / 2)
+    chosen = best[1] if best is not None else latency
+    return dataclasses.replace(point, params={**point.params, "latency": chosen})
 
 
 def measured(summaries: Iterable[SubtaskSummary]) -> Measured:

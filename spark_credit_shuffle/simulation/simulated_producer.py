@@ -45,13 +45,15 @@ class _SimulatedPartition:
         self,
         partition: PipelinedResultPartition,
         credit_based: bool,
-        on_recycle: Callable[[], None],
+        on_recycle: Callable[[float], None],
+        clock: Callable[[], float],
         finish_on_flush: bool = False,
     ):
         self.partition = partition
         self.num_subpartitions = partition.num_subpartitions
         self._credit_based = credit_based
         self._on_recycle = on_recycle
+        self._clock = clock
         #: Flink 1.4's flush (see :class:`SimulatedProducer`): finish the open buffers, then hand them over.
         self.finish_on_flush = finish_on_flush
         self.writer: RecordWriter | None = None
@@ -73,11 +75,11 @@ class _SimulatedPartition:
 
     def request_segment(self, subpartition: int) -> Callable[[], None]:
         recycler = self.partition.request_segment(subpartition)
-        on_recycle = self._on_recycle
+        on_recycle, requested = self._on_recycle, self._clock()
 
         def recycle() -> None:
             recycler()
-            on_recycle()
+            on_recycle(requested)
 
         return recycle
 
@@ -146,7 +148,11 @@ class SimulatedProducer:
         self._timer: int | None = None
         self._wait_check: int | None = None
         writer_partition = _SimulatedPartition(
-            partition, sim.config.credit_based, self._recycled, finish_on_flush=flush_model == "1.4"
+            partition,
+            sim.config.credit_based,
+            self._recycled,
+            lambda: sim.clock.now,
+            finish_on_flush=flush_model == "1.4",
         )
         self.engine = ProducerEngine(
             index,
@@ -211,8 +217,9 @@ class SimulatedProducer:
             options = self.sim.config.checkpoint_options
             self.engine.writer.broadcast_event(CheckpointBarrier(checkpoint_id, round(now * 1000), options))
 
-    def _recycled(self) -> None:
-        self.progress_at = self.sim.clock.now
+    def _recycled(self, requested: float) -> None:
+        now = self.progress_at = self.sim.clock.now
+        self.engine.segment_returned(now - requested)
 
     def _on_available(self) -> None:
         if self.engine.waiting_since is not None and not self.finished:

@@ -4,6 +4,7 @@ alone, whose segments mark progress when they come back."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from ...protocol import PipelinedResultPartition
@@ -15,10 +16,11 @@ class LockedPartition:
     """The ``ResultPartitionWriter`` the RecordWriter writes to: the partition's own methods, called without a
     lock (the task's loop is the only thread that writes and it holds the task's lock for its whole round), and
     segments whose recycling takes the task's lock (a segment may come back from the thread that closes the
-    task) and records the time of the last progress, which the back-pressure timeout is measured from.
+    task) and calls ``on_recycle`` with the time the segment was requested (``time.monotonic()``): progress,
+    which the back-pressure timeout is measured from, and how long the segment was held.
     """
 
-    def __init__(self, partition: PipelinedResultPartition, lock: threading.RLock, on_recycle: Callable[[], None]):
+    def __init__(self, partition: PipelinedResultPartition, lock: threading.RLock, on_recycle: Callable[[float], None]):
         self.partition = partition
         self.num_subpartitions = partition.num_subpartitions
         self._lock = lock
@@ -34,11 +36,11 @@ class LockedPartition:
 
     def request_segment(self, subpartition: int) -> Callable[[], None]:
         recycler = self.partition.request_segment(subpartition)
-        lock, on_recycle = self._lock, self._on_recycle
+        lock, on_recycle, requested = self._lock, self._on_recycle, time.monotonic()
 
         def recycle() -> None:
             with lock:
                 recycler()
-                on_recycle()
+                on_recycle(requested)
 
         return recycle

@@ -185,9 +185,12 @@ class PipelinedTask:
             resumable=True,
         )
 
-    def _on_recycle(self) -> None:
-        """A segment came back: progress (the back-pressure timeout is measured from the last)."""
-        self.wiring.last_progress = time.monotonic()
+    def _on_recycle(self, requested: float) -> None:
+        """A segment requested at ``requested`` came back: progress (the back-pressure timeout is measured from
+        the last), and the time it was held."""
+        now = self.wiring.last_progress = time.monotonic()
+        if self.producer is not None:
+            self.producer.segment_returned(now - requested)
 
     def _setup_consumer(self) -> None:
         plan, index = self.plan, self.index
