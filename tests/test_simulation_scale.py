@@ -203,3 +203,19 @@ def test_a_figure_run_warms_up_and_measures_for_two_timeouts_or_the_window():
         steady_state_times(1, 0)
     row = run_cluster(1, 2, 5, duration=0.02, warmup=0.01)
     assert row["warmup_s"] == 0.01 and row["virtual_s"] == 0.02 and row["throughput_mb_s"] > 0
+
+
+def test_channel_weights_give_each_consumer_its_share_and_every_row_arrives_in_order():
+    kwargs = dict(num_producers=2, num_consumers=3, producer_rate=20e6, consumer_rate=40e6, bytes_per_producer=1e6)
+    report = simulate(NetworkConfig(), **kwargs, channel_weights=[[8, 1, 1], [0, 1, 1]])
+    assert report.finished and report.data_intact and report.buffers_returned
+    per_channel = {
+        (r.subtask, r.channel): r.value for r in report.rows if r.metric == "numRecordsOut" and r.channel is not None
+    }
+    for p, weights in enumerate([[8, 1, 1], [0, 1, 1]]):
+        written = sum(per_channel[(p, c)] for c in range(3))
+        for c, w in enumerate(weights):
+            assert per_channel[(p, c)] == pytest.approx(written * w / sum(weights), abs=2)
+    for bad in ([[1, 1, 1]], [[1, 1], [1, 1]], [[1, 1, -1], [1, 1, 1]], [[0, 0, 0], [1, 1, 1]]):
+        with pytest.raises(ConfigError, match="channel_weights"):
+            Simulation(NetworkConfig(), **kwargs, channel_weights=bad)

@@ -151,3 +151,16 @@ def test_a_real_exchange_measures_its_segments_hold_time_and_calibrates_a_simula
     assert point.params["latency"] >= BASE_LATENCY and point.params["processes"] == "subtask"
     report = point.run()
     assert report.finished and report.data_intact
+
+
+def test_a_skewed_run_is_simulated_with_its_channel_shares_and_an_even_one_round_robin():
+    from spark_credit_shuffle.metrics import MetricRow
+    from spark_credit_shuffle.simulation.calibrate import channel_shares
+
+    def rows(shares):
+        return [MetricRow("producer", p, c, "numRecordsOut", "total", float(v)) for p, row in enumerate(shares)
+                for c, v in enumerate(row)] + [MetricRow("producer", 0, None, "numRecordsOut", "total", 1e9)]  # fmt: skip
+
+    assert channel_shares(rows([[800, 100, 100], [340, 330, 330]]), 2, 3) == [[800, 100, 100], [340, 330, 330]]
+    assert channel_shares(rows([[334, 333, 333], [330, 340, 330]]), 2, 3) is None  # within 5%: round robin
+    assert channel_shares(rows([[0, 0, 0], [800, 100, 100]]), 2, 3) is None  # a producer wrote nothing

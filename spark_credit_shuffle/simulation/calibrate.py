@@ -11,6 +11,8 @@ subtask) :func:`from_exchange` takes:
 - the record size (bytes over records) and the bytes each producer wrote (the run ends when all is consumed);
 - the placement: the executors the subtasks ran on as hosts, each subtask a process of its own (Spark's Python
   workers: ``processes="subtask"``), the exchange's own settings;
+- the producers' channel shares: each producer's records per consumer, where they are uneven (a keyed exchange's
+  skew: ``channel_weights``; more than 5% from equal), else round robin;
 - the transport's delay: what a buffer's round trip costs between the tasks' processes (their loops waiting for
   a core, the sockets, the consumer's recycle or credit) is no rate of either side. The producers measure it
   whole, as the time each segment was held from the writer's request to its return
@@ -40,7 +42,7 @@ from ..metrics import CONSUMER, PRODUCER
 from .report import SimulationReport
 from .sweep import SweepPoint
 
-__all__ = ["Measured", "fit_transport", "from_exchange", "from_summaries", "measured", "predicted"]
+__all__ = ["Measured", "channel_shares", "fit_transport", "from_exchange", "from_summaries", "measured", "predicted"]
 
 #: The latency the simulation starts from (one way, seconds): two processes on one machine.
 BASE_LATENCY = 50e-6
@@ -102,8 +104,29 @@ def from_exchange(ex: Any, *, transport: bool = True) -> SweepPoint:
     config = ex.plan.config
     settings = {name: getattr(config, name) for name in type(config).settings()}
     point = from_summaries(ex.summary_rows(), settings)
-    holds = [r.value for r in ex.metric_rows() if r.side == PRODUCER and r.metric == SEGMENT_HOLD_TIME]
+    rows = ex.metric_rows()
+    weights = channel_shares(rows, point.params["num_producers"], point.params["num_consumers"])
+    if weights is not None:
+        point = dataclasses.replace(point, params={**point.params, "channel_weights": weights})
+    holds = [r.value for r in rows if r.side == PRODUCER and r.metric == SEGMENT_HOLD_TIME]
     return fit_transport(point, statistics.median(holds) / 1e3) if transport and holds else point
+
+
+def channel_shares(rows: Iterable[Any], producers: int, consumers: int) -> list[list[float]] | None:
+    """Each producer's records per consumer (``numRecordsOut`` per channel, all-to-all), or None where every
+    producer's shares are within 5% of equal (round robin writes them as well, in the real partitioner's order)."""
+    shares = [[0.0] * consumers for _ in range(producers)]
+    for r in rows:
+        wanted = r.side == PRODUCER and r.metric == "numRecordsOut" and r.channel is not None
+        if wanted and 0 <= r.subtask < producers and 0 <= r.channel < consumers:
+            shares[r.subtask][r.channel] += r.value
+    uneven = False
+    for row in shares:
+        mean = sum(row) / consumers
+        if mean <= 0:
+            return None  # a producer that wrote nothing: nothing to weigh by
+        uneven = uneven or max(abs(v - mean) for v in row) > 0.05 * mean
+    return shares if uneven else None
 
 
 def _hold_s(report: SimulationReport) -> float | None:

@@ -60,6 +60,11 @@ def _collector_paused_while_building(init: Callable[P, None]) -> Callable[P, Non
     return build
 
 
+def _short_weights(weights: Any) -> str:
+    text = repr(weights)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class Simulation:
     """An exchange of ``num_producers`` -> ``num_consumers`` subtasks on virtual time.
 
@@ -84,6 +89,8 @@ class Simulation:
     flusher: a flush finishes every open buffer, and every buffer handed over costs ``notification_cost`` more,
     its wake-up of the network thread; see :class:`SimulatedProducer`). ``progress(now)``, if
     given, is called with the virtual time every ``progress_steps`` events (a progress line for long runs).
+    ``channel_weights[p]``, if given: the share of producer ``p``'s records each of its subpartitions gets
+    (a keyed exchange's skew; default round robin, equal shares).
     ``warmup``: the virtual seconds at the start that the consumers' throughput (``numBytesInPerSecond``) leaves
     out, so that it is the steady state's: buffers fill for the first time, pools and credits settle, and a buffer
     timeout has not fired yet (the report's ``window`` is the time after it).
@@ -124,6 +131,7 @@ class Simulation:
         progress: Callable[[float], None] | None = None,
         progress_steps: int = 20_000,
         warmup: float = 0.0,
+        channel_weights: Sequence[Sequence[float]] | None = None,
     ) -> None:
         if num_producers < 1 or num_consumers < 1:
             raise ConfigError("parallelism", (num_producers, num_consumers), "at least 1 producer and 1 consumer")
@@ -197,6 +205,17 @@ class Simulation:
         if len(self.producer_hosts) != num_producers or len(self.consumer_hosts) != num_consumers:
             raise ConfigError("hosts", (producer_hosts, consumer_hosts), "one host per subtask")
 
+        if channel_weights is not None:
+            weights = [list(w) for w in channel_weights]
+            if len(weights) != num_producers or any(
+                len(w) != len(c) or min(w, default=0) < 0 or not sum(w) > 0 or not all(map(math.isfinite, w))
+                for w, c in zip(weights, wiring, strict=True)
+            ):
+                raise ConfigError(
+                    "channel_weights",
+                    _short_weights(channel_weights),
+                    "per producer, one finite weight >= 0 per subpartition, summing to > 0",
+                )
         # network memory per host
         hosts = sorted(set(self.producer_hosts) | set(self.consumer_hosts))
         required = dict.fromkeys(hosts, 0)
@@ -237,6 +256,7 @@ class Simulation:
                     producer_buffer_cost,
                     flush_model,
                     notification_cost,
+                    None if channel_weights is None else list(channel_weights[p]),
                 )
             )
 

@@ -14,7 +14,7 @@ from ..buffers.format import CheckpointBarrier
 from ..buffers.writer import RecordWriter
 from ..engine import Fail, ProducerEngine
 from ..metrics import MetricRow
-from ..partitioners.selectors import RoundRobinSelector
+from ..partitioners.selectors import ChannelSelector, RoundRobinSelector
 from ..protocol.partition import PipelinedResultPartition
 from .clock import Context
 
@@ -25,6 +25,21 @@ __all__ = ["RECORD_SCHEMA", "SimulatedProducer", "record_payload"]
 RECORD_SCHEMA = pa.schema([("seq", pa.int64()), ("payload", pa.binary())])
 #: The bytes a record takes in a buffer besides its payload: the int64 and the binary column's offset.
 RECORD_OVERHEAD = 12
+
+
+#: The golden ratio's fractional part: row ``i`` of a producer with channel weights draws ``frac(i * PHI)``, an
+#: evenly spread sequence in [0, 1), so each channel gets its share of every stretch of rows (no random draw).
+_PHI = (5**0.5 - 1) / 2
+
+
+class _SeqSelector(ChannelSelector):
+    """The channel of a simulated record is its ``seq`` modulo the channels: a producer with channel weights
+    numbers each channel's records ``channel, channel + n, channel + 2n, ...``, as round robin would, so the
+    consumers check order and completeness the same way whatever the weights."""
+
+    def select_channels(self, batch: pa.RecordBatch) -> np.ndarray:
+        seq = batch.column(0).to_numpy()
+        return np.remainder(seq, self.num_channels).astype(np.int32)
 
 
 def record_payload(record_size: int, rows: int, fill: int) -> pa.Array:
@@ -126,6 +141,7 @@ class SimulatedProducer:
         buffer_cost: float = 0.0,
         flush_model: str = "1.5",
         notification_cost: float = 0.0,
+        weights: list[float] | None = None,
     ) -> None:
         self.sim = sim
         # Flink 1.4 woke the network thread for every buffer added (1.5: once when a queue becomes non-empty)
@@ -141,6 +157,13 @@ class SimulatedProducer:
         self.n = partition.num_subpartitions
         self.payload = record_payload(record_size, batch_records, index)
         self.next_seq = 0
+        #: With channel weights: their cumulative shares, the rows drawn so far and each channel's records.
+        self._cumulative: np.ndarray | None = None
+        if weights is not None:
+            shares = np.asarray(weights, dtype=np.float64)
+            self._cumulative = np.cumsum(shares / shares.sum())
+            self._drawn = 0
+            self._per_channel = np.zeros(self.n, dtype=np.int64)
         self.pending_count = 0
         self.progress_at = 0.0
         self.finished = False
@@ -157,7 +180,7 @@ class SimulatedProducer:
         self.engine = ProducerEngine(
             index,
             partition,
-            RoundRobinSelector(self.n),  # row seq goes to subpartition seq % n
+            RoundRobinSelector(self.n) if weights is None else _SeqSelector(self.n),  # seq % n: the channel
             consumers,
             sim.settings,
             sim.config.segment_size,
@@ -267,7 +290,7 @@ class SimulatedProducer:
             return
         count = int(min(self.batch_records, self.remaining_records))
         if count > 0:
-            seq = pa.array(np.arange(self.next_seq, self.next_seq + count, dtype=np.int64))
+            seq = pa.array(self._sequence(count))
             batch = pa.RecordBatch.from_arrays([seq, self.payload.slice(0, count)], schema=RECORD_SCHEMA)
             self.next_seq += count
             self.remaining_records -= count
@@ -276,6 +299,23 @@ class SimulatedProducer:
                 self._wait(now, hard=True)  # in the middle of a batch: hard back-pressure
                 return
         self._end_batch(now, count)
+
+    def _sequence(self, count: int) -> np.ndarray:
+        """The ``seq`` of the next ``count`` records: consecutive (round robin), or with channel weights each
+        record's channel drawn by its share and numbered within its channel (see :class:`_SeqSelector`)."""
+        cumulative = self._cumulative
+        if cumulative is None:
+            return np.arange(self.next_seq, self.next_seq + count, dtype=np.int64)
+        draws = np.remainder((self._drawn + np.arange(count, dtype=np.float64)) * _PHI, 1.0)
+        self._drawn += count
+        channels = np.minimum(np.searchsorted(cumulative, draws, side="right"), self.n - 1)
+        counts = np.bincount(channels, minlength=self.n)
+        order = np.argsort(channels, kind="stable")
+        rank = np.empty(count, dtype=np.int64)
+        rank[order] = np.arange(count) - np.repeat(np.cumsum(counts) - counts, counts)
+        numbers = self._per_channel[channels] + rank
+        self._per_channel += counts
+        return channels + self.n * numbers
 
     def _end_batch(self, now: float, count: int) -> None:
         self.engine.sample_output()
