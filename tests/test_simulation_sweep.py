@@ -158,8 +158,12 @@ def test_a_skewed_run_is_simulated_with_its_channel_shares_and_an_even_one_round
     from spark_credit_shuffle.simulation.calibrate import channel_shares
 
     def rows(shares):
-        return [MetricRow("producer", p, c, "numRecordsOut", "total", float(v)) for p, row in enumerate(shares)
-                for c, v in enumerate(row)] + [MetricRow("producer", 0, None, "numRecordsOut", "total", 1e9)]  # fmt: skip
+        per_channel = [
+            MetricRow("producer", p, c, "numRecordsOut", "total", float(v))
+            for p, row in enumerate(shares)
+            for c, v in enumerate(row)
+        ]
+        return [*per_channel, MetricRow("producer", 0, None, "numRecordsOut", "total", 1e9)]  # a total: not a channel
 
     assert channel_shares(rows([[800, 100, 100], [340, 330, 330]]), 2, 3) == [[800, 100, 100], [340, 330, 330]]
     assert channel_shares(rows([[334, 333, 333], [330, 340, 330]]), 2, 3) is None  # within 5%: round robin
