@@ -126,7 +126,9 @@ class SimulatedProducer:
     segment), so every flush costs a segment of the producer's pool until its consumer recycled it; with ``"1.5"``
     (the default) a flush only tells the reader that data is there. Flink 1.4 also woke its network thread for every
     buffer added, where 1.5 wakes it once when a queue becomes non-empty and it then drains the queue: with
-    ``"1.4"`` every buffer handed over costs ``notification_cost`` more."""
+    ``"1.4"`` every buffer handed over costs ``notification_cost`` more. ``weights``: the share of the records
+    each subpartition gets (a keyed exchange's skew), drawn row by row from an evenly spread sequence; default
+    round robin."""
 
     def __init__(
         self,
