@@ -219,3 +219,17 @@ def test_channel_weights_give_each_consumer_its_share_and_every_row_arrives_in_o
     for bad in ([[1, 1, 1]], [[1, 1], [1, 1]], [[1, 1, -1], [1, 1, 1]], [[0, 0, 0], [1, 1, 1]]):
         with pytest.raises(ConfigError, match="channel_weights"):
             Simulation(NetworkConfig(), **kwargs, channel_weights=bad)
+
+
+def test_a_cluster_whose_full_network_buffers_outgrow_the_memory_is_warned_of_before_it_runs():
+    from spark_credit_shuffle.simulation.cluster import memory_warning, network_memory_bytes
+
+    simulation = Simulation(
+        NetworkConfig(), num_producers=4, num_consumers=4, producer_rate=1e6, consumer_rate=1e6, duration=0.001,
+        producer_hosts=HOSTS, consumer_hosts=HOSTS,
+    )  # fmt: skip
+    need = network_memory_bytes(simulation)
+    assert need == sum(p.total for p in simulation.network_pools.values()) * NetworkConfig().segment_size > 0
+    warning = memory_warning(simulation, need - 1)
+    assert warning is not None and "2 hosts" in warning and "one timeout per process" in warning
+    assert memory_warning(simulation, need) is None and memory_warning(simulation, None) is None

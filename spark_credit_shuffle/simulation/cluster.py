@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import math
 import sys
 import time
@@ -49,10 +50,14 @@ __all__ = [
     "buffer_timeout_figure",
     "draw",
     "headline",
+    "memory_warning",
+    "network_memory_bytes",
     "print_table",
     "run_cluster",
     "steady_state_times",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The buffer timeouts of the article's figure, in ms.
 FIGURE_TIMEOUTS_MS = (0, 1, 5, 10, 100)
@@ -142,13 +147,18 @@ def run_cluster(
     network = "default"
     start = time.perf_counter()
     try:
-        report = Simulation(config, **kwargs).run()
+        simulation = Simulation(config, **kwargs)
+        warn_if_short_of_memory(simulation)
+        report = simulation.run()
     except InsufficientNetworkBuffersError:  # the default network memory does not hold what the host's tasks take
         network = f"minimum+{EXTRA_BUFFERS_PER_HOST}"
-        report = Simulation(config, **kwargs, extra_buffers_per_host=EXTRA_BUFFERS_PER_HOST).run()
+        simulation = Simulation(config, **kwargs, extra_buffers_per_host=EXTRA_BUFFERS_PER_HOST)
+        warn_if_short_of_memory(simulation)
+        report = simulation.run()
     wall = time.perf_counter() - start
     # The topology is garbage now, in reference cycles (its objects call back into each other) that only a full
-    # collection frees: without one, a figure's ten runs at 800 tasks held about 24 GB at their peak.
+    # collection frees: gigabytes at 800 tasks, collected before the next run builds its own.
+    del simulation
     gc.collect()
     totals = {"numBytesIn": 0.0, "numBuffersIn": 0.0, "numRecordsIn": 0.0}
     throughput = 0.0  # bytes per virtual second over the window after the warm-up
@@ -175,6 +185,45 @@ def run_cluster(
         "data_intact": report.data_intact,
         "wall_s": round(wall, 2),
     }
+
+
+def network_memory_bytes(simulation: Simulation) -> int:
+    """The bytes the simulation's network buffers take when every one holds a full segment: what a
+    back-pressured all-to-all with full buffers (a long buffer timeout) comes near, since each buffer in flight
+    holds its real Arrow bytes."""
+    return sum(pool.total for pool in simulation.network_pools.values()) * simulation.config.segment_size
+
+
+def _available_memory_bytes() -> int | None:
+    """This machine's available memory (Linux ``MemAvailable``), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_warning(simulation: Simulation, available: int | None) -> str | None:
+    """The warning for a simulation whose full network buffers would take more than ``available`` bytes
+    (None: nothing to warn about, or the memory is unknown)."""
+    need = network_memory_bytes(simulation)
+    if available is None or need <= available:
+        return None
+    return (
+        f"the simulation's {len(simulation.network_pools)} hosts have {need / 1e9:.1f} GB of network buffers, and "
+        f"this machine has {available / 1e9:.1f} GB available: a run that fills them (full buffers, e.g. a long "
+        "buffer timeout, back-pressured) may run out of memory; run fewer hosts or one timeout per process"
+    )
+
+
+def warn_if_short_of_memory(simulation: Simulation) -> None:
+    """Log :func:`memory_warning` for this machine, before the run starts."""
+    message = memory_warning(simulation, _available_memory_bytes())
+    if message is not None:
+        log.warning(message)
 
 
 def buffer_timeout_figure(
