@@ -145,7 +145,9 @@ class OutputHandoff:
 
     def has_room(self) -> bool:
         """Whether :meth:`offer` would take a batch now; if not, :attr:`on_room` runs once it would."""
-        if not self._full():  # without the lock: only the offering thread fills it, so room seen stays room
+        # without the lock: only the offering thread fills it, and the taking thread only empties it (see
+        # take), so room seen stays room
+        if not self._full():
             return True
         with self._cond:
             if self._full():
@@ -190,8 +192,10 @@ class OutputHandoff:
                     self._cond.wait(_POLL_S)
                 finally:
                     self._takers_waiting -= 1
-            batch = self._items.popleft()
+            # in flight before it leaves the queue: a look without the lock (has_room) never sees the batch
+            # counted nowhere, so the room it sees is room the taking thread does not take back
             self._in_flight = 1
+            batch = self._items.popleft()
             self._in_flight_bytes = batch.nbytes
             return batch
 
