@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
-from ..diagnosis import SubtaskSummary
+from ..diagnosis import SubtaskSummary, summarize
 from ..engine.producer import SEGMENT_HOLD_TIME
 from ..errors import ConfigError
 from ..metrics import CONSUMER, PRODUCER
@@ -103,8 +103,8 @@ def from_exchange(ex: Any, *, transport: bool = True) -> SweepPoint:
     False: the base latency of two local processes)."""
     config = ex.plan.config
     settings = {name: getattr(config, name) for name in type(config).settings()}
-    point = from_summaries(ex.summary_rows(), settings)
     rows = ex.metric_rows()
+    point = from_summaries(summarize(rows), settings)
     weights = channel_shares(rows, point.params["num_producers"], point.params["num_consumers"])
     if weights is not None:
         point = dataclasses.replace(point, params={**point.params, "channel_weights": weights})
