@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from spark_credit_shuffle.errors import CreditShuffleError
+from spark_credit_shuffle.runtime import handoff as handoff_module
 from spark_credit_shuffle.runtime.handoff import HANDOFF_BATCHES, InputHandoff, OutputHandoff
 
 
@@ -131,14 +132,16 @@ def test_a_full_input_hand_over_lets_a_stopping_reader_go():
         InputHandoff(capacity=2, low_water=2)
 
 
-def test_a_waiting_taker_is_woken_by_the_next_batch():
+def test_a_waiting_taker_is_woken_by_the_next_batch(monkeypatch):
+    # the taker's own look comes a minute later: only the offer's notification can wake it within the join
+    monkeypatch.setattr(handoff_module, "_POLL_S", 60.0)
     handoff = OutputHandoff(capacity=2)
     got = []
     taker = threading.Thread(target=lambda: got.append(handoff.take(lambda: True)), daemon=True)
     taker.start()
     time_passes()
     assert handoff.offer(numbered(7))
-    taker.join(0.4)  # woken at once, not at the taker's next look (0.5 s)
+    taker.join(10)
     assert not taker.is_alive() and got[0].column(0)[0].as_py() == 7
 
 
