@@ -38,10 +38,18 @@ def main(argv: list[str] | None = None) -> int:
         default=0.05,
         help="virtual seconds of steady state per run, after a warm-up as long (both at least two timeouts)",
     )
+    parser.add_argument(
+        "--threading",
+        choices=("netty", "loop"),
+        default="netty",
+        help="Flink's threads (default) or this package's one loop per task (see the module)",
+    )
     parser.add_argument("--png", default=os.path.normpath(os.path.join(PNG, "simulation_buffer_timeout.png")))
     parser.add_argument("--no-png", action="store_true")
     args = parser.parse_args(argv)
-    rows = buffer_timeout_figure(args.hosts, args.slots, timeouts_ms=FIGURE_TIMEOUTS_MS, window=args.window)
+    rows = buffer_timeout_figure(
+        args.hosts, args.slots, timeouts_ms=FIGURE_TIMEOUTS_MS, window=args.window, threading=args.threading
+    )
     print_table(rows)
     if not args.no_png:
         draw(rows, args.png)

@@ -21,6 +21,7 @@ import pytest
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.engine.producer import SEGMENT_HOLD_TIME
 from spark_credit_shuffle.metrics import METRIC_ROW_FIELDS
+from spark_credit_shuffle.simulation.report import RECORDS_IN_PER_SECOND
 from spark_credit_shuffle.simulation import simulate
 
 FIXTURE = Path(__file__).with_name("simulation_exact.json")
@@ -56,9 +57,10 @@ CASES: dict[str, tuple[NetworkConfig, dict[str, Any]]] = {
 FULL = "all_to_all"
 
 
-def _rows(rows: list) -> list[list]:
-    # segmentHoldTimeMs came after the fixture was captured: the rows it was captured with stay as they were
-    return [[getattr(r, f) for f in METRIC_ROW_FIELDS] for r in rows if r.metric != SEGMENT_HOLD_TIME]
+def _rows(rows: list, later: tuple[str, ...] = (SEGMENT_HOLD_TIME,)) -> list[list]:
+    # segmentHoldTimeMs and the summary's numRecordsInPerSecond came after the fixture was captured: the rows it
+    # was captured with stay as they were (the timeline's sampled numRecordsInPerSecond was there already)
+    return [[getattr(r, f) for f in METRIC_ROW_FIELDS] for r in rows if r.metric not in later]
 
 
 def _digest(rows: list[list]) -> str:
@@ -68,7 +70,7 @@ def _digest(rows: list[list]) -> str:
 def capture(name: str) -> dict[str, Any]:
     config, kwargs = CASES[name]
     report = simulate(config, **kwargs)
-    rows, timeline = _rows(report.rows), _rows(report.timeline)
+    rows, timeline = _rows(report.rows, (SEGMENT_HOLD_TIME, RECORDS_IN_PER_SECOND)), _rows(report.timeline)
     figures: dict[str, Any] = {
         "end_time": report.end_time,
         "window": report.window,

@@ -142,9 +142,11 @@ def test_flink_1_4_flushes_finish_buffers_and_deliver_everything():
         simulate(config, **kwargs, flush_model="1.3")
 
 
-def test_run_cluster_reports_its_figures():
-    row = run_cluster(1, 2, 5, duration=0.005)
-    assert row["channels"] == 4 and row["buffers"] > 0 and row["throughput_mb_s"] > 0
+@pytest.mark.parametrize("threading", ["netty", "loop"])
+def test_run_cluster_reports_its_figures(threading):
+    row = run_cluster(2, 2, 5, duration=0.005, threading=threading)
+    assert row["channels"] == 16 and row["buffers"] > 0 and row["throughput_mb_s"] > 0
+    assert row["threading"] == threading
 
 
 def test_simulate_command_prints_a_table_and_a_json_line(capsys, tmp_path):
@@ -154,6 +156,7 @@ def test_simulate_command_prints_a_table_and_a_json_line(capsys, tmp_path):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split()[:2] == ["flush_model", "timeout_ms"] and len(lines) == 6
     figures = json.loads(lines[-1])["simulate"]
+    assert figures["threading"] == "netty"  # Flink's threads unless --threading loop
     assert set(figures["flink_1.5"]) == {"0ms", "10ms"} and figures["flink_1.4"]["10ms"]["of_largest"] == 1.0
     assert png.stat().st_size > 0
 

@@ -170,6 +170,9 @@ class PipelinedSubpartition:
         self.is_released = False
         self.flush_requested = False
         self.is_blocked = False
+        #: Data-available notifications that flushes gave the reader (in Flink, each a task handed to a network
+        #: thread: with buffer timeout 0, one per record whenever the reader has caught up).
+        self.flush_notifications = 0
         self._sequence_number = 0
         self._buffer_size = DEFAULT_BUFFER_SIZE
         self._view: PipelinedSubpartitionView | None = None
@@ -312,6 +315,7 @@ class PipelinedSubpartition:
         notify = not self.is_blocked and data_in_last
         self.flush_requested = len(buffers) > 1 or data_in_last
         if notify and self._view is not None:
+            self.flush_notifications += 1
             self._view.notify_data_available()
 
     def release(self) -> None:

@@ -38,6 +38,13 @@ def parser() -> argparse.ArgumentParser:
         "--flush-model", choices=("1.5", "1.4", "both"), default="1.5", help="Flink 1.5+ (default), 1.4 or both"
     )
     p.add_argument(
+        "--threading",
+        choices=("netty", "loop"),
+        default="netty",
+        help="who pays for a buffer: Flink's threads (netty, default: the task writes records, a network thread per "
+        "slot cuts and sends the buffers) or this package's runtime (loop: the task's loop does both)",
+    )
+    p.add_argument(
         "--window",
         type=float,
         default=0.05,
@@ -62,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush_models=models,
         window=args.window,
         progress=not args.quiet,
+        threading=args.threading,
     )
     print_table(rows)
     if args.png:

@@ -8,18 +8,28 @@ host directly, the others over one connection per host pair, 100 us latency). Th
 their costs let them (the throughput is what the exchange allows, not an input rate), so what a timeout changes
 is the number of buffers the same bytes take, and each buffer's cost.
 
+The threads, as Flink's (``threading="netty"``, the default): a producer's task thread writes records into
+segments; each host's ``slots`` network threads (Netty's server threads, Flink's default one per slot, a host's
+connections dealt to them round robin) cut the slices and send them, each taking a subpartition's next slice
+only when it is free, so under load a flushed buffer keeps filling until a thread takes it (the article: "in
+high-load scenarios where Netty is the bottleneck ... we can still accumulate data in incomplete buffers");
+the output flusher is a thread of its own. ``threading="loop"`` is this package's runtime instead: one loop per
+task builds and sends every buffer itself, so the producer pays for every slice a flush hands over.
+
 The costs, from the package's own measurements (docs/benchmarks.md, "Pipelined path budget": CPU per 32 KiB
 data buffer of the pipelined path with 2 tasks, producer 95.8 us, I/O thread 36.4 us, consumer 67.5 us; and
-the task engine's ``take`` of one buffer, about 25 us, the simulation's default ``buffer_cost``):
+the task engine's ``take`` of one buffer, about 25 us, the simulation's default ``buffer_cost``), each used once:
 
-- per buffer: 25 us at the consumer (:data:`BUFFER_COST`) and 25 us at the producer
-  (:data:`PRODUCER_BUFFER_COST`, a flushed slice as a whole buffer);
+- per buffer: 25 us at the consumer (:data:`BUFFER_COST`) and 25 us at the producer per segment it fills
+  (:data:`PRODUCER_BUFFER_COST`; with ``"loop"``, per buffer or slice handed over);
 - per record: the rest of each side's per-buffer figure spread over a full 32 KiB buffer's bytes, as rates:
   producer (95.8 - 25) us per 32 KiB = :data:`PRODUCER_RATE`, consumer (67.5 - 25) us per 32 KiB =
   :data:`CONSUMER_RATE`;
-- Flink 1.4 (``flush_model="1.4"``): a flush finishes every open buffer, and every buffer handed over costs
-  the I/O thread's 36.4 us more (:data:`NOTIFICATION_COST`, the network thread woken per buffer, where the
-  pipelined runtime measured it per buffer).
+- per message a network thread sends: the I/O thread's 36.4 us (:data:`SENDER_COST`);
+- per wake-up of a network thread by the task thread: the same 36.4 us (:data:`NOTIFICATION_COST`). Flink 1.5
+  wakes it when a flush makes a caught-up queue readable again (buffer timeout 0 flushes after every record;
+  the output flusher's flushes cost the task nothing); Flink 1.4 (``flush_model="1.4"``) for every buffer added,
+  and its flush finishes every open buffer.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from ..config import NetworkConfig
 from ..errors import ConfigError, InsufficientNetworkBuffersError
 from ..metrics import CONSUMER
 from .model import Simulation
-from .report import BYTES_IN_PER_SECOND
+from .report import BYTES_IN_PER_SECOND, RECORDS_IN_PER_SECOND
 
 __all__ = [
     "BUFFER_COST",
@@ -46,6 +56,7 @@ __all__ = [
     "NOTIFICATION_COST",
     "PRODUCER_BUFFER_COST",
     "PRODUCER_RATE",
+    "SENDER_COST",
     "ProgressLine",
     "buffer_timeout_figure",
     "draw",
@@ -62,6 +73,9 @@ log = logging.getLogger(__name__)
 #: The buffer timeouts of the article's figure, in ms.
 FIGURE_TIMEOUTS_MS = (0, 1, 5, 10, 100)
 _SEGMENT = 32 * 1024
+#: Bytes per record. The figure's throughput counts the records' bytes, not the buffers' (whose Arrow framing
+#: grows with the number of buffers, so counting it would flatter the short timeouts).
+RECORD_SIZE = 1024
 #: Consumer: seconds per data buffer besides its records (the task engine's ``take``).
 BUFFER_COST = 25e-6
 #: Producer: seconds per buffer handed to the network.
@@ -70,8 +84,11 @@ PRODUCER_BUFFER_COST = 25e-6
 PRODUCER_RATE = _SEGMENT / ((95.8 - 25) * 1e-6)
 #: Consumer: bytes per second of records, (67.5 - 25) us per 32 KiB buffer.
 CONSUMER_RATE = _SEGMENT / ((67.5 - 25) * 1e-6)
-#: Flink 1.4: seconds more per buffer handed over (the I/O thread's 36.4 us per buffer).
+#: A wake-up of the network thread: Flink 1.4 per buffer added, Flink 1.5 per notification a flush of the task
+#: thread raises (the I/O thread's 36.4 us per buffer).
 NOTIFICATION_COST = 36.4e-6
+#: A network thread (Flink's threads): seconds per message it sends (the I/O thread's 36.4 us per buffer).
+SENDER_COST = 36.4e-6
 #: The extra network buffers a host gets where the default network memory does not hold its minimum.
 EXTRA_BUFFERS_PER_HOST = 2048
 
@@ -116,10 +133,15 @@ def run_cluster(
     buffer_cost: float = BUFFER_COST,
     producer_buffer_cost: float = PRODUCER_BUFFER_COST,
     notification_cost: float = NOTIFICATION_COST,
+    threading: str = "netty",
+    sender_cost: float = SENDER_COST,
 ) -> dict[str, Any]:
     """One run of the cluster at buffer timeout ``timeout_ms`` for ``duration`` virtual seconds: its figures
-    (throughput over all consumers in MB per virtual second after the first ``warmup`` seconds, buffers and
-    records received, bytes per buffer, wall seconds)."""
+    (throughput over all consumers after the first ``warmup`` seconds in MB of records per virtual second, and
+    ``wire_mb_s`` in MB of buffers with their framing, buffers and
+    records received, bytes per buffer, wall seconds). ``threading``: ``"netty"`` (Flink's threads, ``slots``
+    network threads per host, ``sender_cost`` per message each) or ``"loop"`` (this package's runtime: the
+    producer's loop builds and sends every buffer itself); see :class:`~.model.Simulation`."""
     if hosts < 1 or slots < 1:
         raise ConfigError("hosts", (hosts, slots), "at least 1 host and 1 slot")
     if not (duration > 0 and math.isfinite(duration)):
@@ -134,6 +156,7 @@ def run_cluster(
         "producer_hosts": placement,
         "consumer_hosts": placement,
         "latency": 100e-6,
+        "record_size": RECORD_SIZE,
         "duration": duration,
         "buffer_cost": buffer_cost,
         "producer_buffer_cost": producer_buffer_cost,
@@ -142,6 +165,9 @@ def run_cluster(
         "progress": progress,
         "max_steps": 10**9,
         "warmup": warmup,
+        "threading": threading,
+        "sender_cost": sender_cost,
+        "network_threads": slots if threading == "netty" else None,
     }
     config = NetworkConfig(buffer_timeout_ms=timeout_ms)
     network = "default"
@@ -161,24 +187,29 @@ def run_cluster(
     del simulation
     gc.collect()
     totals = {"numBytesIn": 0.0, "numBuffersIn": 0.0, "numRecordsIn": 0.0}
-    throughput = 0.0  # bytes per virtual second over the window after the warm-up
+    throughput = 0.0  # records' bytes per virtual second over the window after the warm-up
+    wire = 0.0  # the buffers' bytes (with their framing) per virtual second over the window
     for row in report.rows:
         if row.side == CONSUMER:
             if row.metric in totals and row.channel is not None:
                 totals[row.metric] += row.value
+            elif row.metric == RECORDS_IN_PER_SECOND:
+                throughput += row.value * RECORD_SIZE
             elif row.metric == BYTES_IN_PER_SECOND:
-                throughput += row.value
+                wire += row.value
     buffers = int(totals["numBuffersIn"])
     return {
         "hosts": hosts,
         "slots": slots,
         "channels": tasks * tasks,
         "flush_model": flush_model,
+        "threading": threading,
         "timeout_ms": timeout_ms,
         "virtual_s": duration,
         "warmup_s": warmup,
         "network": network,
         "throughput_mb_s": round(throughput / 1e6, 1),
+        "wire_mb_s": round(wire / 1e6, 1),
         "buffers": buffers,
         "records": int(totals["numRecordsIn"]),
         "bytes_per_buffer": round(totals["numBytesIn"] / buffers) if buffers else 0,
@@ -235,6 +266,7 @@ def buffer_timeout_figure(
     window: float = 0.05,
     progress: bool = True,
     stream: TextIO | None = None,
+    threading: str = "netty",
 ) -> list[dict[str, Any]]:
     """:func:`run_cluster` at every timeout for every flush model, each measured in its steady state (see
     :func:`steady_state_times`); each row also holds its throughput as a fraction of its model's largest
@@ -245,7 +277,16 @@ def buffer_timeout_figure(
             warmup, duration = steady_state_times(timeout, window)
             line = ProgressLine(duration, f"[{model}, {timeout} ms] ", stream) if progress else None
             rows.append(
-                run_cluster(hosts, slots, timeout, flush_model=model, duration=duration, warmup=warmup, progress=line)
+                run_cluster(
+                    hosts,
+                    slots,
+                    timeout,
+                    flush_model=model,
+                    duration=duration,
+                    warmup=warmup,
+                    progress=line,
+                    threading=threading,
+                )
             )
     for model in flush_models:
         own = [r for r in rows if r["flush_model"] == model]
@@ -268,12 +309,15 @@ def steady_state_times(timeout_ms: int, window: float) -> tuple[float, float]:
     return span, 2 * span
 
 
+_THREADING = {"netty": "Flink's threads", "loop": "one loop per task"}
+
 _COLUMNS = (
     "flush_model",
     "timeout_ms",
     "virtual_s",
     "throughput_mb_s",
     "of_largest",
+    "wire_mb_s",
     "buffers",
     "bytes_per_buffer",
     "wall_s",
@@ -297,6 +341,7 @@ def headline(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         entry[f"{r['timeout_ms']}ms"] = {"mb_s": r["throughput_mb_s"], "of_largest": r.get("of_largest")}
     if rows:
         out["hosts"], out["slots"] = rows[0]["hosts"], rows[0]["slots"]
+        out["threading"] = rows[0].get("threading")
         out["virtual_s"] = {f"{r['timeout_ms']}ms": r["virtual_s"] for r in rows}
         out["warmup_s"] = {f"{r['timeout_ms']}ms": r["warmup_s"] for r in rows}
     return out
@@ -320,10 +365,12 @@ def draw(rows: Sequence[dict[str, Any]], path: str) -> None:
         ax.bar(xs, [by_timeout.get(t, 0.0) for t in timeouts], width, label=label)
     ax.set_xticks(range(len(timeouts)), [f"{t} ms" for t in timeouts])
     ax.set_xlabel("buffer timeout")
-    ax.set_ylabel("throughput, MB per virtual second (all consumers)")
+    ax.set_ylabel("records, MB per virtual second (all consumers)")
     first = rows[0] if rows else {}
+    threads = str(first.get("threading"))
     ax.set_title(
-        f"Simulated: {first.get('hosts')} hosts x {first.get('slots')} slots all-to-all\nsteady state: at least "
+        f"Simulated ({_THREADING.get(threads, threads)}): {first.get('hosts')} hosts x "
+        f"{first.get('slots')} slots all-to-all\nsteady state: at least "
         f"{min(r['virtual_s'] - r['warmup_s'] for r in rows):g} virtual s after a warm-up"
         if rows
         else "Simulated"

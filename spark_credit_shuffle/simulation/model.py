@@ -25,7 +25,14 @@ from ..transport.in_memory import MemoryConnection, MemoryNetwork
 from .barrier_models import CheckpointCoordinator
 from .clock import VirtualClock, per_subtask
 from .observe import check_invariants, sample
-from .report import BYTES_IN_PER_SECOND, DATA_BYTES_IN, FINISH_TIME, ChannelOrigin, SimulationReport
+from .report import (
+    BYTES_IN_PER_SECOND,
+    DATA_BYTES_IN,
+    FINISH_TIME,
+    RECORDS_IN_PER_SECOND,
+    ChannelOrigin,
+    SimulationReport,
+)
 from .simulated_consumer import SimulatedConsumer
 from .simulated_producer import SimulatedProducer
 
@@ -91,6 +98,14 @@ class Simulation:
     given, is called with the virtual time every ``progress_steps`` events (a progress line for long runs).
     ``channel_weights[p]``, if given: the share of producer ``p``'s records each of its subpartitions gets
     (a keyed exchange's skew; default round robin, equal shares).
+    ``threading``: who pays for a buffer (see :class:`SimulatedProducer`). ``"loop"`` (the default, this
+    package's runtime): the producer, per buffer or slice handed over. ``"netty"`` (Flink's threads): the producer
+    per segment it fills and per notification it raises, and the host's ``network_threads`` (Netty's server
+    threads; Flink's default is one per slot; None: one per connection) ``sender_cost`` per message each
+    sends. A host's connections are spread over its threads round robin, as Netty assigns channels to event loops,
+    and a thread's connections share it evenly: each sends at ``sender_cost`` times their number per message.
+    A network thread takes a subpartition's next slice only when it is free, so a flushed buffer keeps filling
+    until then, as with Flink 1.5's ``BufferConsumer`` (a flushed buffer under Flink 1.4 is finished).
     ``warmup``: the virtual seconds at the start that the consumers' throughput (``numBytesInPerSecond``) leaves
     out, so that it is the steady state's: buffers fill for the first time, pools and credits settle, and a buffer
     timeout has not fired yet (the report's ``window`` is the time after it).
@@ -132,6 +147,9 @@ class Simulation:
         progress_steps: int = 20_000,
         warmup: float = 0.0,
         channel_weights: Sequence[Sequence[float]] | None = None,
+        threading: str = "loop",
+        sender_cost: float = 0.0,
+        network_threads: int | None = None,
     ) -> None:
         if num_producers < 1 or num_consumers < 1:
             raise ConfigError("parallelism", (num_producers, num_consumers), "at least 1 producer and 1 consumer")
@@ -147,12 +165,21 @@ class Simulation:
             ("buffer_cost", buffer_cost),
             ("producer_buffer_cost", producer_buffer_cost),
             ("notification_cost", notification_cost),
+            ("sender_cost", sender_cost),
         )
         for name, cost in costs:
             if not (cost >= 0 and math.isfinite(cost)):
                 raise ConfigError(name, cost, "a finite time >= 0 s")
         if not (warmup >= 0 and math.isfinite(warmup)) or (duration is not None and warmup >= duration):
             raise ConfigError("warmup", warmup, f"a time >= 0 s and below the duration ({duration} s)")
+        if threading not in ("loop", "netty"):
+            raise ConfigError("threading", threading, "'loop' (this package's runtime) or 'netty' (Flink's threads)")
+        if network_threads is not None and (
+            isinstance(network_threads, bool) or not isinstance(network_threads, int) or network_threads < 1
+        ):
+            raise ConfigError(
+                "network_threads", network_threads, "an integer >= 1 per host, or None (one per connection)"
+            )
         if flush_model not in ("1.5", "1.4"):
             raise ConfigError("flush_model", flush_model, "'1.5' (current Flink) or '1.4' (flush finishes buffers)")
         self.flush_model = flush_model
@@ -164,8 +191,9 @@ class Simulation:
         self.settings = Settings.of(config)  # the task engine's reading of the settings (flush rule)
         self.duration = duration
         self.warmup = warmup
-        #: Each consumer's numBytesIn at the end of the warm-up (all 0 until then).
+        #: Each consumer's numBytesIn and numRecordsIn at the end of the warm-up (None until then).
         self._bytes_at_warmup: list[int] | None = None
+        self._records_at_warmup: list[int] | None = None
         self.check_invariants = check_invariants
         self.buffer_cost = buffer_cost
         self.max_steps = max_steps
@@ -257,6 +285,7 @@ class Simulation:
                     flush_model,
                     notification_cost,
                     None if channel_weights is None else list(channel_weights[p]),
+                    threading,
                 )
             )
 
@@ -264,6 +293,7 @@ class Simulation:
         self.connections: dict[Hashable, MemoryConnection] = {}
         self.network = MemoryNetwork()
         self._pump_at: dict[MemoryConnection, float] = {}
+        self._sender_hosts: dict[MemoryConnection, int] = {}
         self.consumers: list[SimulatedConsumer] = []
         self._remote: list[tuple[RemoteInputChannel, MemoryConnection]] = []
         self._local_links: list[tuple[int, MemoryConnection, PipelinedResultPartition]] = []
@@ -310,6 +340,7 @@ class Simulation:
                     )
                     connection = self.network.connect(client, server, **link)
                     self.connections[key] = connection
+                    self._sender_hosts[connection] = producer_host
                 receiver_id += 1
                 if route.kind == LOCAL:  # a local channel through the connection
                     gate.local_channel(
@@ -334,12 +365,28 @@ class Simulation:
                     record_size,
                 )
             )
+        if sender_cost:
+            self._share_network_threads(sender_cost, network_threads)
         self.timeline: list[MetricRow] = []
         self.coordinator = CheckpointCoordinator(config.checkpoint_interval_ms / 1000.0)
         self.steps = 0
         self.invariant_checks = 0
         #: Per producer: (segments held, pool size) at the last invariant check.
         self.pool_seen: dict[int, tuple[int, int]] = {}
+
+    def _share_network_threads(self, sender_cost: float, threads: int | None) -> None:
+        """Each connection's sender spends ``sender_cost`` per message times the connections that share its
+        network thread (a producer host's connections dealt to its ``threads`` round robin)."""
+        served: dict[int, list[MemoryConnection]] = {}
+        for connection, host in self._sender_hosts.items():
+            served.setdefault(host, []).append(connection)
+        for connections in served.values():
+            n = len(connections)
+            per_thread = [0] * (threads or n)
+            for i in range(n):
+                per_thread[i % len(per_thread)] += 1
+            for i, connection in enumerate(connections):
+                connection.set_sender_cost(sender_cost * per_thread[i % len(per_thread)])
 
     # -- driving --
 
@@ -438,10 +485,15 @@ class Simulation:
 
     def _end_warmup(self, now: float) -> None:
         self._bytes_at_warmup = [self._bytes_in(consumer) for consumer in self.consumers]
+        self._records_at_warmup = [self._records_in(consumer) for consumer in self.consumers]
 
     @staticmethod
     def _bytes_in(consumer: SimulatedConsumer) -> int:
         return sum(r.num_bytes_in for r in consumer.engine.readers)
+
+    @staticmethod
+    def _records_in(consumer: SimulatedConsumer) -> int:
+        return sum(r.num_records_in for r in consumer.engine.readers)
 
     def _describe_state(self) -> str:
         waiting = [p.index for p in self.producers if p.waiting_since is not None]
@@ -453,6 +505,7 @@ class Simulation:
         end = self.clock.now
         window = (self.duration if self.duration is not None else end) - self.warmup
         at_warmup = self._bytes_at_warmup or [0] * len(self.consumers)
+        records_at_warmup = self._records_at_warmup or [0] * len(self.consumers)
         rows: list[MetricRow] = []
         for producer in self.producers:
             rows.extend(producer.metric_rows(end))
@@ -474,6 +527,10 @@ class Simulation:
             bytes_in = self._bytes_in(consumer) - at_warmup[c]
             rows.append(
                 MetricRow(CONSUMER, c, None, BYTES_IN_PER_SECOND, "mean", bytes_in / window if window > 0 else 0.0)
+            )
+            records_in = self._records_in(consumer) - records_at_warmup[c]
+            rows.append(
+                MetricRow(CONSUMER, c, None, RECORDS_IN_PER_SECOND, "mean", records_in / window if window > 0 else 0.0)
             )
         returned = finished and all(
             pool.num_available == pool.total and pool.num_total_required_buffers == 0 and not pool.buffer_pools

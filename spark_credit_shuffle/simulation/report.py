@@ -10,6 +10,7 @@ from ..metrics import MetricRow
 
 __all__ = [
     "BYTES_IN_PER_SECOND",
+    "RECORDS_IN_PER_SECOND",
     "DATA_BYTES_IN",
     "FINISH_TIME",
     "ChannelOrigin",
@@ -27,6 +28,9 @@ DATA_BYTES_IN = "numDataBytesIn"
 #: received within the window, divided by it, in bytes per virtual second (Flink's meter of ``numBytesIn``,
 #: averaged over the window: the run after its warm-up).
 BYTES_IN_PER_SECOND = "numBytesInPerSecond"
+#: A consumer's records per virtual second over the measured window (``stat = "mean"``, Flink's meter of
+#: ``numRecordsIn``): the throughput of records whatever the buffers' framing costs, which grows as buffers shrink.
+RECORDS_IN_PER_SECOND = "numRecordsInPerSecond"
 
 
 class ChannelOrigin(NamedTuple):
@@ -54,7 +58,9 @@ class SimulationReport:
     - ``numDataBytesIn`` (:data:`DATA_BYTES_IN`), per consumer channel: the data buffers' bytes, equal to
       the producer's ``numBytesOut`` of the subpartition once the channel delivered everything;
     - ``numBytesInPerSecond`` (:data:`BYTES_IN_PER_SECOND`, ``stat = "mean"``), per consumer: the
-      ``numBytesIn`` it received within the measured ``window``, bytes per virtual second.
+      ``numBytesIn`` it received within the measured ``window``, bytes per virtual second;
+    - ``numRecordsInPerSecond`` (:data:`RECORDS_IN_PER_SECOND`, ``stat = "mean"``), per consumer: the records
+      it received within the window, per virtual second.
 
     ``timeline`` holds the samples over virtual time (``time_ms``: virtual milliseconds). A producer's share of
     the run spent back-pressured is ``value("producer", p, "accumulateBackPressuredTimeMs") / 1000 /

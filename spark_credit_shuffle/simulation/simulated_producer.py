@@ -72,6 +72,8 @@ class _SimulatedPartition:
         #: Flink 1.4's flush (see :class:`SimulatedProducer`): finish the open buffers, then hand them over.
         self.finish_on_flush = finish_on_flush
         self.writer: RecordWriter | None = None
+        #: Segments the writer took from the pool so far.
+        self.segments_requested = 0
 
     def flush(self, subpartition: int) -> None:
         if self.finish_on_flush and self.writer is not None:
@@ -90,6 +92,7 @@ class _SimulatedPartition:
 
     def request_segment(self, subpartition: int) -> Callable[[], None]:
         recycler = self.partition.request_segment(subpartition)
+        self.segments_requested += 1
         on_recycle, requested = self._on_recycle, self._clock()
 
         def recycle() -> None:
@@ -144,10 +147,21 @@ class SimulatedProducer:
         flush_model: str = "1.5",
         notification_cost: float = 0.0,
         weights: list[float] | None = None,
+        threading: str = "loop",
     ) -> None:
         self.sim = sim
-        # Flink 1.4 woke the network thread for every buffer added (1.5: once when a queue becomes non-empty)
-        self.buffer_cost = buffer_cost + (notification_cost if flush_model == "1.4" else 0.0)
+        self.threading = threading
+        if threading == "netty":
+            # per segment filled; Flink 1.4 woke the network thread for every buffer added, 1.5 per notification
+            self.buffer_cost = buffer_cost + (notification_cost if flush_model == "1.4" else 0.0)
+            self.notification_cost = notification_cost if flush_model == "1.5" else 0.0
+        else:
+            # per buffer handed over; Flink 1.4 woke the network thread for every buffer added (1.5: once when a
+            # queue becomes non-empty)
+            self.buffer_cost = buffer_cost + (notification_cost if flush_model == "1.4" else 0.0)
+            self.notification_cost = 0.0
+        self._segments_counted = 0
+        self._notifications_counted = 0
         self._buffers_counted = 0
         self._debt = 0.0  # buffer costs of timer flushes, paid before the next batch
         self.index = index
@@ -192,6 +206,7 @@ class SimulatedProducer:
             resumable=True,
         )
         writer_partition.writer = self.engine.writer
+        self._writer_partition = writer_partition
         partition.buffer_pool.add_availability_listener(self._on_available)
 
     @property
@@ -224,7 +239,9 @@ class SimulatedProducer:
         self._timer = None
         if not self.finished:
             self.engine.on_timer(now, round(now * 1e9))
-            if self.buffer_cost:
+            if self.threading == "netty":
+                self._new_notifications()  # the output flusher's own thread raised them
+            elif self.buffer_cost:
                 self._debt += self._new_buffers() * self.buffer_cost
             self._schedule_timer()
 
@@ -233,6 +250,18 @@ class SimulatedProducer:
         numbers): what ``buffer_cost`` is paid for, a flushed slice as a finished buffer."""
         total = sum(sub._sequence_number for sub in self.partition.subpartitions)
         new, self._buffers_counted = total - self._buffers_counted, total
+        return new
+
+    def _new_segments(self) -> int:
+        """Segments the writer took since the last call."""
+        total = self._writer_partition.segments_requested
+        new, self._segments_counted = total - self._segments_counted, total
+        return new
+
+    def _new_notifications(self) -> int:
+        """Data-available notifications its flushes gave the readers since the last call."""
+        total = sum(sub.flush_notifications for sub in self.partition.subpartitions)
+        new, self._notifications_counted = total - self._notifications_counted, total
         return new
 
     def inject_barrier(self, now: float, checkpoint_id: int) -> None:
@@ -325,7 +354,11 @@ class SimulatedProducer:
             self._finish(now)
             return
         delay = count * self.record_size / self.rate
-        if self.buffer_cost:
+        if self.threading == "netty":
+            delay += self._new_segments() * self.buffer_cost
+            if self.notification_cost:
+                delay += self._new_notifications() * self.notification_cost
+        elif self.buffer_cost:
             delay += self._new_buffers() * self.buffer_cost + self._debt
             self._debt = 0.0
         self.sim.clock.schedule(now + delay, self.emit)

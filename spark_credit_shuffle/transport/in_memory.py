@@ -4,9 +4,12 @@
 (consumer side) and a :class:`~spark_credit_shuffle.protocol.PartitionRequestServerHandler` (producer side)
 like a TCP connection would. Each direction is a link that takes one message at a time from its sender
 while it is writable: with a ``bandwidth`` (bytes per virtual second) a message occupies the link for
-``size / bandwidth``, then arrives ``latency`` later; ``socket_buffer_bytes`` bounds the bytes written but
-not yet read by the other side (TCP's send and receive buffers), so a receiver that stops reading stops
-its sender too. Without bandwidth and latency everything moves at once.
+``size / bandwidth``, then arrives ``latency`` later; a ``sender_cost`` (virtual seconds per message) keeps the
+server's side busy that much longer per message it sends, as a network thread that builds and writes each
+buffer (it takes the next message from its queue only when done, so data written meanwhile goes with it);
+``socket_buffer_bytes`` bounds the bytes written but not yet read by the other side (TCP's send and receive
+buffers), so a receiver that stops reading stops its sender too. Without bandwidth and latency everything moves
+at once.
 
 Time is an argument (``pump(now)``): the transport reads no clock and is driven either directly (tests,
 benchmarks, the in-process blocking exchange) or by the virtual-clock simulation. With ``encode=True``
@@ -15,6 +18,7 @@ every message goes through the wire codec, so the framing is exercised too.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -44,6 +48,7 @@ class Link:
         "busy_until",
         "bytes_sent",
         "capacity",
+        "cost",
         "decoder",
         "deliver",
         "encode",
@@ -67,6 +72,7 @@ class Link:
         capacity: int | None,
         encode_frames: bool,
         max_frame_length: int,
+        cost: float = 0.0,
     ) -> None:
         self.source = source
         self.deliver = deliver
@@ -74,7 +80,9 @@ class Link:
         self.latency = latency
         self.bandwidth = bandwidth
         self.capacity = capacity
-        self.timed = latency > 0 or bandwidth is not None
+        #: Virtual seconds the sender spends on each message, besides its bytes on the wire.
+        self.cost = cost
+        self.timed = latency > 0 or bandwidth is not None or cost > 0
         self.encode = encode_frames
         self.decoder = FrameDecoder(max_frame_length) if encode_frames else None
         self.queue: deque[tuple[float, Message | bytes, int]] = deque()
@@ -85,7 +93,7 @@ class Link:
 
     def send(self, now: float) -> int:
         """Take messages from the sender while the link is writable at ``now``; the number taken."""
-        if self.bandwidth is None and not self.encode:
+        if self.bandwidth is None and not self.encode and not self.cost:
             return self._send_unlimited(now)
         taken = 0
         capacity = self.capacity
@@ -99,7 +107,7 @@ class Link:
             size = encoded_size(message) if need_size or self.encode else 0
             if timed:
                 start = max(now, self.busy_until)
-                done = start + (size / self.bandwidth if self.bandwidth else 0.0)
+                done = start + self.cost + (size / self.bandwidth if self.bandwidth else 0.0)
                 self.busy_until = done
                 arrival = done + self.latency
             else:
@@ -201,6 +209,7 @@ class MemoryConnection:
         socket_buffer_bytes: int | None = None,
         encode: bool = False,
         max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE),
+        sender_cost: float = 0.0,
     ) -> None:
         if latency < 0:
             raise ValueError(f"latency must be >= 0 virtual seconds, got {latency}")
@@ -236,6 +245,19 @@ class MemoryConnection:
         elif bandwidth is None and not encode:  # latency and a socket buffer only: the simulation's links
             self.pump = self._pump_unlimited  # type: ignore[method-assign]
             self.next_event_time = self._next_event_unlimited  # type: ignore[method-assign]
+        if sender_cost:
+            self.set_sender_cost(sender_cost)
+
+    def set_sender_cost(self, cost: float) -> None:
+        """The server's side spends ``cost`` virtual seconds on each message it sends from now on (see the
+        module's docstring); the connection then takes the generic pump, which heeds the sender's busy time."""
+        if not (cost >= 0 and math.isfinite(cost)):
+            raise ValueError(f"sender_cost must be a finite time >= 0 virtual seconds, got {cost}")
+        self.downstream.cost = cost
+        self.downstream.timed = self.downstream.timed or cost > 0
+        if cost:  # the fast pumps chosen at construction move messages without the sender's busy time
+            self.__dict__.pop("pump", None)
+            self.__dict__.pop("next_event_time", None)
 
     def pump(self, now: float = 0.0) -> int:
         """Move every message that can move at ``now`` (both ways, until nothing changes); the count moved."""
