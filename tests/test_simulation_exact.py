@@ -21,8 +21,8 @@ import pytest
 from spark_credit_shuffle.config import NetworkConfig
 from spark_credit_shuffle.engine.producer import SEGMENT_HOLD_TIME
 from spark_credit_shuffle.metrics import METRIC_ROW_FIELDS
-from spark_credit_shuffle.simulation.report import RECORDS_IN_PER_SECOND
 from spark_credit_shuffle.simulation import simulate
+from spark_credit_shuffle.simulation.report import RECORDS_IN_PER_SECOND
 
 FIXTURE = Path(__file__).with_name("simulation_exact.json")
 HOSTS = [i // 4 for i in range(8)]  # 2 hosts x 4 slots, producer and consumer i on host i // 4

@@ -10,9 +10,9 @@ from ..metrics import MetricRow
 
 __all__ = [
     "BYTES_IN_PER_SECOND",
-    "RECORDS_IN_PER_SECOND",
     "DATA_BYTES_IN",
     "FINISH_TIME",
+    "RECORDS_IN_PER_SECOND",
     "ChannelOrigin",
     "SimulationReport",
 ]
