@@ -161,6 +161,12 @@ def test_simulate_command_prints_a_table_and_a_json_line(capsys, tmp_path):
     assert png.stat().st_size > 0
 
 
+def test_simulate_command_runs_this_packages_threads_when_asked(capsys):
+    assert simulate_main(["--hosts", "2", "--slots", "1", "--threading", "loop", *QUIET]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["simulate"]
+    assert figures["threading"] == "loop" and figures["flink_1.5"]["1ms"]["mb_s"] > 0
+
+
 def test_python_m_simulate():
     out = subprocess.run(
         [*(sys.executable, "-m", "spark_credit_shuffle", "simulate", "--hosts", "1", "--slots", "1"), *QUIET],
