@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pyarrow as pa
@@ -15,13 +16,38 @@ from ..errors import ExchangeTimeoutError, SchemaMismatchError
 from ..metrics import PRODUCER, SAMPLE, MetricRow, RateMeter, TaskMetrics, TimelineSampler
 from .rules import Fail, Gauges, Settings, TimeAccount, Wait
 
-__all__ = ["SEGMENT_HOLD_TIME", "Flusher", "ProducerEngine", "conform", "subpartition_gauges"]
+__all__ = ["SEGMENT_HOLD_TIME", "Flusher", "ProducerEngine", "conform", "subpartition_gauges", "timed_recycler"]
 
 #: A producer's mean time, in ms, from the writer's request of a network buffer to its segment's return to the
 #: pool (``stat = "mean"``): the buffer filling, queued in its subpartition, on the wire, read by its consumer
 #: and recycled (a local channel's segment) or credited back. No Flink metric: what a buffer's round trip costs,
 #: from which the simulation's transport delay is calibrated (:mod:`spark_credit_shuffle.simulation.calibrate`).
 SEGMENT_HOLD_TIME = "segmentHoldTimeMs"
+
+
+def timed_recycler(
+    recycler: Callable[[], None],
+    on_returned: Callable[[float], None],
+    requested: float,
+    lock: AbstractContextManager[object] | None = None,
+) -> Callable[[], None]:
+    """A segment's ``recycler`` that then calls ``on_returned(requested)`` (the time, on the caller's clock, at
+    which the writer requested the segment: how long it was held, :meth:`ProducerEngine.segment_returned`),
+    both under ``lock`` if given (a segment may come back on another thread than the one that writes)."""
+    if lock is None:
+
+        def recycle() -> None:
+            recycler()
+            on_returned(requested)
+
+        return recycle
+
+    def recycle_locked() -> None:
+        with lock:
+            recycler()
+            on_returned(requested)
+
+    return recycle_locked
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

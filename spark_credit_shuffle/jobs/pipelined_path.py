@@ -133,7 +133,7 @@ def install_timers(timers: StageTimers) -> None:
     from spark_credit_shuffle.protocol.channels import RemoteInputChannel
     from spark_credit_shuffle.protocol.messages import BufferResponse
     from spark_credit_shuffle.runtime import handoff
-    from spark_credit_shuffle.runtime.pipelined import locked_partition, loop, wiring
+    from spark_credit_shuffle.runtime.pipelined import loop, partition_writer, wiring
     from spark_credit_shuffle.transport import connection, event_loop, tcp
 
     def data_or_control(*args: Any) -> str:
@@ -151,7 +151,7 @@ def install_timers(timers: StageTimers) -> None:
     wrap = timers.wrap
     for method in ("emit", "resume", "finish", "broadcast_event"):
         wrap(RecordWriter, method, "producer: slice + IPC write")
-    wrap(locked_partition.LockedPartition, "request_segment", "producer: enqueue (partition)")
+    wrap(partition_writer.TaskPartitionWriter, "request_segment", "producer: enqueue (partition)")
     for method in ("add_consumer", "builder_opened", "builder_finished", "flush", "add_event"):
         wrap(PipelinedResultPartition, method, "producer: enqueue (partition)")
     wrap(sender.PartitionRequestQueue, "notify_reader_non_empty", "producer: notify (reader available)")

@@ -13,6 +13,7 @@ from ..buffers.buffer import Buffer, DataType
 from ..buffers.format import CheckpointBarrier
 from ..buffers.writer import RecordWriter
 from ..engine import Fail, ProducerEngine
+from ..engine.producer import timed_recycler
 from ..metrics import MetricRow
 from ..partitioners.selectors import ChannelSelector, RoundRobinSelector
 from ..protocol.partition import PipelinedResultPartition
@@ -93,13 +94,7 @@ class _SimulatedPartition:
     def request_segment(self, subpartition: int) -> Callable[[], None]:
         recycler = self.partition.request_segment(subpartition)
         self.segments_requested += 1
-        on_recycle, requested = self._on_recycle, self._clock()
-
-        def recycle() -> None:
-            recycler()
-            on_recycle(requested)
-
-        return recycle
+        return timed_recycler(recycler, self._on_recycle, self._clock())
 
     def add_event(self, subpartition: int, buffer: Buffer) -> None:
         if not self._credit_based and buffer.data_type.is_blocking_upstream:

@@ -31,8 +31,8 @@ from ..handoff import HANDOFF_BATCHES, ThreadClock
 from ..metrics_report import IN_BAND, MetricsReport
 from ..monitor import MonitorClient, watch
 from ..resources import available_cores, thread_cpu_seconds
-from .locked_partition import LockedPartition
 from .loop import BURST, TaskLoop
+from .partition_writer import TaskPartitionWriter
 from .wiring import TaskWiring
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ class PipelinedTask:
             config.segment_size,
             plan.schema,
             time.monotonic(),
-            partition_writer=LockedPartition(partition, self.lock, self._on_recycle),
+            partition_writer=TaskPartitionWriter(partition, self.lock, self._on_recycle),
             resumable=True,
         )
 

@@ -7,12 +7,13 @@ import threading
 import time
 from collections.abc import Callable
 
+from ...engine.producer import timed_recycler
 from ...protocol import PipelinedResultPartition
 
-__all__ = ["LockedPartition"]
+__all__ = ["TaskPartitionWriter"]
 
 
-class LockedPartition:
+class TaskPartitionWriter:
     """The ``ResultPartitionWriter`` the RecordWriter writes to: the partition's own methods, called without a
     lock (the task's loop is the only thread that writes and it holds the task's lock for its whole round), and
     segments whose recycling takes the task's lock (a segment may come back from the thread that closes the
@@ -36,11 +37,4 @@ class LockedPartition:
 
     def request_segment(self, subpartition: int) -> Callable[[], None]:
         recycler = self.partition.request_segment(subpartition)
-        lock, on_recycle, requested = self._lock, self._on_recycle, time.monotonic()
-
-        def recycle() -> None:
-            with lock:
-                recycler()
-                on_recycle(requested)
-
-        return recycle
+        return timed_recycler(recycler, self._on_recycle, time.monotonic(), self._lock)
