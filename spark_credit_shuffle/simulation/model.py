@@ -382,11 +382,9 @@ class Simulation:
             served.setdefault(host, []).append(connection)
         for connections in served.values():
             n = len(connections)
-            per_thread = [0] * (threads or n)
-            for i in range(n):
-                per_thread[i % len(per_thread)] += 1
-            for i, connection in enumerate(connections):
-                connection.set_sender_cost(sender_cost * per_thread[i % len(per_thread)])
+            t = threads or n
+            for i, connection in enumerate(connections):  # thread i % t serves connections i % t, i % t + t, ...
+                connection.set_sender_cost(sender_cost * len(range(i % t, n, t)))
 
     # -- driving --
 

@@ -146,15 +146,10 @@ class SimulatedProducer:
     ) -> None:
         self.sim = sim
         self.threading = threading
-        if threading == "netty":
-            # per segment filled; Flink 1.4 woke the network thread for every buffer added, 1.5 per notification
-            self.buffer_cost = buffer_cost + (notification_cost if flush_model == "1.4" else 0.0)
-            self.notification_cost = notification_cost if flush_model == "1.5" else 0.0
-        else:
-            # per buffer handed over; Flink 1.4 woke the network thread for every buffer added (1.5: once when a
-            # queue becomes non-empty)
-            self.buffer_cost = buffer_cost + (notification_cost if flush_model == "1.4" else 0.0)
-            self.notification_cost = 0.0
+        # per buffer handed over ("loop") or segment filled ("netty"); Flink 1.4 woke the network thread for every
+        # buffer added, 1.5 when a queue becomes non-empty: with Flink's threads, per notification its flushes raise
+        self.buffer_cost = buffer_cost + (notification_cost if flush_model == "1.4" else 0.0)
+        self.notification_cost = notification_cost if threading == "netty" and flush_model == "1.5" else 0.0
         self._segments_counted = 0
         self._notifications_counted = 0
         self._buffers_counted = 0
@@ -235,7 +230,8 @@ class SimulatedProducer:
         if not self.finished:
             self.engine.on_timer(now, round(now * 1e9))
             if self.threading == "netty":
-                self._new_notifications()  # the output flusher's own thread raised them
+                if self.notification_cost:
+                    self._new_notifications()  # the output flusher's own thread raised them: not the task's
             elif self.buffer_cost:
                 self._debt += self._new_buffers() * self.buffer_cost
             self._schedule_timer()
