@@ -4,12 +4,19 @@ against the measured ones; then two exchanges predicted under changed settings a
 
 Cases (``--rows`` rows of about 110 bytes, rebalance unless said): ``healthy`` 4 -> 4; ``slow-chained`` 4 -> 4
 with a ``map_in_pandas`` step chained into consumer 2 sleeping ``--delay-us`` per row; ``skew`` key_by over a
-column 80% of whose rows hold one key (the simulation writes round robin: its skew is not reproduced, and the
-row says so); ``tight`` 4 -> 4 with 4 KiB segments and one buffer per channel; ``many-channels`` 8 -> 8 (64
-channels, on ``local[8]`` slots). Changed settings: ``slow-chained`` with ``max_buffers_per_channel=2`` and
-``healthy`` with ``segment_size=8kb``, each predicted from the default run's calibration and run for real.
+column 80% of whose rows hold one key (the simulation gets each producer's shares per consumer); ``tight`` 4 -> 4
+with 4 KiB segments and one buffer per channel; ``many-channels`` 8 -> 8 (64 channels, on ``local[8]`` slots);
+all after a warm-up exchange that starts Spark's Python workers. Each simulation starts every subtask when the real
+one started (its first timeline sample) and writes Spark's input batches whole; the throughput is taken over the
+run's span, from the first start to the last end, on both sides. Changed settings: ``slow-chained`` with
+``max_buffers_per_channel=2`` and ``healthy`` with ``segment_size=8kb``, each predicted from the default run's
+calibration and run for real.
 
-Prints one row per case (measured, predicted, the error of each) and, as its last line, one JSON object.
+Every case runs ``--repeat`` times (default 3; each repeat's changed settings predicted from that repeat's default
+run): one run of an exchange of a few hundred milliseconds on 2 cores does not repeat within 25%, so each row holds
+the median of the measured figures and the median of the predicted ones (each run's line, and its errors, go to
+stderr and into the JSON). Prints one row per case (measured, predicted, the error of each) and, as its last line,
+one JSON object.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=positive_int, default=400_000, help="rows per exchange (400,000)")
     parser.add_argument("--delay-us", type=positive_int, default=50, help="the slow chained step's us per row")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="runs of every case (medians reported)")
     parser.add_argument("--master", default="local[8]", help="Spark master under plain python (local[8])")
     parser.add_argument("--conf", action="append", type=conf_pair, default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
@@ -76,43 +85,60 @@ def main(argv: list[str] | None = None) -> int:
         "many-channels": lambda **kw: scs.exchange(data(8), scs.rebalance(), 8, mode="pipelined", **kw),
     }
     changed = {"slow-chained": {"max_buffers_per_channel": 2}, "healthy": {"segment_size": 8192}}
-    rows: list[dict[str, Any]] = []
+    keys = ("throughput_mb_per_s", "producers_back_pressured_ms_per_s")
+    #: Per case: the (measured, predicted) figures of each repeat.
+    pairs: dict[tuple[str, str], list[tuple[dict[str, float], dict[str, float]]]] = {}
 
     def run(name: str, settings: dict[str, Any], point: Any | None) -> Any:
         ex = cases[name](**settings)
         count = ex.df.count()
         if count != args.rows:
             raise SystemExit(f"{name}: {count} rows came out of {args.rows}")
-        real = measured(ex.summary_rows())
+        real = measured(ex.summary_rows(), ex.timeline_rows())
         calibrated = from_exchange(ex) if point is None else point
         sim = predicted(calibrated.run())
-        row = {
-            "case": name + (" " + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else ""),
-            "from": "its own run" if point is None else "the default run, settings changed",
-        }
-        for key in ("throughput_mb_per_s", "producers_back_pressured_ms_per_s"):
-            row[f"measured_{key}"] = round(real[key], 2)
-            row[f"predicted_{key}"] = round(sim[key], 2)
-            row[f"error_{key}"] = round(error(sim[key], real[key]), 3)
-        rows.append(row)
+        case = name + (" " + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
+        source = "its own run" if point is None else "the default run, settings changed"
+        pairs.setdefault((case, source), []).append((real, sim))
         print(
-            f"{row['case']:<40} {row['from']:<36} MB/s {row['measured_throughput_mb_per_s']:>7} -> "
-            f"{row['predicted_throughput_mb_per_s']:>7} ({row['error_throughput_mb_per_s']:+.0%})   bp ms/s "
-            f"{row['measured_producers_back_pressured_ms_per_s']:>6} -> "
-            f"{row['predicted_producers_back_pressured_ms_per_s']:>6}",
+            f"{case:<40} {source:<36} MB/s {real[keys[0]]:>7.2f} -> {sim[keys[0]]:>7.2f} "
+            f"({error(sim[keys[0]], real[keys[0]]):+.0%})   bp ms/s {real[keys[1]]:>6.0f} -> {sim[keys[1]]:>6.0f}",
+            file=sys.stderr,
             flush=True,
         )
         return ex
 
     try:
-        runs = {name: run(name, {}, None) for name in cases}
-        for name, settings in changed.items():
-            point = from_exchange(runs[name])
-            point = dataclasses.replace(point, settings={**point.settings, **settings})
-            run(name, settings, point)
+        # Spark starts a Python worker per task slot the first time one is needed (about a second each here): a
+        # warm-up exchange of the largest case first, so that the cases measure exchanges, not workers starting
+        warm = cases["many-channels"]()
+        warm.df.count()
+        for _ in range(args.repeat):
+            runs = {name: run(name, {}, None) for name in cases}
+            for name, settings in changed.items():
+                point = from_exchange(runs[name])
+                point = dataclasses.replace(point, settings={**point.settings, **settings})
+                run(name, settings, point)
     finally:
         if created:
             spark.stop()
+    rows: list[dict[str, Any]] = []
+    for (case, source), runs_of_case in pairs.items():
+        row: dict[str, Any] = {"case": case, "from": source, "repeats": len(runs_of_case)}
+        for key in keys:
+            real_value = statistics.median(real[key] for real, _ in runs_of_case)
+            sim_value = statistics.median(sim[key] for _, sim in runs_of_case)
+            row[f"measured_{key}"] = round(real_value, 2)
+            row[f"predicted_{key}"] = round(sim_value, 2)
+            row[f"error_{key}"] = round(error(sim_value, real_value), 3)
+            row[f"errors_{key}"] = [round(error(sim[key], real[key]), 3) for real, sim in runs_of_case]
+        rows.append(row)
+        print(
+            f"{case:<40} {source:<36} MB/s {row['measured_' + keys[0]]:>7} -> {row['predicted_' + keys[0]]:>7} "
+            f"({row['error_' + keys[0]]:+.0%})   bp ms/s {row['measured_' + keys[1]]:>6} -> "
+            f"{row['predicted_' + keys[1]]:>6}",
+            flush=True,
+        )
     within = [
         r["case"]
         for r in rows

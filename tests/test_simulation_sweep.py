@@ -149,6 +149,10 @@ def test_a_real_exchange_measures_its_segments_hold_time_and_calibrates_a_simula
     assert set(holds) == {0, 1} and all(0 < ms < 60_000 for ms in holds.values())  # every producer's, in ms
     point = from_exchange(ex)
     assert point.params["latency"] >= BASE_LATENCY and point.params["processes"] == "subtask"
+    # the producers write Spark's input batches whole, and every subtask starts when the real one did
+    assert point.params["batch_records"] == int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch"))
+    starts = point.params["producer_start"] + point.params["consumer_start"]
+    assert min(starts) == 0.0 and all(0 <= t < 60 for t in starts)
     report = point.run()
     assert report.finished and report.data_intact
 
@@ -168,3 +172,31 @@ def test_a_skewed_run_is_simulated_with_its_channel_shares_and_an_even_one_round
     assert channel_shares(rows([[800, 100, 100], [340, 330, 330]]), 2, 3) == [[800, 100, 100], [340, 330, 330]]
     assert channel_shares(rows([[334, 333, 333], [330, 340, 330]]), 2, 3) is None  # within 5%: round robin
     assert channel_shares(rows([[0, 0, 0], [800, 100, 100]]), 2, 3) is None  # a producer wrote nothing
+
+
+def test_start_times_and_span_come_from_each_subtasks_first_and_last_timeline_sample():
+    from spark_credit_shuffle.metrics import MetricRow
+    from spark_credit_shuffle.simulation.calibrate import measured, span_s, start_times
+
+    def sample(side, subtask, ms):
+        return MetricRow(side, subtask, None, "outPoolUsage", "sample", 0.0, ms)
+
+    timeline = [
+        sample("producer", 0, 1_000.0),
+        sample("producer", 0, 1_900.0),
+        sample("producer", 1, 1_250.0),
+        sample("consumer", 0, 1_100.0),
+        sample("consumer", 0, 2_000.0),  # the last end
+        sample("consumer", 1, 1_500.0),
+    ]
+    assert start_times(timeline, 2, 2) == ([0.0, 0.25], [0.1, 0.5])
+    assert span_s(timeline) == 1.0
+    assert start_times(timeline, 2, 3) is None  # consumer 2 never sampled: nothing to start it by
+    # the throughput over the span: 2 MB in 1 s
+    from spark_credit_shuffle.diagnosis import SubtaskSummary
+
+    producers = [
+        SubtaskSummary("producer", p, "a", 1_000, 31, 1_000_000, 2_000.0, 100.0, None, None, 0.0, None, None, None)
+        for p in (0, 1)
+    ]
+    assert measured(producers, timeline)["throughput_mb_per_s"] == 2.0

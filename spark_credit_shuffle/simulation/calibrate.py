@@ -10,7 +10,11 @@ subtask) :func:`from_exchange` takes:
   the simulation then spends no separate per-buffer cost (``buffer_cost=0``: the measured busy time holds it);
 - the record size (bytes over records) and the bytes each producer wrote (the run ends when all is consumed);
 - the placement: the executors the subtasks ran on as hosts, each subtask a process of its own (Spark's Python
-  workers: ``processes="subtask"``), the exchange's own settings;
+  workers: ``processes="subtask"``) with a connection to each producer it reads (``connections="task_pair"``),
+  the exchange's own settings;
+- when each subtask started (its first timeline sample; Spark starts them one after the other) and the rows of
+  each input batch (Spark hands a producer its input in Arrow batches of
+  ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, which it writes at once);
 - the producers' channel shares: each producer's records per consumer, where they are uneven (a keyed exchange's
   skew: ``channel_weights``; more than 5% from equal), else round robin;
 - the transport's delay: what a buffer's round trip costs between the tasks' processes (their loops waiting for
@@ -42,7 +46,17 @@ from ..metrics import CONSUMER, PRODUCER
 from .report import SimulationReport
 from .sweep import SweepPoint
 
-__all__ = ["Measured", "channel_shares", "fit_transport", "from_exchange", "from_summaries", "measured", "predicted"]
+__all__ = [
+    "Measured",
+    "channel_shares",
+    "fit_transport",
+    "from_exchange",
+    "from_summaries",
+    "measured",
+    "predicted",
+    "span_s",
+    "start_times",
+]
 
 #: The latency the simulation starts from (one way, seconds): two processes on one machine.
 BASE_LATENCY = 50e-6
@@ -90,6 +104,7 @@ def from_summaries(summaries: Iterable[SubtaskSummary], settings: dict[str, Any]
         "producer_hosts": [host[s.executor or ""] for s in producers],
         "consumer_hosts": [host[s.executor or ""] for s in consumers],
         "processes": "subtask",
+        "connections": "task_pair",
         "buffer_cost": 0.0,
         "latency": BASE_LATENCY,
     }
@@ -105,11 +120,54 @@ def from_exchange(ex: Any, *, transport: bool = True) -> SweepPoint:
     settings = {name: getattr(config, name) for name in type(config).settings()}
     rows = ex.metric_rows()
     point = from_summaries(summarize(rows), settings)
+    point = dataclasses.replace(point, params={**point.params, "batch_records": input_batch_rows(ex)})
     weights = channel_shares(rows, point.params["num_producers"], point.params["num_consumers"])
     if weights is not None:
         point = dataclasses.replace(point, params={**point.params, "channel_weights": weights})
+    starts = start_times(ex.timeline_rows(), point.params["num_producers"], point.params["num_consumers"])
+    if starts is not None:
+        producer_start, consumer_start = starts
+        point = dataclasses.replace(
+            point, params={**point.params, "producer_start": producer_start, "consumer_start": consumer_start}
+        )
     holds = [r.value for r in rows if r.side == PRODUCER and r.metric == SEGMENT_HOLD_TIME]
     return fit_transport(point, statistics.median(holds) / 1e3) if transport and holds else point
+
+
+def input_batch_rows(ex: Any) -> int:
+    """The rows of each input batch Spark hands a producer (``spark.sql.execution.arrow.maxRecordsPerBatch``): a
+    producer gets its input in bursts of that many rows, which it writes at once."""
+    try:
+        value = ex.df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+        rows = int(value or 10000)
+    except (ValueError, TypeError):
+        rows = 10000
+    return rows if rows > 0 else 10000
+
+
+def start_times(timeline: Iterable[Any], producers: int, consumers: int) -> tuple[list[float], list[float]] | None:
+    """When each producer and consumer subtask started, in seconds after the first of them: the time of its first
+    timeline sample (a task samples once at its start). None where a subtask has no sample."""
+    first: dict[tuple[str, int], float] = {}
+    for r in timeline:
+        key = (r.side, r.subtask)
+        if r.time_ms is not None and (key not in first or r.time_ms < first[key]):
+            first[key] = r.time_ms
+    wanted = [(PRODUCER, p) for p in range(producers)] + [(CONSUMER, c) for c in range(consumers)]
+    if any(key not in first for key in wanted):
+        return None
+    origin = min(first[key] for key in wanted)
+    return (
+        [(first[(PRODUCER, p)] - origin) / 1e3 for p in range(producers)],
+        [(first[(CONSUMER, c)] - origin) / 1e3 for c in range(consumers)],
+    )
+
+
+def span_s(timeline: Iterable[Any]) -> float:
+    """The run's span in seconds: from the first subtask's start to the last one's end (the first and the last
+    timeline sample; a task samples at its start and at its end)."""
+    times = [r.time_ms for r in timeline if r.time_ms is not None]
+    return (max(times) - min(times)) / 1e3 if times else 0.0
 
 
 def channel_shares(rows: Iterable[Any], producers: int, consumers: int) -> list[list[float]] | None:
@@ -172,12 +230,14 @@ def fit_transport(point: SweepPoint, hold_s: float, rounds: int = 10) -> SweepPo
     return dataclasses.replace(point, params={**point.params, "latency": chosen})
 
 
-def measured(summaries: Iterable[SubtaskSummary]) -> Measured:
+def measured(summaries: Iterable[SubtaskSummary], timeline: Iterable[Any] | None = None) -> Measured:
     """What a real run measured, as a prediction is held against it: ``throughput_mb_per_s`` (the producers'
-    bytes over the longest subtask life) and ``producers_back_pressured_ms_per_s`` (their mean)."""
+    bytes over the run's span, from the first subtask's start to the last one's end, as the simulation's clock
+    runs; without ``timeline`` rows, over the longest subtask life) and ``producers_back_pressured_ms_per_s``
+    (their mean)."""
     rows = list(summaries)
     producers = [s for s in rows if s.side == PRODUCER]
-    life = max((_life_s(s) for s in rows), default=0.0)
+    life = span_s(timeline) if timeline is not None else max((_life_s(s) for s in rows), default=0.0)
     total = sum(s.bytes for s in producers)
     bp = [s.back_pressured_ms_per_second or 0.0 for s in producers]
     return {
@@ -187,7 +247,8 @@ def measured(summaries: Iterable[SubtaskSummary]) -> Measured:
 
 
 def predicted(report: SimulationReport) -> Measured:
-    """The same figures as :func:`measured`, from a simulation's report (virtual seconds)."""
+    """The same figures as :func:`measured`, from a simulation's report (virtual seconds: its clock starts with
+    the first subtask)."""
     window = report.end_time or 1.0
     producers = sorted({r.subtask for r in report.rows if r.side == PRODUCER})
     total = sum(report.value(PRODUCER, p, "numBytesOut") for p in producers)

@@ -109,6 +109,11 @@ class Simulation:
     ``warmup``: the virtual seconds at the start that the consumers' throughput (``numBytesInPerSecond``) leaves
     out, so that it is the steady state's: buffers fill for the first time, pools and credits settle, and a buffer
     timeout has not fired yet (the report's ``window`` is the time after it).
+    ``producer_start`` and ``consumer_start``: when each subtask starts (virtual seconds, one value or one per
+    subtask; default all at 0). A real run's subtasks start one after the other, as Spark schedules them and
+    starts their Python workers: a producer that starts early fills its subpartitions and waits for consumers
+    that have not asked for them yet; a consumer's partition requests go out when it starts, on connections of its
+    own (a connection shared with consumers that started on time may have closed by then).
     """
 
     @_collector_paused_while_building
@@ -150,6 +155,8 @@ class Simulation:
         threading: str = "loop",
         sender_cost: float = 0.0,
         network_threads: int | None = None,
+        producer_start: float | Sequence[float] = 0.0,
+        consumer_start: float | Sequence[float] = 0.0,
     ) -> None:
         if num_producers < 1 or num_consumers < 1:
             raise ConfigError("parallelism", (num_producers, num_consumers), "at least 1 producer and 1 consumer")
@@ -205,6 +212,11 @@ class Simulation:
         for name, rates in (("producer_rate", producer_rates), ("consumer_rate", consumer_rates)):
             if any(not (r > 0 and math.isfinite(r)) for r in rates):
                 raise ConfigError(name, rates, "finite rates > 0")
+        producer_starts = per_subtask(producer_start, num_producers, "producer_start")
+        self.consumer_starts = per_subtask(consumer_start, num_consumers, "consumer_start")
+        for name, starts in (("producer_start", producer_starts), ("consumer_start", self.consumer_starts)):
+            if any(not (t >= 0 and math.isfinite(t)) for t in starts):
+                raise ConfigError(name, starts, "finite virtual times >= 0 s")
         totals = per_subtask(bytes_per_producer, num_producers, "bytes_per_producer")
         totals = [math.inf if t is None else t for t in totals]
         if consumers_of == "all_to_all":
@@ -286,6 +298,7 @@ class Simulation:
                     notification_cost,
                     None if channel_weights is None else list(channel_weights[p]),
                     threading,
+                    producer_starts[p],
                 )
             )
 
@@ -318,8 +331,13 @@ class Simulation:
             host = self.consumer_hosts[c]
             return Endpoint(c, host, process_of(host, "consumer", c))
 
+        #: Per consumer that starts late: the connections its partition requests go out on when it starts.
+        self._late_connections: dict[int, list[MemoryConnection]] = {}
         for c, channels in enumerate(producers_of):
             host = self.consumer_hosts[c]
+            late: list[MemoryConnection] | None = [] if self.consumer_starts[c] > 0 else None
+            if late is not None:
+                self._late_connections[c] = late
             routes = [channel_route(producer_at(p), consumer_at(c), "executor", connections) for p, _ in channels]
             remote_count = sum(1 for r in routes if not r.is_local)
             gate = SingleInputGate(self.network_pools[host], len(channels), config, num_remote_channels=remote_count)
@@ -330,7 +348,9 @@ class Simulation:
                     gate.local_channel(index, self.managers[host], partition_id=p, subpartition=sp)
                     origins.append((p, sp, True))
                     continue
-                key = route.connection
+                # a consumer that starts late connects on connections of its own: a shared one may have closed by
+                # then, its other consumers done (Flink's factory then opens a new one too)
+                key = route.connection if late is None else (route.connection, "consumer", c)
                 connection = self.connections.get(key)
                 if connection is None:
                     client = CreditBasedPartitionRequestClientHandler(credit_based=config.credit_based)
@@ -341,6 +361,8 @@ class Simulation:
                     connection = self.network.connect(client, server, **link)
                     self.connections[key] = connection
                     self._sender_hosts[connection] = producer_host
+                if late is not None and connection not in late:
+                    late.append(connection)
                 receiver_id += 1
                 if route.kind == LOCAL:  # a local channel through the connection
                     gate.local_channel(
@@ -441,9 +463,12 @@ class Simulation:
                 gc.enable()
 
     def _run(self) -> SimulationReport:
-        for consumer in self.consumers:
-            consumer.gate.request_partitions()
-            consumer.start(0.0)
+        for consumer, start in zip(self.consumers, self.consumer_starts, strict=True):
+            if start > 0:
+                self.clock.schedule(start, functools.partial(self._start_consumer, consumer=consumer))
+            else:
+                consumer.gate.request_partitions()
+                consumer.start(0.0)
         for producer in self.producers:
             producer.start()
         if self.config.checkpoint_interval_ms > 0:
@@ -480,6 +505,14 @@ class Simulation:
                 f"{self._describe_state()}"
             )
         return self._report(finished)
+
+    def _start_consumer(self, now: float, consumer: SimulatedConsumer) -> None:
+        """A consumer that starts late (``consumer_start``): its partition requests go out now; until then its
+        producers' subpartitions keep what they were given."""
+        consumer.gate.request_partitions()
+        consumer.start(now)
+        for connection in self._late_connections[consumer.index]:
+            self.network.mark(connection)
 
     def _end_warmup(self, now: float) -> None:
         self._bytes_at_warmup = [self._bytes_in(consumer) for consumer in self.consumers]

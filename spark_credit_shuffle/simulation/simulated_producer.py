@@ -126,7 +126,8 @@ class SimulatedProducer:
     buffer added, where 1.5 wakes it once when a queue becomes non-empty and it then drains the queue: with
     ``"1.4"`` every buffer handed over costs ``notification_cost`` more. ``weights``: the share of the records
     each subpartition gets (a keyed exchange's skew), drawn row by row from an evenly spread sequence; default
-    round robin."""
+    round robin. ``start_at``: the virtual time the subtask starts (a real run's subtasks start one after the
+    other as Spark schedules them and starts their Python workers)."""
 
     def __init__(
         self,
@@ -143,9 +144,12 @@ class SimulatedProducer:
         notification_cost: float = 0.0,
         weights: list[float] | None = None,
         threading: str = "loop",
+        start_at: float = 0.0,
     ) -> None:
         self.sim = sim
         self.threading = threading
+        #: When the subtask starts writing (virtual seconds): its time accounts and flusher start then.
+        self.start_at = start_at
         # per buffer handed over ("loop") or segment filled ("netty"); Flink 1.4 woke the network thread for every
         # buffer added, 1.5 when a queue becomes non-empty: with Flink's threads, per notification its flushes raise
         self.buffer_cost = buffer_cost + (notification_cost if flush_model == "1.4" else 0.0)
@@ -171,7 +175,7 @@ class SimulatedProducer:
             self._drawn = 0
             self._per_channel = np.zeros(self.n, dtype=np.int64)
         self.pending_count = 0
-        self.progress_at = 0.0
+        self.progress_at = start_at
         self.finished = False
         self.finish_time: float | None = None
         self._timer: int | None = None
@@ -191,7 +195,7 @@ class SimulatedProducer:
             sim.settings,
             sim.config.segment_size,
             RECORD_SCHEMA,
-            0.0,
+            start_at,
             partition_writer=writer_partition,
             resumable=True,
         )
@@ -217,7 +221,7 @@ class SimulatedProducer:
         return self.engine.writer.num_bytes_out
 
     def start(self) -> None:
-        self.sim.clock.schedule(0.0, self.emit)
+        self.sim.clock.schedule(self.start_at, self.emit)
         self._schedule_timer()
 
     def _schedule_timer(self) -> None:

@@ -57,6 +57,9 @@ def scenarios(draw, credit_based: bool = True):
         "encode": draw(st.booleans()),
         "extra_buffers_per_host": draw(st.integers(0, 20)),
         "processes": draw(st.sampled_from(["host", "subtask"])),
+        # subtasks that start late, as a real run's do: a producer before its consumers, or after them
+        "producer_start": draw(st.lists(st.sampled_from([0.0, 0.003]), min_size=producers, max_size=producers)),
+        "consumer_start": draw(st.lists(st.sampled_from([0.0, 0.02]), min_size=consumers, max_size=consumers)),
     }
 
 
@@ -287,7 +290,37 @@ def test_one_buffer_per_channel_with_timeout_minus_one_does_not_stall_the_produc
     assert report.finished and report.data_intact
 
 
+def test_a_consumer_that_starts_late_back_pressures_its_producers_until_it_asks_for_their_data():
+    """The producers fill their pools and wait while the consumer has not asked for their subpartitions; it then
+    reads everything, in order, and every buffer comes back. A producer that starts late ends late."""
+    base = {
+        "num_producers": 2,
+        "num_consumers": 1,
+        "producer_rate": 20 * MB,
+        "consumer_rate": 100 * MB,
+        "bytes_per_producer": 2 * MB,
+        "processes": "subtask",
+        "latency": 100e-6,
+    }
+    on_time = simulate(**base)
+    late = simulate(**base, consumer_start=0.2)
+    for report in (on_time, late):
+        assert report.finished and report.data_intact and report.buffers_returned
+    waited = [late.value("producer", p, "accumulateBackPressuredTimeMs") for p in (0, 1)]
+    assert all(w > 100 for w in waited)  # of the 200 ms the consumer was not there, in ms
+    assert all(on_time.value("producer", p, "accumulateBackPressuredTimeMs") < 20 for p in (0, 1))
+    assert late.end_time > on_time.end_time + 0.1
+    assert late.value("consumer", 0, "finishTimeMs") > 200
+    later_producer = simulate(**base, producer_start=[0.0, 0.3])
+    assert later_producer.data_intact and later_producer.end_time > 0.3 + on_time.end_time * 0.9
+
+
 def test_bad_simulation_settings_are_rejected():
+    for name, bad in (("producer_start", -0.1), ("consumer_start", [0.0, float("nan")])):
+        with pytest.raises(ConfigError, match=name):
+            simulate(
+                num_producers=1, num_consumers=2, producer_rate=1.0, consumer_rate=1.0, duration=1.0, **{name: bad}
+            )
     with pytest.raises(ConfigError, match="consumer_rate"):
         simulate(num_producers=1, num_consumers=2, producer_rate=1.0, consumer_rate=[1.0], duration=1.0)
     with pytest.raises(ConfigError, match="duration"):
