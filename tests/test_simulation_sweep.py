@@ -200,3 +200,5 @@ def test_start_times_and_span_come_from_each_subtasks_first_and_last_timeline_sa
         for p in (0, 1)
     ]
     assert measured(producers, timeline)["throughput_mb_per_s"] == 2.0
+    # sampling off (no timeline rows): over the longest subtask life, 1,000 records at 2,000 a second
+    assert measured(producers, [])["throughput_mb_per_s"] == 4.0

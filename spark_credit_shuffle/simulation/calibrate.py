@@ -233,11 +233,13 @@ def fit_transport(point: SweepPoint, hold_s: float, rounds: int = 10) -> SweepPo
 def measured(summaries: Iterable[SubtaskSummary], timeline: Iterable[Any] | None = None) -> Measured:
     """What a real run measured, as a prediction is held against it: ``throughput_mb_per_s`` (the producers'
     bytes over the run's span, from the first subtask's start to the last one's end, as the simulation's clock
-    runs; without ``timeline`` rows, over the longest subtask life) and ``producers_back_pressured_ms_per_s``
+    runs; without timeline rows, over the longest subtask life) and ``producers_back_pressured_ms_per_s``
     (their mean)."""
     rows = list(summaries)
     producers = [s for s in rows if s.side == PRODUCER]
-    life = span_s(timeline) if timeline is not None else max((_life_s(s) for s in rows), default=0.0)
+    life = span_s(timeline) if timeline is not None else 0.0
+    if not life:  # no timeline (or sampling off: metrics_sample_interval_ms=0)
+        life = max((_life_s(s) for s in rows), default=0.0)
     total = sum(s.bytes for s in producers)
     bp = [s.back_pressured_ms_per_second or 0.0 for s in producers]
     return {
