@@ -12,11 +12,13 @@ run's span, from the first start to the last end, on both sides. Changed setting
 ``max_buffers_per_channel=2`` and ``healthy`` with ``segment_size=8kb``, each predicted from the default run's
 calibration and run for real.
 
-Every case runs ``--repeat`` times (default 3; each repeat's changed settings predicted from that repeat's default
-run): one run of an exchange of a few hundred milliseconds on 2 cores does not repeat within 25%, so each row holds
-the median of the measured figures and the median of the predicted ones (each run's line, and its errors, go to
-stderr and into the JSON). Prints one row per case (measured, predicted, the error of each) and, as its last line,
-one JSON object.
+Each run is simulated with each transport :func:`~spark_credit_shuffle.simulation.calibrate.fit_transport` fits
+to the segments' hold time: ``bandwidth`` (the host's bytes per second, shared by its connections: a cost per byte)
+and ``latency`` (each message's: a cost per buffer). Every case runs ``--repeat`` times (default 3; each repeat's
+changed settings predicted from that repeat's default run): one run of an exchange of a few hundred milliseconds on
+2 cores does not repeat within 25%, so each row holds the median of the measured figures and the median of the
+predicted ones (each run's line, and its errors, go to stderr and into the JSON). Prints one row per case and
+transport (measured, predicted, the error of each) and, as its last line, one JSON object.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
 
     import spark_credit_shuffle as scs
-    from spark_credit_shuffle.simulation.calibrate import from_exchange, measured, predicted
+    from spark_credit_shuffle.simulation.calibrate import TRANSPORTS, from_exchange, measured, predicted
 
     spark, created = job_session("spark_credit_shuffle calibration", args.master, args.conf)
 
@@ -86,26 +88,27 @@ def main(argv: list[str] | None = None) -> int:
     }
     changed = {"slow-chained": {"max_buffers_per_channel": 2}, "healthy": {"segment_size": 8192}}
     keys = ("throughput_mb_per_s", "producers_back_pressured_ms_per_s")
-    #: Per case: the (measured, predicted) figures of each repeat.
-    pairs: dict[tuple[str, str], list[tuple[dict[str, float], dict[str, float]]]] = {}
+    #: Per case and transport: the (measured, predicted) figures of each repeat.
+    pairs: dict[tuple[str, str, str], list[tuple[dict[str, float], dict[str, float]]]] = {}
 
-    def run(name: str, settings: dict[str, Any], point: Any | None) -> Any:
+    def run(name: str, settings: dict[str, Any], points: dict[str, Any] | None) -> Any:
         ex = cases[name](**settings)
         count = ex.df.count()
         if count != args.rows:
             raise SystemExit(f"{name}: {count} rows came out of {args.rows}")
         real = measured(ex.summary_rows(), ex.timeline_rows())
-        calibrated = from_exchange(ex) if point is None else point
-        sim = predicted(calibrated.run())
         case = name + (" " + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
-        source = "its own run" if point is None else "the default run, settings changed"
-        pairs.setdefault((case, source), []).append((real, sim))
-        print(
-            f"{case:<40} {source:<36} MB/s {real[keys[0]]:>7.2f} -> {sim[keys[0]]:>7.2f} "
-            f"({error(sim[keys[0]], real[keys[0]]):+.0%})   bp ms/s {real[keys[1]]:>6.0f} -> {sim[keys[1]]:>6.0f}",
-            file=sys.stderr,
-            flush=True,
-        )
+        source = "its own run" if points is None else "the default run, settings changed"
+        for transport in TRANSPORTS:
+            calibrated = from_exchange(ex, transport=transport) if points is None else points[transport]
+            sim = predicted(calibrated.run())
+            pairs.setdefault((case, source, transport), []).append((real, sim))
+            print(
+                f"{case:<40} {source:<34} {transport:<9} MB/s {real[keys[0]]:>7.2f} -> {sim[keys[0]]:>7.2f} "
+                f"({error(sim[keys[0]], real[keys[0]]):+.0%})   bp ms/s {real[keys[1]]:>4.0f} -> {sim[keys[1]]:>4.0f}",
+                file=sys.stderr,
+                flush=True,
+            )
         return ex
 
     try:
@@ -116,15 +119,17 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             runs = {name: run(name, {}, None) for name in cases}
             for name, settings in changed.items():
-                point = from_exchange(runs[name])
-                point = dataclasses.replace(point, settings={**point.settings, **settings})
-                run(name, settings, point)
+                points = {}
+                for transport in TRANSPORTS:
+                    point = from_exchange(runs[name], transport=transport)
+                    points[transport] = dataclasses.replace(point, settings={**point.settings, **settings})
+                run(name, settings, points)
     finally:
         if created:
             spark.stop()
     rows: list[dict[str, Any]] = []
-    for (case, source), runs_of_case in pairs.items():
-        row: dict[str, Any] = {"case": case, "from": source, "repeats": len(runs_of_case)}
+    for (case, source, transport), runs_of_case in pairs.items():
+        row: dict[str, Any] = {"case": case, "from": source, "transport": transport, "repeats": len(runs_of_case)}
         for key in keys:
             real_value = statistics.median(real[key] for real, _ in runs_of_case)
             sim_value = statistics.median(sim[key] for _, sim in runs_of_case)
@@ -134,18 +139,22 @@ def main(argv: list[str] | None = None) -> int:
             row[f"errors_{key}"] = [round(error(sim[key], real[key]), 3) for real, sim in runs_of_case]
         rows.append(row)
         print(
-            f"{case:<40} {source:<36} MB/s {row['measured_' + keys[0]]:>7} -> {row['predicted_' + keys[0]]:>7} "
-            f"({row['error_' + keys[0]]:+.0%})   bp ms/s {row['measured_' + keys[1]]:>6} -> "
-            f"{row['predicted_' + keys[1]]:>6}",
+            f"{case:<40} {source:<34} {transport:<9} MB/s {row['measured_' + keys[0]]:>7} -> "
+            f"{row['predicted_' + keys[0]]:>7} ({row['error_' + keys[0]]:+.0%})   bp ms/s "
+            f"{row['measured_' + keys[1]]:>6} -> {row['predicted_' + keys[1]]:>6}",
             flush=True,
         )
-    within = [
-        r["case"]
-        for r in rows
-        if abs(r["error_throughput_mb_per_s"]) <= 0.25
-        and abs(r["predicted_producers_back_pressured_ms_per_s"] - r["measured_producers_back_pressured_ms_per_s"])
-        <= 0.25 * max(r["measured_producers_back_pressured_ms_per_s"], 100.0)
-    ]
+    within = {
+        transport: [
+            r["case"]
+            for r in rows
+            if r["transport"] == transport
+            and abs(r["error_throughput_mb_per_s"]) <= 0.25
+            and abs(r["predicted_producers_back_pressured_ms_per_s"] - r["measured_producers_back_pressured_ms_per_s"])
+            <= 0.25 * max(r["measured_producers_back_pressured_ms_per_s"], 100.0)
+        ]
+        for transport in TRANSPORTS
+    }
     print(json.dumps({"benchmark": "simulation_calibration", "rows": rows, "within_25_percent": within}))
     return 0
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 import spark_credit_shuffle as scs
+from spark_credit_shuffle.errors import ConfigError
 from spark_credit_shuffle.plot import plot_sweep
 from spark_credit_shuffle.simulation.sweep import SWEEP_FIELDS, grid, run_points, sweep, sweep_frame
 
@@ -114,41 +115,53 @@ def test_a_simulation_calibrated_on_a_run_takes_its_rates_sizes_and_placement():
     assert figures["throughput_mb_per_s"] > 0 and 0 <= figures["producers_back_pressured_ms_per_s"] <= 1000
 
 
-def test_the_transport_is_fitted_to_the_segments_measured_hold_time():
-    """A run whose buffers take 3 ms each way, with 4 KiB segments (so that the round trip, not a rate, sets the
-    pace): its producers' segment hold time, given to the fit, gives the latency back, and with it the run's
-    throughput and back-pressure (which the fit never looked at)."""
+@pytest.mark.parametrize(
+    ("transport", "knob", "truth"),
+    [("bandwidth", "host_bandwidth", 8e6), ("bandwidth", "host_bandwidth", 15e6), ("latency", "latency", 3e-3)],
+)
+def test_the_transport_is_fitted_to_the_segments_measured_hold_time(transport, knob, truth):
+    """A run whose hosts move 8 or 15 MB/s over all their connections (or whose buffers take 3 ms each way), with
+    4 KiB segments, so that the transport, not a rate, sets the pace: its producers' segment hold time, given to
+    the fit, gives the transport back, and with it the run's throughput and back-pressure (which the fit never
+    looked at)."""
     from spark_credit_shuffle.engine.producer import SEGMENT_HOLD_TIME
-    from spark_credit_shuffle.simulation.calibrate import BASE_LATENCY, fit_transport, predicted
+    from spark_credit_shuffle.simulation.calibrate import BASE_LATENCY, MAX_HOST_BANDWIDTH, fit_transport, predicted
     from spark_credit_shuffle.simulation.sweep import SweepPoint
 
-    settings, params = {"segment_size": 4096}, {**BASE, "consumer_rate": 40e6, "processes": "subtask"}
-    slow_wire = SweepPoint(0, settings, {**params, "latency": 3e-3}).run()
-    holds = sorted(r.value for r in slow_wire.rows if r.side == "producer" and r.metric == SEGMENT_HOLD_TIME)
-    assert len(holds) == 2 and holds[0] > 6.0  # held at least the two crossings, in ms
+    settings = {"segment_size": 4096}
+    params = {**BASE, "consumer_rate": 40e6, "processes": "subtask", "latency": BASE_LATENCY}
+    slow_transport = SweepPoint(0, settings, {**params, knob: truth}).run()
+    holds = sorted(r.value for r in slow_transport.rows if r.side == "producer" and r.metric == SEGMENT_HOLD_TIME)
+    assert len(holds) == 2 and holds[0] > 2.0  # ms: held while the transport moved it and its credit back
     hold_s = (holds[0] + holds[1]) / 2 / 1e3  # the median of two
-    fitted = fit_transport(SweepPoint(0, settings, {**params, "latency": BASE_LATENCY}), hold_s)
-    assert fitted.params["latency"] == pytest.approx(3e-3, rel=0.15)
-    got, want = predicted(fitted.run()), predicted(slow_wire)
-    assert want["producers_back_pressured_ms_per_s"] > 500
+    fitted = fit_transport(SweepPoint(0, settings, params), hold_s, transport)
+    assert fitted.params[knob] == pytest.approx(truth, rel=0.15)
+    got, want = predicted(fitted.run()), predicted(slow_transport)
+    assert want["producers_back_pressured_ms_per_s"] > 250
     assert got["throughput_mb_per_s"] == pytest.approx(want["throughput_mb_per_s"], rel=0.15)
     assert got["producers_back_pressured_ms_per_s"] == pytest.approx(
         want["producers_back_pressured_ms_per_s"], rel=0.15
     )
-    # a hold shorter than the base latency's: the base latency stays
-    assert fit_transport(SweepPoint(0, settings, params), 1e-6).params["latency"] == BASE_LATENCY
+    # a hold shorter than the fastest transport gives: the fastest is kept
+    fastest = fit_transport(SweepPoint(0, settings, params), 1e-6, transport).params[knob]
+    assert fastest == (None if transport == "bandwidth" else BASE_LATENCY)
+    assert MAX_HOST_BANDWIDTH > 1e9
+    with pytest.raises(ConfigError, match="transport"):
+        fit_transport(SweepPoint(0, settings, params), hold_s, "wire")
 
 
 def test_a_real_exchange_measures_its_segments_hold_time_and_calibrates_a_simulation_with_it(spark):
     from spark_credit_shuffle.engine.producer import SEGMENT_HOLD_TIME
-    from spark_credit_shuffle.simulation.calibrate import BASE_LATENCY, from_exchange
+    from spark_credit_shuffle.simulation.calibrate import BASE_LATENCY, MAX_HOST_BANDWIDTH, from_exchange
 
     ex = scs.exchange(spark.range(0, 20_000, 1, 2), scs.rebalance(), 2, mode="pipelined", segment_size="4kb")
     assert ex.df.count() == 20_000
     holds = {r.subtask: r.value for r in ex.metric_rows() if r.metric == SEGMENT_HOLD_TIME}
     assert set(holds) == {0, 1} and all(0 < ms < 60_000 for ms in holds.values())  # every producer's, in ms
     point = from_exchange(ex)
-    assert point.params["latency"] >= BASE_LATENCY and point.params["processes"] == "subtask"
+    assert point.params["latency"] == BASE_LATENCY and point.params["processes"] == "subtask"
+    bandwidth = point.params["host_bandwidth"]  # fitted: bytes per second, or None where the transport holds nothing
+    assert bandwidth is None or 1e5 < bandwidth <= MAX_HOST_BANDWIDTH
     # the producers write Spark's input batches whole, and every subtask starts when the real one did
     assert point.params["batch_records"] == int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch"))
     starts = point.params["producer_start"] + point.params["consumer_start"]

@@ -17,12 +17,14 @@ subtask) :func:`from_exchange` takes:
   ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, which it writes at once);
 - the producers' channel shares: each producer's records per consumer, where they are uneven (a keyed exchange's
   skew: ``channel_weights``; more than 5% from equal), else round robin;
-- the transport's delay: what a buffer's round trip costs between the tasks' processes (their loops waiting for
-  a core, the sockets, the consumer's recycle or credit) is no rate of either side. The producers measure it
-  whole, as the time each segment was held from the writer's request to its return
-  (:data:`~spark_credit_shuffle.engine.producer.SEGMENT_HOLD_TIME`); :func:`fit_transport` sets the simulation's
-  one-way latency so that its producers hold their segments as long (the median over producers), and the
-  back-pressure that follows from it is the simulation's prediction, not an input.
+- the transport: what moving a buffer between the tasks' processes costs (their loops copying, framing and
+  decoding it while they wait for a share of the machine's cores, the consumer's recycle or credit) is no rate
+  of either side. The producers measure it whole, as the time each segment was held from the writer's request
+  to its return (:data:`~spark_credit_shuffle.engine.producer.SEGMENT_HOLD_TIME`); :func:`fit_transport` sets
+  the bytes per second the host moves over all its connections together (``host_bandwidth``: a cost per byte,
+  shared, as the cores are; or, with ``transport="latency"``, each message's latency: a cost per buffer) so
+  that the simulated producers hold their segments as long (the median over producers), and the back-pressure
+  that follows from it is the simulation's prediction, not an input.
 
 :func:`measured` gives the figures a prediction is held against: the throughput (bytes over the exchange's life)
 and the producers' back-pressured time per second. What the simulation does not model: the CPU the subtasks
@@ -47,6 +49,9 @@ from .report import SimulationReport
 from .sweep import SweepPoint
 
 __all__ = [
+    "MAX_HOST_BANDWIDTH",
+    "START_HOST_BANDWIDTH",
+    "TRANSPORTS",
     "Measured",
     "channel_shares",
     "fit_transport",
@@ -58,8 +63,11 @@ __all__ = [
     "start_times",
 ]
 
-#: The latency the simulation starts from (one way, seconds): two processes on one machine.
+#: The latency of a message between two processes on one machine (one way, seconds).
 BASE_LATENCY = 50e-6
+#: Where :func:`fit_transport` starts, and the most it gives a host (bytes per second).
+START_HOST_BANDWIDTH = 100e6
+MAX_HOST_BANDWIDTH = 10e9
 #: :func:`fit_transport` stops once the simulated segment hold time is this close to the measured one.
 _HOLD_TOLERANCE = 0.05
 
@@ -111,11 +119,12 @@ def from_summaries(summaries: Iterable[SubtaskSummary], settings: dict[str, Any]
     return SweepPoint(0, dict(settings), params, {})
 
 
-def from_exchange(ex: Any, *, transport: bool = True) -> SweepPoint:
+def from_exchange(ex: Any, *, transport: str | None = "bandwidth") -> SweepPoint:
     """The simulation of pipelined exchange ``ex``'s run (after an action), under its own settings: run it with
     ``.run()``, or change its settings and parameters (``dataclasses.replace``) to predict the same exchange
-    otherwise. ``transport``: the latency fitted to the segments' measured hold time (:func:`fit_transport`;
-    False: the base latency of two local processes)."""
+    otherwise. ``transport``: what is fitted to the segments' measured hold time (:func:`fit_transport`:
+    ``"bandwidth"``, the host's bytes per second, or ``"latency"``, each message's); None: nothing, the latency
+    of two local processes and no bandwidth limit."""
     config = ex.plan.config
     settings = {name: getattr(config, name) for name in type(config).settings()}
     rows = ex.metric_rows()
@@ -131,7 +140,9 @@ def from_exchange(ex: Any, *, transport: bool = True) -> SweepPoint:
             point, params={**point.params, "producer_start": producer_start, "consumer_start": consumer_start}
         )
     holds = [r.value for r in rows if r.side == PRODUCER and r.metric == SEGMENT_HOLD_TIME]
-    return fit_transport(point, statistics.median(holds) / 1e3) if transport and holds else point
+    if transport is None or not holds:
+        return point
+    return fit_transport(point, statistics.median(holds) / 1e3, transport)
 
 
 def input_batch_rows(ex: Any) -> int:
@@ -193,41 +204,67 @@ def _hold_s(report: SimulationReport) -> float | None:
     return statistics.median(holds) / 1e3 if holds else None
 
 
-def fit_transport(point: SweepPoint, hold_s: float, rounds: int = 10) -> SweepPoint:
-    """``point`` with the one-way ``latency`` at which its producers hold a segment ``hold_s`` seconds (the
-    median over producers of their mean), within 5% or the closest of ``rounds`` simulations. The hold time grows
-    with the latency faster than twice over (a segment crosses it twice, and waits longer for credit the longer
-    credit takes), so the latency is first moved by half the gap until the simulated hold passes the measured
-    one, then bisected (geometrically) between the two. It never falls below :data:`BASE_LATENCY`."""
+#: The transports :func:`fit_transport` fits: what it moves to match the measured segment hold time.
+TRANSPORTS = ("bandwidth", "latency")
+
+
+def fit_transport(point: SweepPoint, hold_s: float, transport: str = "bandwidth", rounds: int = 12) -> SweepPoint:
+    """``point`` with its transport set so that its producers hold a segment ``hold_s`` seconds (the median over
+    producers of their mean), within 5% or the closest of ``rounds`` simulations.
+
+    ``transport="bandwidth"`` (the default) fits ``host_bandwidth``: a cost per byte, shared by every connection
+    of a host, as the cores that copy, frame and decode the buffers are. ``"latency"`` fits the one-way
+    ``latency`` of every message: a cost per buffer, which each connection pays on its own. Both holds grow as the
+    transport slows (a segment waits longer to be sent and for its credit back), so the knob is moved by a factor
+    until the simulated hold passes the measured one, then bisected (geometrically) between the two. Where even
+    the fastest transport (:data:`MAX_HOST_BANDWIDTH`, :data:`BASE_LATENCY`) holds the segments longer than
+    measured (the consumers, not the transport, hold them), that fastest one is kept: no host bandwidth, the base
+    latency."""
     if not (hold_s > 0):
         raise ConfigError("hold_s", hold_s, "a measured segment hold time > 0 s")
-    latency = max(BASE_LATENCY, float(point.params.get("latency", BASE_LATENCY)))
-    low = high = None  # latencies known to hold segments shorter / longer than measured
-    best: tuple[float, float] | None = None  # (|gap|, latency)
+    if transport not in TRANSPORTS:
+        raise ConfigError("transport", transport, " or ".join(repr(t) for t in TRANSPORTS))
+    if transport == "bandwidth":
+        # a knob that slows the transport as it grows: seconds per byte; 0 is no limit
+        knob, fastest, start = "host_bandwidth", 1.0 / MAX_HOST_BANDWIDTH, 1.0 / START_HOST_BANDWIDTH
+
+        def value(x: float) -> float | None:
+            return None if x <= fastest else 1.0 / x
+    else:
+        knob, fastest = "latency", BASE_LATENCY
+        start = max(BASE_LATENCY, float(point.params.get("latency", BASE_LATENCY)))
+
+        def value(x: float) -> float | None:
+            return x
+
+    x = start
+    short = long = None  # knob values known to hold segments shorter / longer than measured
+    best: tuple[float, float] | None = None  # (|gap|, x)
     for _ in range(rounds):
-        candidate = dataclasses.replace(point, params={**point.params, "latency": latency})
+        candidate = dataclasses.replace(point, params={**point.params, knob: value(x)})
         simulated = _hold_s(candidate.run())
         if simulated is None:
             break
-        gap = hold_s - simulated
+        gap = simulated - hold_s
         if best is None or abs(gap) < best[0]:
-            best = (abs(gap), latency)
+            best = (abs(gap), x)
         if abs(gap) <= _HOLD_TOLERANCE * hold_s:
             break
-        if gap > 0:
-            low = latency
+        if gap > 0:  # held longer than measured: a faster transport
+            if x <= fastest:  # even the fastest holds them longer: the transport is not what holds them
+                best = (0.0, x)
+                break
+            long = x
         else:
-            if latency <= BASE_LATENCY:
-                break  # held longer than measured even at the base latency: nothing to take away
-            high = latency
-        if low is not None and high is not None:
-            latency = (low * high) ** 0.5
-        elif high is None:
-            latency = latency + gap / 2
+            short = x
+        if short is not None and long is not None:
+            x = (short * long) ** 0.5
+        elif short is None:
+            x = max(fastest, x / 4)
         else:
-            latency = max(BASE_LATENCY, latency / 2)
-    chosen = best[1] if best is not None else latency
-    return dataclasses.replace(point, params={**point.params, "latency": chosen})
+            x = x * 4
+    chosen = best[1] if best is not None else x
+    return dataclasses.replace(point, params={**point.params, knob: value(chosen)})
 
 
 def measured(summaries: Iterable[SubtaskSummary], timeline: Iterable[Any] | None = None) -> Measured:

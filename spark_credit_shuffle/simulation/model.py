@@ -21,7 +21,7 @@ from ..protocol.client import CreditBasedPartitionRequestClientHandler
 from ..protocol.gate import SingleInputGate
 from ..protocol.partition import PipelinedResultPartition, ResultPartitionManager
 from ..protocol.sender import PartitionRequestServerHandler
-from ..transport.in_memory import MemoryConnection, MemoryNetwork
+from ..transport.in_memory import MemoryConnection, MemoryNetwork, SharedBandwidth
 from .barrier_models import CheckpointCoordinator
 from .clock import VirtualClock, per_subtask
 from .observe import check_invariants, sample
@@ -109,6 +109,10 @@ class Simulation:
     ``warmup``: the virtual seconds at the start that the consumers' throughput (``numBytesInPerSecond``) leaves
     out, so that it is the steady state's: buffers fill for the first time, pools and credits settle, and a buffer
     timeout has not fired yet (the report's ``window`` is the time after it).
+    ``host_bandwidth``: bytes per virtual second that all connections a host sends on move together, one message
+    after another (:class:`~spark_credit_shuffle.transport.in_memory.SharedBandwidth`): the CPU of a machine
+    whose processes copy, frame and decode every buffer, as when Spark's Python workers share a few cores; None
+    (the default): no such limit.
     ``producer_start`` and ``consumer_start``: when each subtask starts (virtual seconds, one value or one per
     subtask; default all at 0). A real run's subtasks start one after the other, as Spark schedules them and
     starts their Python workers: a producer that starts early fills its subpartitions and waits for consumers
@@ -157,6 +161,7 @@ class Simulation:
         network_threads: int | None = None,
         producer_start: float | Sequence[float] = 0.0,
         consumer_start: float | Sequence[float] = 0.0,
+        host_bandwidth: float | None = None,
     ) -> None:
         if num_producers < 1 or num_consumers < 1:
             raise ConfigError("parallelism", (num_producers, num_consumers), "at least 1 producer and 1 consumer")
@@ -212,6 +217,8 @@ class Simulation:
         for name, rates in (("producer_rate", producer_rates), ("consumer_rate", consumer_rates)):
             if any(not (r > 0 and math.isfinite(r)) for r in rates):
                 raise ConfigError(name, rates, "finite rates > 0")
+        if host_bandwidth is not None and not (host_bandwidth > 0 and math.isfinite(host_bandwidth)):
+            raise ConfigError("host_bandwidth", host_bandwidth, "bytes per virtual second > 0, or None (no limit)")
         producer_starts = per_subtask(producer_start, num_producers, "producer_start")
         self.consumer_starts = per_subtask(consumer_start, num_consumers, "consumer_start")
         for name, starts in (("producer_start", producer_starts), ("consumer_start", self.consumer_starts)):
@@ -331,6 +338,8 @@ class Simulation:
             host = self.consumer_hosts[c]
             return Endpoint(c, host, process_of(host, "consumer", c))
 
+        #: Each host's bandwidth, shared by every connection it sends on (none without ``host_bandwidth``).
+        self._host_bandwidth = {h: SharedBandwidth(host_bandwidth) for h in hosts} if host_bandwidth else {}
         #: Per consumer that starts late: the connections its partition requests go out on when it starts.
         self._late_connections: dict[int, list[MemoryConnection]] = {}
         for c, channels in enumerate(producers_of):
@@ -358,7 +367,8 @@ class Simulation:
                         self.managers[producer_host],
                         credit_based=config.credit_based,
                     )
-                    connection = self.network.connect(client, server, **link)
+                    shared = (self._host_bandwidth.get(host), self._host_bandwidth.get(producer_host))
+                    connection = self.network.connect(client, server, **link, shared=shared)
                     self.connections[key] = connection
                     self._sender_hosts[connection] = producer_host
                 if late is not None and connection not in late:
@@ -464,7 +474,8 @@ class Simulation:
 
     def _run(self) -> SimulationReport:
         for consumer, start in zip(self.consumers, self.consumer_starts, strict=True):
-            if start > 0:
+            if start > 0:  # its gate is set up now (its exclusive buffers taken, as a deployed task's), read later
+                consumer.gate.setup()
                 self.clock.schedule(start, functools.partial(self._start_consumer, consumer=consumer))
             else:
                 consumer.gate.request_partitions()

@@ -8,8 +8,9 @@ while it is writable: with a ``bandwidth`` (bytes per virtual second) a message 
 server's side busy that much longer per message it sends, as a network thread that builds and writes each
 buffer (it takes the next message from its queue only when done, so data written meanwhile goes with it);
 ``socket_buffer_bytes`` bounds the bytes written but not yet read by the other side (TCP's send and receive
-buffers), so a receiver that stops reading stops its sender too. Without bandwidth and latency everything moves
-at once.
+buffers), so a receiver that stops reading stops its sender too. ``shared`` gives each side a
+:class:`SharedBandwidth` it sends on together with other connections (its machine's), one message after
+another. Without bandwidth and latency everything moves at once.
 
 Time is an argument (``pump(now)``): the transport reads no clock and is driven either directly (tests,
 benchmarks, the in-process blocking exchange) or by the virtual-clock simulation. With ``encode=True``
@@ -37,7 +38,21 @@ from ..protocol.subpartition import BufferAvailabilityListener, PipelinedSubpart
 #: The frame of a BufferResponse without its payload (``encoded_size``'s).
 _BUFFER_RESPONSE_FRAME = encoded_size(BufferResponse(0, 0, 0, 0, DataType.DATA_BUFFER, False, b""))
 
-__all__ = ["Link", "MemoryConnection", "MemoryNetwork", "StoredBuffersExchange"]
+__all__ = ["Link", "MemoryConnection", "MemoryNetwork", "SharedBandwidth", "StoredBuffersExchange"]
+
+
+class SharedBandwidth:
+    """Bytes per virtual second that several links move together, one message after another: the CPU of a
+    machine whose processes copy, frame and decode every message, shared by all its connections. A link that
+    takes a message starts it once this is free (``busy_until``) and holds it ``size / bandwidth``."""
+
+    __slots__ = ("bandwidth", "busy_until")
+
+    def __init__(self, bandwidth: float) -> None:
+        if not (bandwidth > 0 and math.isfinite(bandwidth)):
+            raise ValueError(f"bandwidth must be > 0 bytes per virtual second, got {bandwidth}")
+        self.bandwidth = bandwidth
+        self.busy_until = 0.0
 
 
 class Link:
@@ -57,6 +72,7 @@ class Link:
         "messages_sent",
         "queue",
         "queued_bytes",
+        "shared",
         "source",
         "timed",
     )
@@ -73,6 +89,7 @@ class Link:
         encode_frames: bool,
         max_frame_length: int,
         cost: float = 0.0,
+        shared: SharedBandwidth | None = None,
     ) -> None:
         self.source = source
         self.deliver = deliver
@@ -82,7 +99,9 @@ class Link:
         self.capacity = capacity
         #: Virtual seconds the sender spends on each message, besides its bytes on the wire.
         self.cost = cost
-        self.timed = latency > 0 or bandwidth is not None or cost > 0
+        #: The bandwidth this link shares with others (its sender's machine), on top of its own.
+        self.shared = shared
+        self.timed = latency > 0 or bandwidth is not None or cost > 0 or shared is not None
         self.encode = encode_frames
         self.decoder = FrameDecoder(max_frame_length) if encode_frames else None
         self.queue: deque[tuple[float, Message | bytes, int]] = deque()
@@ -93,7 +112,7 @@ class Link:
 
     def send(self, now: float) -> int:
         """Take messages from the sender while the link is writable at ``now``; the number taken."""
-        if self.bandwidth is None and not self.encode and not self.cost:
+        if self.bandwidth is None and not self.encode and not self.cost and self.shared is None:
             return self._send_unlimited(now)
         taken = 0
         capacity = self.capacity
@@ -107,6 +126,10 @@ class Link:
             size = encoded_size(message) if need_size or self.encode else 0
             if timed:
                 start = max(now, self.busy_until)
+                shared = self.shared
+                if shared is not None:  # after what the other links took before it, on the shared bandwidth
+                    start = max(start, shared.busy_until)
+                    start = shared.busy_until = start + size / shared.bandwidth
                 done = start + self.cost + (size / self.bandwidth if self.bandwidth else 0.0)
                 self.busy_until = done
                 arrival = done + self.latency
@@ -210,6 +233,7 @@ class MemoryConnection:
         encode: bool = False,
         max_frame_length: int = default_max_frame_length(DEFAULT_SEGMENT_SIZE),
         sender_cost: float = 0.0,
+        shared: tuple[SharedBandwidth | None, SharedBandwidth | None] = (None, None),
     ) -> None:
         if latency < 0:
             raise ValueError(f"latency must be >= 0 virtual seconds, got {latency}")
@@ -221,7 +245,10 @@ class MemoryConnection:
         self.server = server
 
         def link(
-            source: Callable[[], Message | None], deliver: Callable[[Message], None], is_reading: Callable[[], bool]
+            source: Callable[[], Message | None],
+            deliver: Callable[[Message], None],
+            is_reading: Callable[[], bool],
+            on: SharedBandwidth | None,
         ) -> Link:
             return Link(
                 source,
@@ -232,17 +259,21 @@ class MemoryConnection:
                 capacity=socket_buffer_bytes,
                 encode_frames=encode,
                 max_frame_length=max_frame_length,
+                shared=on,
             )
 
-        self.upstream = link(client.next_message, server.receive_message, lambda: True)
-        self.downstream = link(server.next_message, client.receive_message, lambda: client.is_reading)
-        if latency == 0 and bandwidth is None and socket_buffer_bytes is None and not encode:
+        client_side, server_side = shared
+        self.upstream = link(client.next_message, server.receive_message, lambda: True, client_side)
+        self.downstream = link(server.next_message, client.receive_message, lambda: client.is_reading, server_side)
+        # the fast pumps below move messages without a shared bandwidth's busy time: only without one
+        unshared = client_side is None and server_side is None
+        if unshared and latency == 0 and bandwidth is None and socket_buffer_bytes is None and not encode:
             # nothing is ever held on the links: every pump hands each message straight to the other side
             client_parts = (client.next_message, client.receive_message, client._outbound)
             server_parts = (server.next_message, server.receive_message, server.queue._outbox)
             self._parts = (*client_parts, *server_parts, server.queue.available_readers)
             self.pump = self._pump_direct  # type: ignore[method-assign]  # no link test on every pump
-        elif bandwidth is None and not encode:  # latency and a socket buffer only: the simulation's links
+        elif unshared and bandwidth is None and not encode:  # latency and a socket buffer only: the simulation's
             self.pump = self._pump_unlimited  # type: ignore[method-assign]
             self.next_event_time = self._next_event_unlimited  # type: ignore[method-assign]
         if sender_cost:

@@ -60,6 +60,7 @@ def scenarios(draw, credit_based: bool = True):
         # subtasks that start late, as a real run's do: a producer before its consumers, or after them
         "producer_start": draw(st.lists(st.sampled_from([0.0, 0.003]), min_size=producers, max_size=producers)),
         "consumer_start": draw(st.lists(st.sampled_from([0.0, 0.02]), min_size=consumers, max_size=consumers)),
+        "host_bandwidth": draw(st.sampled_from([None, 30 * MB])),  # every connection of a host shares it
     }
 
 
@@ -315,7 +316,39 @@ def test_a_consumer_that_starts_late_back_pressures_its_producers_until_it_asks_
     assert later_producer.data_intact and later_producer.end_time > 0.3 + on_time.end_time * 0.9
 
 
+def test_a_hosts_bandwidth_caps_what_all_its_connections_move_together():
+    """Four producers and four consumers in processes of their own on one host, a connection per pair: alone
+    they move about 200 MB/s; with the host's 100 MB/s shared by its sixteen connections, at most that, and all
+    of it in order, every buffer back."""
+    base = {
+        "num_producers": 4,
+        "num_consumers": 4,
+        "producer_rate": 50 * MB,
+        "consumer_rate": 100 * MB,
+        "bytes_per_producer": 4 * MB,
+        "processes": "subtask",
+        "connections": "task_pair",
+        "latency": 50e-6,
+        "producer_hosts": [0] * 4,
+        "consumer_hosts": [0] * 4,
+    }
+    free = simulate(**base)
+    shared = simulate(**base, host_bandwidth=100 * MB)
+    for report in (free, shared):
+        assert report.finished and report.data_intact and report.buffers_returned
+    moved = 16 * MB  # four producers' 4 MB
+
+    def rate(report):
+        return moved / report.end_time / MB
+
+    assert rate(free) > 180
+    assert 85 < rate(shared) <= 100
+    assert shared.value("producer", 0, "accumulateBackPressuredTimeMs") > 20  # ms: the wire, not the consumers
+
+
 def test_bad_simulation_settings_are_rejected():
+    with pytest.raises(ConfigError, match="host_bandwidth"):
+        simulate(num_producers=1, num_consumers=1, producer_rate=1.0, consumer_rate=1.0, duration=1, host_bandwidth=0)
     for name, bad in (("producer_start", -0.1), ("consumer_start", [0.0, float("nan")])):
         with pytest.raises(ConfigError, match=name):
             simulate(
