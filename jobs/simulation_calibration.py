@@ -10,7 +10,8 @@ all after a warm-up exchange that starts Spark's Python workers. Each simulation
 one started (its first timeline sample) and writes Spark's input batches whole; the throughput is taken over the
 run's span, from the first start to the last end, on both sides. Changed settings: ``slow-chained`` with
 ``max_buffers_per_channel=2`` and ``healthy`` with ``segment_size=8kb``, each predicted from the default run's
-calibration and run for real.
+calibration and run for real, and ``healthy`` at parallelism 8
+(:func:`~spark_credit_shuffle.simulation.calibrate.with_parallelism`), held against a run of ``many-channels``.
 
 Each run is simulated with each transport :func:`~spark_credit_shuffle.simulation.calibrate.fit_transport` fits
 to the segments' hold time: ``bandwidth`` (the host's bytes per second, shared by its connections: a cost per byte)
@@ -54,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
 
     import spark_credit_shuffle as scs
-    from spark_credit_shuffle.simulation.calibrate import TRANSPORTS, from_exchange, measured, predicted
+    from spark_credit_shuffle.simulation.calibrate import (
+        TRANSPORTS,
+        from_exchange,
+        measured,
+        predicted,
+        with_parallelism,
+    )
 
     spark, created = job_session("spark_credit_shuffle calibration", args.master, args.conf)
 
@@ -86,18 +93,24 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "many-channels": lambda **kw: scs.exchange(data(8), scs.rebalance(), 8, mode="pipelined", **kw),
     }
-    changed = {"slow-chained": {"max_buffers_per_channel": 2}, "healthy": {"segment_size": 8192}}
+    #: Changed settings: (the case calibrated, its settings changed, the parallelism; the case run for real).
+    changed = [
+        ("slow-chained", {"max_buffers_per_channel": 2}, None, "slow-chained"),
+        ("healthy", {"segment_size": 8192}, None, "healthy"),
+        ("healthy", {}, 8, "many-channels"),  # the same rows, 8 -> 8: what many-channels runs
+    ]
     keys = ("throughput_mb_per_s", "producers_back_pressured_ms_per_s")
     #: Per case and transport: the (measured, predicted) figures of each repeat.
     pairs: dict[tuple[str, str, str], list[tuple[dict[str, float], dict[str, float]]]] = {}
 
-    def run(name: str, settings: dict[str, Any], points: dict[str, Any] | None) -> Any:
+    def run(name: str, settings: dict[str, Any], points: dict[str, Any] | None, case: str | None = None) -> Any:
         ex = cases[name](**settings)
         count = ex.df.count()
         if count != args.rows:
             raise SystemExit(f"{name}: {count} rows came out of {args.rows}")
         real = measured(ex.summary_rows(), ex.timeline_rows())
-        case = name + (" " + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
+        if case is None:
+            case = name + (" " + ",".join(f"{k}={v}" for k, v in settings.items()) if settings else "")
         source = "its own run" if points is None else "the default run, settings changed"
         for transport in TRANSPORTS:
             calibrated = from_exchange(ex, transport=transport) if points is None else points[transport]
@@ -118,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         warm.df.count()
         for _ in range(args.repeat):
             runs = {name: run(name, {}, None) for name in cases}
-            for name, settings in changed.items():
+            for name, settings, parallelism, real_case in changed:
                 points = {}
                 for transport in TRANSPORTS:
                     point = from_exchange(runs[name], transport=transport)
-                    points[transport] = dataclasses.replace(point, settings={**point.settings, **settings})
-                run(name, settings, points)
+                    point = dataclasses.replace(point, settings={**point.settings, **settings})
+                    points[transport] = point if parallelism is None else with_parallelism(point, parallelism)
+                label = None if parallelism is None else f"{name} parallelism={parallelism}"
+                run(real_case, settings, points, label)
     finally:
         if created:
             spark.stop()

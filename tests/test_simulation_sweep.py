@@ -215,3 +215,36 @@ def test_start_times_and_span_come_from_each_subtasks_first_and_last_timeline_sa
     assert measured(producers, timeline)["throughput_mb_per_s"] == 2.0
     # sampling off (no timeline rows): over the longest subtask life, 1,000 records at 2,000 a second
     assert measured(producers, [])["throughput_mb_per_s"] == 4.0
+
+
+def test_a_calibrated_run_at_another_parallelism_keeps_its_bytes_rates_and_transport():
+    from spark_credit_shuffle.simulation.calibrate import with_parallelism
+    from spark_credit_shuffle.simulation.sweep import SweepPoint
+
+    run = SweepPoint(
+        0,
+        {"segment_size": 4096},
+        {
+            **BASE,
+            "producer_rate": [10e6, 30e6],
+            "consumer_rate": [20e6, 40e6],
+            "bytes_per_producer": [1_000_000, 3_000_000],
+            "producer_start": [0.0, 0.01],
+            "consumer_start": [0.02, 0.0],
+            "channel_weights": [[3.0, 1.0], [1.0, 1.0]],
+            "processes": "subtask",
+            "host_bandwidth": 50e6,
+        },
+    )
+    wider = with_parallelism(run, 4, 3)
+    params = wider.params
+    assert params["num_producers"] == 4 and params["num_consumers"] == 3
+    assert params["bytes_per_producer"] == [1e6] * 4  # the run's 4 MB, spread evenly
+    assert params["producer_rate"] == [20e6] * 4 and params["consumer_rate"] == [30e6] * 3  # the medians
+    assert params["producer_hosts"] == [0, 1, 0, 1] and params["consumer_hosts"] == [0, 1, 0]  # round robin
+    assert params["producer_start"] == [0.0, 0.01, 0.0, 0.01] and params["consumer_start"] == [0.02, 0.0, 0.02]
+    assert "channel_weights" not in params and params["host_bandwidth"] == 50e6
+    report = wider.run()
+    assert report.finished and report.data_intact and report.buffers_returned
+    with pytest.raises(ConfigError, match="parallelism"):
+        with_parallelism(run, 0)

@@ -61,6 +61,7 @@ __all__ = [
     "predicted",
     "span_s",
     "start_times",
+    "with_parallelism",
 ]
 
 #: The latency of a message between two processes on one machine (one way, seconds).
@@ -179,6 +180,42 @@ def span_s(timeline: Iterable[Any]) -> float:
     timeline sample; a task samples at its start and at its end)."""
     times = [r.time_ms for r in timeline if r.time_ms is not None]
     return (max(times) - min(times)) / 1e3 if times else 0.0
+
+
+def with_parallelism(point: SweepPoint, producers: int, consumers: int | None = None) -> SweepPoint:
+    """``point`` (a run's simulation) at another parallelism: the run's bytes spread evenly over ``producers``
+    producers and ``consumers`` consumers (default as many), each at the median rate of its side in the run, on
+    the run's hosts round robin; subtask ``i`` starts when subtask ``i`` modulo the run's parallelism started; the
+    channels' shares back to round robin. The transport fitted to the run stays: a host's bandwidth is the host's
+    whatever the number of connections that share it."""
+    consumers = producers if consumers is None else consumers
+    if producers < 1 or consumers < 1:
+        raise ConfigError("parallelism", (producers, consumers), "at least 1 producer and 1 consumer")
+    params = dict(point.params)
+    total = sum(float(b) for b in params["bytes_per_producer"])
+
+    def median_rate(key: str) -> float:
+        rate = params[key]
+        return float(statistics.median(rate)) if isinstance(rate, list) else float(rate)
+
+    def cycled(key: str, count: int) -> Any:
+        values = params.get(key)
+        return [values[i % len(values)] for i in range(count)] if isinstance(values, list) else values
+
+    params.pop("channel_weights", None)
+    params.update(
+        num_producers=producers,
+        num_consumers=consumers,
+        producer_rate=[median_rate("producer_rate")] * producers,
+        consumer_rate=[median_rate("consumer_rate")] * consumers,
+        bytes_per_producer=[total / producers] * producers,
+        producer_hosts=cycled("producer_hosts", producers),
+        consumer_hosts=cycled("consumer_hosts", consumers),
+    )
+    for key, count in (("producer_start", producers), ("consumer_start", consumers)):
+        if key in params:
+            params[key] = cycled(key, count)
+    return dataclasses.replace(point, params=params)
 
 
 def channel_shares(rows: Iterable[Any], producers: int, consumers: int) -> list[list[float]] | None:
