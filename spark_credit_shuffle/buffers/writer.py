@@ -280,7 +280,7 @@ class RecordWriter(WriterEvents):
         # The short path of the common case, a run of rows that fits in its subpartition's open buffer: one
         # call to the builder, which appends the run if it fits (the general path's cut, from the same bits).
         short = not flush_always and not self._load_based
-        bits_at = pending.cum_list() if short else None
+        bits_at = pending.bits_at() if short else None
         unicast, min_bits, records_out = self._unicast, self._min_row_bits, self._records_out
         if bits_at is not None and pending.resume_row is None and self._broadcast is None and self.interrupt is None:
             self._append_runs(pending, bits_at)
@@ -335,7 +335,7 @@ class RecordWriter(WriterEvents):
             self.flush_all()
         return True
 
-    def _append_runs(self, pending: PendingWrite, bits_at: list[int]) -> None:
+    def _append_runs(self, pending: PendingWrite, bits_at: list[int] | dict[int, int]) -> None:
         """The short path of :meth:`_drive` in one loop: append the pending runs of rows (one subpartition's
         each, in order) to their open buffers while they fit (:meth:`BufferBuilder.append_if_fits`); stop at
         the first run that needs the general path (no open buffer, or it does not fit). The records counted

@@ -92,7 +92,7 @@ class PendingWrite:
     """A batch being written: its rows (grouped by channel), the size model's numbers, the runs of rows
     ``(target, lo, hi)`` and where the writer stopped."""
 
-    __slots__ = ("_cum_list", "batch", "cum", "index", "overhead", "resume_row", "runs")
+    __slots__ = ("_bits_at", "batch", "cum", "index", "overhead", "resume_row", "runs")
 
     def __init__(
         self, batch: pa.RecordBatch, cum: np.ndarray | None, overhead: int, runs: list[tuple[int, int, int]]
@@ -103,13 +103,22 @@ class PendingWrite:
         self.runs = runs
         self.index = 0
         self.resume_row: int | None = None
-        self._cum_list: list[int] | None = None
+        self._bits_at: list[int] | dict[int, int] | None = None
 
-    def cum_list(self) -> list[int]:
-        """The size model's cumulative bits as Python ints (one conversion per batch, not one per run)."""
-        if self._cum_list is None:
-            self._cum_list = self.cum.tolist() if self.cum is not None else []
-        return self._cum_list
+    def bits_at(self) -> list[int] | dict[int, int]:
+        """The size model's cumulative bits at the runs' bounds as Python ints, indexed by row (one conversion
+        per batch, not one per run). A batch with many rows per run gets only its runs' bounds: converting all
+        of a 10,000-row batch's numbers took about 120 us, a tenth of a network buffer's budget."""
+        if self._bits_at is None:
+            cum, runs = self.cum, self.runs
+            if cum is None:
+                self._bits_at = []
+            elif len(cum) <= 2 * len(runs) + 2:
+                self._bits_at = cum.tolist()
+            else:
+                bounds = list({row for _, lo, hi in runs for row in (lo, hi)})
+                self._bits_at = dict(zip(bounds, cum[bounds].tolist()))
+        return self._bits_at
 
 
 _take_warm = False
