@@ -340,13 +340,9 @@ class Simulation:
 
         #: Each host's bandwidth, shared by every connection it sends on (none without ``host_bandwidth``).
         self._host_bandwidth = {h: SharedBandwidth(host_bandwidth) for h in hosts} if host_bandwidth else {}
-        #: Per consumer that starts late: the connections its partition requests go out on when it starts.
-        self._late_connections: dict[int, list[MemoryConnection]] = {}
         for c, channels in enumerate(producers_of):
             host = self.consumer_hosts[c]
-            late: list[MemoryConnection] | None = [] if self.consumer_starts[c] > 0 else None
-            if late is not None:
-                self._late_connections[c] = late
+            late = self.consumer_starts[c] > 0
             routes = [channel_route(producer_at(p), consumer_at(c), "executor", connections) for p, _ in channels]
             remote_count = sum(1 for r in routes if not r.is_local)
             gate = SingleInputGate(self.network_pools[host], len(channels), config, num_remote_channels=remote_count)
@@ -359,7 +355,7 @@ class Simulation:
                     continue
                 # a consumer that starts late connects on connections of its own: a shared one may have closed by
                 # then, its other consumers done (Flink's factory then opens a new one too)
-                key = route.connection if late is None else (route.connection, "consumer", c)
+                key = (route.connection, "consumer", c) if late else route.connection
                 connection = self.connections.get(key)
                 if connection is None:
                     client = CreditBasedPartitionRequestClientHandler(credit_based=config.credit_based)
@@ -371,8 +367,6 @@ class Simulation:
                     connection = self.network.connect(client, server, **link, shared=shared)
                     self.connections[key] = connection
                     self._sender_hosts[connection] = producer_host
-                if late is not None and connection not in late:
-                    late.append(connection)
                 receiver_id += 1
                 if route.kind == LOCAL:  # a local channel through the connection
                     gate.local_channel(
@@ -518,12 +512,10 @@ class Simulation:
         return self._report(finished)
 
     def _start_consumer(self, now: float, consumer: SimulatedConsumer) -> None:
-        """A consumer that starts late (``consumer_start``): its partition requests go out now; until then its
-        producers' subpartitions keep what they were given."""
+        """A consumer that starts late (``consumer_start``): its partition requests go out now (each connection's
+        client has the network pump it), until then its producers' subpartitions keep what they were given."""
         consumer.gate.request_partitions()
         consumer.start(now)
-        for connection in self._late_connections[consumer.index]:
-            self.network.mark(connection)
 
     def _end_warmup(self, now: float) -> None:
         self._bytes_at_warmup = [self._bytes_in(consumer) for consumer in self.consumers]
