@@ -145,6 +145,33 @@ def test_a_waiting_taker_is_woken_by_the_next_batch(monkeypatch):
     assert not taker.is_alive() and got[0].column(0)[0].as_py() == 7
 
 
+def test_a_taker_is_woken_after_wake_after_batches_or_by_wake(monkeypatch):
+    # the loop wakes the Spark task thread once two batches wait, or when it has nothing more to do at once
+    monkeypatch.setattr(handoff_module, "_POLL_S", 60.0)
+    for way in ("second offer", "wake"):
+        handoff = OutputHandoff(capacity=4, wake_after=2)
+        got: list[pa.RecordBatch] = []
+        taker = threading.Thread(target=lambda h=handoff, g=got: g.append(h.take(lambda: True)), daemon=True)
+        taker.start()
+        wait_until(lambda h=handoff: h._takers_waiting == 1)
+        assert handoff.offer(numbered(1))
+        time_passes()
+        assert taker.is_alive() and not got, "one batch must not wake the taker"
+        if way == "second offer":
+            assert handoff.offer(numbered(2))
+        else:
+            handoff.wake()
+        taker.join(10)
+        assert not taker.is_alive() and got[0].column(0)[0].as_py() == 1, way
+
+
+def test_wake_after_must_be_within_the_capacity():
+    with pytest.raises(ValueError, match="wake_after"):
+        OutputHandoff(capacity=2, wake_after=3)
+    with pytest.raises(ValueError, match="wake_after"):
+        OutputHandoff(capacity=2, wake_after=0)
+
+
 def wait_until(condition, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():

@@ -75,6 +75,10 @@ class DataType(enum.IntEnum):
         )
 
 
+_DATA_BUFFER = DataType.DATA_BUFFER
+_DATA_BUFFER_WITH_CLEAR_END = DataType.DATA_BUFFER_WITH_CLEAR_END
+
+
 class Buffer:
     """One read-only network buffer (or a slice of one segment) as it crosses a channel.
 
@@ -96,7 +100,8 @@ class Buffer:
 
     @property
     def is_buffer(self) -> bool:
-        return self.data_type.is_buffer
+        data_type = self.data_type  # DataType.is_buffer, without a second call: asked of every buffer
+        return data_type is _DATA_BUFFER or data_type is _DATA_BUFFER_WITH_CLEAR_END
 
     def recycle(self) -> None:
         recycler, self._recycler = self._recycler, None

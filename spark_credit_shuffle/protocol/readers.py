@@ -17,7 +17,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
-from ..buffers.buffer import Buffer
+from ..buffers.buffer import Buffer, DataType
 from ..errors import ProtocolError
 from ._flags import IS_BUFFER, IS_EVENT
 from .subpartition import AvailabilityWithBacklog, BufferAndBacklog, BufferAvailabilityListener, ResultSubpartitionView
@@ -30,6 +30,8 @@ __all__ = [
     "ReaderQueue",
     "SequenceNumberingViewReader",
 ]
+
+_NONE = DataType.NONE
 
 
 class ReaderQueue(Protocol):
@@ -210,7 +212,7 @@ class SequenceNumberingViewReader(CreditBasedSequenceNumberingViewReader):
         nxt = self.view.get_next_buffer()
         if nxt is None:
             return None
-        return nxt.buffer, nxt.next_data_type.value != 0, nxt.backlog, nxt.sequence_number
+        return nxt.buffer, nxt.next_data_type is not _NONE, nxt.backlog, nxt.sequence_number
 
 
 class LocalChannelViewReader(SequenceNumberingViewReader):

@@ -53,9 +53,13 @@ class OutputHandoff:
     what it was given), so a slow step after the task holds the consumer back by its last batch as by any
     other."""
 
-    def __init__(self, capacity: int = HANDOFF_BATCHES, max_bytes: int = HANDOFF_BYTES) -> None:
+    def __init__(self, capacity: int = HANDOFF_BATCHES, max_bytes: int = HANDOFF_BYTES, *, wake_after: int = 1) -> None:
+        if not 1 <= wake_after <= capacity:
+            raise ValueError(f"wake_after must be in [1, capacity], got {wake_after} with capacity {capacity}")
         self.capacity = capacity
         self.max_bytes = max_bytes
+        #: Batches waiting before :meth:`offer` wakes a waiting taker itself; with fewer, :meth:`wake` does.
+        self.wake_after = wake_after
         self._items: deque[pa.RecordBatch] = deque()
         self._in_flight = 0  # a batch yielded to Spark and not yet consumed
         self._held_bytes = 0  # of the batches handed on and not yet taken, the one in flight included
@@ -139,9 +143,19 @@ class OutputHandoff:
                 return False
             self._items.append(batch)
             self._held_bytes += batch.nbytes
-            if self._takers_waiting:
+            if self._takers_waiting and len(self._items) >= self.wake_after:
                 self._cond.notify_all()
             return True
+
+    def wake(self) -> None:
+        """Wake a taker waiting while batches :meth:`offer` handed on wait for it (fewer than
+        :attr:`wake_after`)."""
+        # without the lock first: a taker waits only while nothing is handed on, and looks under the lock
+        # before it waits, so a batch it could miss here is one it finds
+        if self._takers_waiting and self._items:
+            with self._cond:
+                if self._takers_waiting and self._items:
+                    self._cond.notify_all()
 
     def has_room(self) -> bool:
         """Whether :meth:`offer` would take a batch now; if not, :attr:`on_room` runs once it would."""

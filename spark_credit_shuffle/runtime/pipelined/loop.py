@@ -47,6 +47,12 @@ __all__ = ["BURST", "HalfState", "TaskLoop"]
 #: served again. With unaligned (or timeoutable) checkpoints it takes one at a time: a priority barrier read
 #: in the next round overtakes only what is still in the gate.
 BURST = 64
+#: Output batches the loop hands on before it wakes the Spark task thread waiting for them; a single one is
+#: woken for when the loop has nothing more to do at once, or after :data:`WAKE_DELAY_S`. A wakeup costs the
+#: loop a system call and the interpreter lock for as long as the woken thread runs, and a busy round hands
+#: on about one batch; two per wakeup halve them.
+WAKE_AFTER = 2
+WAKE_DELAY_S = 0.001
 _INF = float("inf")
 
 
@@ -93,7 +99,9 @@ class TaskLoop:
         self.task_metrics = task_metrics
         self.burst = burst
         self.inputs = InputHandoff()
-        self.outputs = OutputHandoff(output_batches)
+        self.outputs = OutputHandoff(output_batches, wake_after=min(WAKE_AFTER, output_batches))
+        #: When a batch was handed on that the Spark task thread may not have been woken for (None: none).
+        self._unwoken_at: float | None = None
         self.input_clock = ThreadClock()
         self.output_clock = ThreadClock()
         self.work_clock = ThreadClock()
@@ -153,6 +161,12 @@ class TaskLoop:
             except BaseException as exc:
                 wiring.fail(exc)
                 return time.monotonic() + 1.0
+            unwoken = self._unwoken_at
+            if unwoken is not None:
+                if due > now or now - unwoken >= WAKE_DELAY_S:
+                    self._wake_output()
+                else:
+                    due = min(due, unwoken + WAKE_DELAY_S)
             return due
 
     # -- the producer half --
@@ -285,9 +299,12 @@ class TaskLoop:
         outputs = self.outputs
         if self._unhanded is not None:
             if not outputs.offer(self._unhanded):
+                self._wake_output()
                 self._consumer_to(HalfState.BACK_PRESSURED, now)
                 return _INF  # the Spark task thread wakes the loop when it took a batch
             self._unhanded = None
+            if self._unwoken_at is None:
+                self._unwoken_at = now
             if self._gate_ended:
                 self._consumer_to(HalfState.FINISHED, now)
                 outputs.end()
@@ -299,18 +316,18 @@ class TaskLoop:
         output = consumer.output
         add, ready_now, take = output.add, output.ready, consumer.take
         wall_ns = time.time_ns()
-        has_room = outputs.has_room
+        # nothing is decoded beyond what the hand-over takes: the rest waits in the gate. Only this thread's
+        # offers use room up, so it is looked at before the burst and after each batch handed on.
+        if not outputs.has_room():
+            return self._output_full(now)
         for _ in range(self.burst):
-            if not has_room():  # nothing decoded beyond what the hand-over takes: the rest waits in the gate
-                self._consumer_to(HalfState.BACK_PRESSURED, now)
-                self._gate_signalled = True  # look again once woken
-                return _INF
             try:
                 step = consumer.next(now, output.linger_until)
             except Exception as exc:
                 raise self.wiring.channel_error(exc) from exc
             if type(step) is BufferOrEvent:
-                self._consumer_to(HalfState.RUNNING, now)
+                if self.consumer_state is not HalfState.RUNNING:
+                    self._consumer_to(HalfState.RUNNING, now)
                 recycler = step.buffer.detach_recycler()
                 try:
                     batches, resume = take(step, wall_ns)
@@ -322,8 +339,11 @@ class TaskLoop:
                 for batch in batches:
                     add(batch)
                 ready = ready_now(step.more_available, now)
-                if ready is not None and not self._hand_on(ready, now):
-                    return _INF
+                if ready is not None:
+                    if not self._hand_on(ready, now):
+                        return _INF
+                    if not outputs.has_room():
+                        return self._output_full(now)
                 continue
             if step is None:  # every channel ended
                 self._gate_ended = True
@@ -335,6 +355,8 @@ class TaskLoop:
             if step is LINGER_OVER:
                 if not self._hand_on(output.take(), now):
                     return _INF
+                if not outputs.has_room():
+                    return self._output_full(now)
                 continue
             if isinstance(step, Wait):
                 self._consumer_to(HalfState.STARVED, now)
@@ -345,13 +367,29 @@ class TaskLoop:
         self._gate_signalled = True  # the burst is used up: more in the next round
         return now
 
+    def _output_full(self, now: float) -> float:
+        """The hand-over has no room: back-pressured until the Spark task thread takes a batch and wakes the
+        loop, which then looks at the gate again."""
+        self._wake_output()
+        self._consumer_to(HalfState.BACK_PRESSURED, now)
+        self._gate_signalled = True
+        return _INF
+
     def _hand_on(self, batch: pa.RecordBatch, now: float) -> bool:
         """Hand ``batch`` to the Spark task thread; False if its hand-over is full (back-pressured)."""
         if self.outputs.offer(batch):
+            if self._unwoken_at is None:
+                self._unwoken_at = now
             return True
         self._unhanded = batch
+        self._wake_output()
         self._consumer_to(HalfState.BACK_PRESSURED, now)
         return False
+
+    def _wake_output(self) -> None:
+        """The Spark task thread takes what was handed on (see :data:`WAKE_AFTER`)."""
+        self._unwoken_at = None
+        self.outputs.wake()
 
     def _resume(self, channels: tuple[int, ...], now: float) -> None:
         """ResumeConsumption on ``channels`` (their subpartitions blocked themselves after an aligned barrier)."""
