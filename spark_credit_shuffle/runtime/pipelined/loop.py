@@ -161,12 +161,9 @@ class TaskLoop:
             except BaseException as exc:
                 wiring.fail(exc)
                 return time.monotonic() + 1.0
-            unwoken = self._unwoken_at
-            if unwoken is not None:
-                if due > now or now - unwoken >= WAKE_DELAY_S:
-                    self._wake_output()
-                else:
-                    due = min(due, unwoken + WAKE_DELAY_S)
+            unwoken = self._unwoken_at  # a busy round (due now) looks again in the next one
+            if unwoken is not None and (due > now or now - unwoken >= WAKE_DELAY_S):
+                self._wake_output()
             return due
 
     # -- the producer half --
