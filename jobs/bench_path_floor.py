@@ -24,7 +24,10 @@ Every figure is the CPU of all processes (``getrusage``: every thread, ended one
 the last) divided by the data buffers moved, median of ``--repeat`` rotated rounds. "Beyond the core" is a
 path's figure less its own core's: what moving the buffers between processes costs. "Paired" is the median of
 each round's own pipelined / lean path ratio, steadier than the ratio of the medians when the machine's speed
-drifts between rounds. Every run checks that every row arrived once.
+drifts between rounds. "Per row" is the same paired ratio of the CPU for the same rows: the lean path cuts each
+input batch's rows of a channel on their own, so it sends more, less filled buffers than the pipelined path
+(whose open buffer takes the next batch's rows), and its figure per buffer is lower for the same work; the
+table prints both paths' buffer counts. Every run checks that every row arrived once.
 
 With ``--spark`` (or ``--only-spark``) both paths also run inside Spark, on ``local[P]`` for the largest
 ``--parallelism``: the lean tasks as the tasks of a barrier ``mapInArrow`` (the Spark task thread reads the
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rows:,} rows over P tasks in processes of their own, key_by('a'), 32 KiB buffers, "
         f"{CREDITS} in flight per channel; CPU of all processes per data buffer, median of {args.repeat} rounds"
     )
-    figures: dict[int, dict[str, list[float]]] = {}
+    figures: dict[int, dict[str, list[tuple[float, int]]]] = {}
     ports = free_port_bases()
     for parallelism in [] if args.only_spark else args.parallelism:
         rows = args.rows // parallelism
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             "pipelined core": lambda p=parallelism, r=rows: pipelined_core(p, r),
             "pipelined path": lambda p=parallelism, r=rows: pipelined_path(p, r),
         }
-        got: dict[str, list[float]] = {name: [] for name in cases}
+        got: dict[str, list[tuple[float, int]]] = {name: [] for name in cases}
         for round_ in range(args.repeat):  # rotated, so that no case always runs first or last
             for name in rotated(list(cases), round_):
                 got[name].append(cases[name]())
@@ -156,23 +159,35 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(
             "  P   lean core   lean path   beyond   pipelined core   pipelined path   beyond   path / lean path"
-            "   paired"
+            "   paired   per row"
         )
     headline: dict[str, Any] = {"rows": args.rows, "credits_per_channel": CREDITS, "unit": "us of CPU per buffer"}
     for parallelism, got in figures.items():
-        med = {name: statistics.median(values) for name, values in got.items()}
+        med = {name: statistics.median(us for us, _ in values) for name, values in got.items()}
         lean_beyond = med["lean path"] - med["lean core"]
         beyond = med["pipelined path"] - med["pipelined core"]
         ratio = med["pipelined path"] / med["lean path"]
         # each round's own ratio (its two paths ran minutes apart at most): steadier than the ratio of the medians
         # when the machine's speed drifts between rounds
-        paired = statistics.median(p / lean for p, lean in zip(got["pipelined path"], got["lean path"], strict=True))
+        pairs = list(zip(got["pipelined path"], got["lean path"], strict=True))
+        paired = statistics.median(p / lean for (p, _), (lean, _) in pairs)
+        # the same, per row moved: the CPU of all processes for the same rows (the lean path cuts more buffers)
+        per_row = statistics.median(p * pb / (lean * lb) for (p, pb), (lean, lb) in pairs)
         print(
             f"{parallelism:3d} {med['lean core']:10.1f} {med['lean path']:11.1f} {lean_beyond:8.1f} "
             f"{med['pipelined core']:16.1f} {med['pipelined path']:16.1f} {beyond:8.1f} {ratio:18.2f}x"
-            f" {paired:7.2f}x"
+            f" {paired:7.2f}x {per_row:8.2f}x"
         )
-        print("      runs: " + "; ".join(f"{n} " + ", ".join(f"{v:.0f}" for v in vs) for n, vs in got.items()))
+        print("      runs: " + "; ".join(f"{n} " + ", ".join(f"{us:.0f}" for us, _ in vs) for n, vs in got.items()))
+        buffers = {name: statistics.median(b for _, b in values) for name, values in got.items()}
+        print(
+            "      data buffers: "
+            + ", ".join(f"{name} {count:,.0f}" for name, count in buffers.items())
+            + f" (the lean path {buffers['lean path'] / buffers['pipelined path']:.3f}x the pipelined path's)"
+        )
+        headline[f"p{parallelism}_lean_buffers"] = int(buffers["lean path"])
+        headline[f"p{parallelism}_pipelined_buffers"] = int(buffers["pipelined path"])
+        headline[f"p{parallelism}_pipelined_vs_lean_path_ratio_per_row"] = round(per_row, 2)
         headline[f"p{parallelism}_lean_core_us"] = round(med["lean core"], 1)
         headline[f"p{parallelism}_lean_path_us"] = round(med["lean path"], 1)
         headline[f"p{parallelism}_lean_beyond_core_us"] = round(lean_beyond, 1)

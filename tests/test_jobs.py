@@ -308,6 +308,12 @@ def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(ca
         assert headline[f"p{p}_pipelined_vs_lean_path_ratio_paired"] == pytest.approx(
             headline[f"p{p}_pipelined_path_us"] / headline[f"p{p}_lean_path_us"], rel=0.02
         )  # one round: its own ratio is the ratio of its figures
+        # per row: the CPU for the same rows, each path's figure per buffer times its own buffers
+        lean, pipelined = headline[f"p{p}_lean_buffers"], headline[f"p{p}_pipelined_buffers"]
+        assert lean > 0 and pipelined > 0
+        assert headline[f"p{p}_pipelined_vs_lean_path_ratio_per_row"] == pytest.approx(
+            headline[f"p{p}_pipelined_path_us"] * pipelined / (headline[f"p{p}_lean_path_us"] * lean), rel=0.02
+        )
 
 
 @pytest.mark.spark

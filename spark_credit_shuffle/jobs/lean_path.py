@@ -354,20 +354,22 @@ def _run_processes(target: Any, arguments: list[tuple[Any, ...]]) -> tuple[float
     return sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got), sum(g[3] for g in got)
 
 
-def lean_core(tasks: int, rows: int) -> float:
-    """CPU us per buffer of the lean core over every task's rows."""
+def lean_core(tasks: int, rows: int) -> tuple[float, int]:
+    """(CPU us per buffer, data buffers) of the lean core over every task's rows."""
     cpu, buffers, got_rows, got_sum = _run_processes(_lean_cores, [(tasks, rows)])
     _check(tasks, rows, got_rows, got_sum, "lean core")
-    return cpu / buffers * 1e6
+    return cpu / buffers * 1e6, buffers
 
 
-def lean_path(tasks: int, rows: int, port_base: int) -> float:
-    """CPU us per buffer of the lean path between ``tasks`` processes."""
+def lean_path(tasks: int, rows: int, port_base: int) -> tuple[float, int]:
+    """(CPU us per buffer, data buffers) of the lean path between ``tasks`` processes. It cuts each input
+    batch's rows of a channel on their own, so the last buffer of each is partly filled: more buffers than the
+    pipelined path's for the same rows (whose buffers take the next batch's rows)."""
     cpu, buffers, got_rows, got_sum = _run_processes(
         _lean_task, [(task, tasks, rows, port_base) for task in range(tasks)]
     )
     _check(tasks, rows, got_rows, got_sum, "lean path")
-    return cpu / buffers * 1e6
+    return cpu / buffers * 1e6, buffers
 
 
 def _check(tasks: int, rows: int, got_rows: int, got_sum: int, what: str) -> None:
@@ -376,16 +378,17 @@ def _check(tasks: int, rows: int, got_rows: int, got_sum: int, what: str) -> Non
         raise SystemExit(f"{what}: {got_rows} rows (sum {got_sum}) arrived, expected {expected}")
 
 
-def pipelined_path(tasks: int, rows: int) -> float:
-    """CPU us per buffer of the pipelined runtime between ``tasks`` processes on one executor."""
+def pipelined_path(tasks: int, rows: int) -> tuple[float, int]:
+    """(CPU us per buffer, data buffers) of the pipelined runtime between ``tasks`` processes on one executor."""
     run = path.run_exchange(tasks, rows, local=True)
     out, _, _ = path.buffers_of(run)
-    return path.thread_cpu_s(run)["total"] / out * 1e6
+    return path.thread_cpu_s(run)["total"] / out * 1e6, out
 
 
-def pipelined_core(tasks: int, rows: int) -> float:
+def pipelined_core(tasks: int, rows: int) -> tuple[float, int]:
+    """(CPU us per buffer, data buffers) of the pipelined runtime's core in place."""
     cpu, _, buffers = path.core_in_place(tasks, rows)
-    return cpu / buffers * 1e6
+    return cpu / buffers * 1e6, buffers
 
 
 # -- the same paths inside Spark -----------------------------------------------------------------------------------
