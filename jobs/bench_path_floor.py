@@ -34,7 +34,8 @@ With ``--spark`` (or ``--only-spark``) both paths also run inside Spark, on ``lo
 input, drives the sockets and yields the output), beside an identity ``mapInArrow`` alone, ``repartition`` +
 identity ``mapInArrow`` and the pipelined exchange, each path streaming into the sink and retryable (placed by
 the exchange's nested rows and identity shuffle): wall time, CPU of the JVM and of the Python workers, the
-targets' ratios, and the pipelined tasks' CPU per buffer by thread from their own metrics.
+targets' ratios (of the medians, and paired: the median of each round's own), and the pipelined tasks' CPU per
+buffer by thread from their own metrics.
 
 The last line printed is one JSON object with the headline figures. Run ``python jobs/bench_path_floor.py``
 (about two minutes; ``--spark`` adds about two more). The figures and what they say: docs/benchmarks.md,
@@ -109,19 +110,23 @@ def print_spark_floor(figures: dict[str, Any], headline: dict[str, Any]) -> None
         if name in figures["cpu_python_s"]:
             headline[f"spark_cpu_python_s_{key}"] = round(figures["cpu_python_s"][name], 3)
             headline[f"spark_cpu_jvm_s_{key}"] = round(figures["cpu_jvm_s"][name], 3)
-    ratios = figures["ratios"]
+    ratios, paired = figures["ratios"], figures["ratios_paired"]
+
+    def both(key: str) -> str:  # the ratio of the medians, and the median of each round's own ratio
+        return f"{ratios[key]:.2f}x (paired {paired[key]:.2f}x)"
+
     for form in ("lean", "pipelined"):
         print(
-            f"  {form}: streaming {ratios[f'{form}_streaming_vs_mapinarrow_throughput']:.2f}x the throughput of "
+            f"  {form}: streaming {both(f'{form}_streaming_vs_mapinarrow_throughput')} the throughput of "
             f"mapInArrow alone (target >= {TARGET_STREAMING:.2f}x), retryable "
-            f"{ratios[f'{form}_retryable_vs_reference_throughput']:.2f}x repartition + mapInArrow (target >= 1.0x)"
+            f"{both(f'{form}_retryable_vs_reference_throughput')} repartition + mapInArrow (target >= 1.0x)"
         )
-    streaming, retryable = (ratios[f"pipelined_{form}_vs_lean_throughput"] for form in ("streaming", "retryable"))
     print(
-        f"  the pipelined exchange against the lean path: streaming {streaming:.2f}x, retryable {retryable:.2f}x "
-        "the throughput"
+        f"  the pipelined exchange against the lean path: streaming {both('pipelined_streaming_vs_lean_throughput')}"
+        f", retryable {both('pipelined_retryable_vs_lean_throughput')} the throughput"
     )
     headline.update({f"spark_{k}_ratio": round(v, 3) for k, v in ratios.items()})
+    headline.update({f"spark_{k}_ratio_paired": round(v, 3) for k, v in paired.items()})
     per_buffer = figures["pipelined_streaming_us_per_buffer"]
     print(
         f"  pipelined, streaming: {per_buffer['buffers']:,.0f} data buffers, us of CPU per buffer by thread (the "

@@ -336,6 +336,9 @@ def test_path_floor_job_runs_the_lean_and_the_pipelined_path_in_spark_barrier_st
         "pipelined_retryable_vs_lean_throughput",
     }
     assert headline["spark_lean_streaming_vs_mapinarrow_throughput_ratio"] > 0
+    # one round: its own ratios are the ratios of its figures
+    assert figures["ratios_paired"] == pytest.approx(figures["ratios"])
+    assert headline["spark_pipelined_streaming_vs_lean_throughput_ratio_paired"] > 0
     # every case's CPU of the Python workers is read (a reading is /proc's 10 ms ticks, and a worker that ended
     # between two readings takes its CPU with it, so one small case may read 0); together they did the work
     cpu = figures["cpu_python_s"]

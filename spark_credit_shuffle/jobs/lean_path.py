@@ -511,8 +511,17 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
     out["pipelined_streaming_us_per_buffer"] = {
         thread: statistics.median(run[thread] for run in threads) for thread in threads[0]
     }
-    s = out["seconds"]
-    out["ratios"] = (
+    out["ratios"] = _throughput_ratios(out["seconds"])
+    # each round's own ratios (its cases ran within a minute of each other), their medians: steadier than the
+    # ratios of the medians when the machine's speed drifts between rounds
+    rounds = [_throughput_ratios({name: runs[r] for name, runs in seconds.items()}) for r in range(repeat)]
+    out["ratios_paired"] = {key: statistics.median(ratios[key] for ratios in rounds) for key in out["ratios"]}
+    return out
+
+
+def _throughput_ratios(s: dict[str, float]) -> dict[str, float]:
+    """The targets' throughput ratios from each case's seconds ``s``."""
+    return (
         {
             f"{form}_streaming_vs_mapinarrow_throughput": s["mapInArrow"] / s[f"{form}, streaming"]
             for form in ("lean", "pipelined")
@@ -526,7 +535,6 @@ def spark_floor(spark: Any, rows: int, tasks: int, repeat: int, ports: Iterator[
             for form in ("streaming", "retryable")
         }
     )
-    return out
 
 
 #: The pipelined tasks' CPU metrics by thread (``PipelinedTask``'s: the task thread is the consumer, and Spark's
