@@ -75,10 +75,6 @@ class DataType(enum.IntEnum):
         )
 
 
-_DATA_BUFFER = DataType.DATA_BUFFER
-_DATA_BUFFER_WITH_CLEAR_END = DataType.DATA_BUFFER_WITH_CLEAR_END
-
-
 class Buffer:
     """One read-only network buffer (or a slice of one segment) as it crosses a channel.
 
@@ -100,8 +96,7 @@ class Buffer:
 
     @property
     def is_buffer(self) -> bool:
-        data_type = self.data_type  # DataType.is_buffer, without a second call: asked of every buffer
-        return data_type is _DATA_BUFFER or data_type is _DATA_BUFFER_WITH_CLEAR_END
+        return self.data_type.is_buffer
 
     def recycle(self) -> None:
         recycler, self._recycler = self._recycler, None

@@ -218,8 +218,7 @@ class BufferCutting:
         """
         if self.resumable and not self.partition.is_available():
             raise _NoBuffer
-        model = self._model
-        assert model is not None  # a batch was routed: the writer knows its schema
+        model = self._size_model
         message = model.serialize(rows, bound) if model.has_nested_lists else rows.serialize()
         size = message.size
         if _HEADER + size > self.segment_size:

@@ -58,7 +58,8 @@ class OutputHandoff:
             raise ValueError(f"wake_after must be in [1, capacity], got {wake_after} with capacity {capacity}")
         self.capacity = capacity
         self.max_bytes = max_bytes
-        #: Batches waiting before :meth:`offer` wakes a waiting taker itself; with fewer, :meth:`wake` does.
+        #: Batches waiting before :meth:`offer` wakes a waiting taker itself; with fewer, :meth:`wake` does,
+        #: or the hand-over once it is full.
         self.wake_after = wake_after
         self._items: deque[pa.RecordBatch] = deque()
         self._in_flight = 0  # a batch yielded to Spark and not yet consumed
@@ -139,8 +140,7 @@ class OutputHandoff:
             if self._closed:
                 raise CreditShuffleError("output handed on after its end")
             if self._full():
-                self._wants_room = True
-                return False
+                return self._refuse()
             self._items.append(batch)
             self._held_bytes += batch.nbytes
             if self._takers_waiting and len(self._items) >= self.wake_after:
@@ -164,10 +164,15 @@ class OutputHandoff:
         if not self._full():
             return True
         with self._cond:
-            if self._full():
-                self._wants_room = True
-                return False
-            return True
+            return not self._full() or self._refuse()
+
+    def _refuse(self) -> bool:
+        """Full (lock held): :attr:`on_room` runs once a batch is taken, and a taker still waiting takes what
+        waits now (fewer than :attr:`wake_after` batches may, when they fill the bytes). Returns False."""
+        self._wants_room = True
+        if self._takers_waiting:
+            self._cond.notify_all()
+        return False
 
     def end(self) -> None:
         """No more batches, without waiting for them to be taken (:meth:`close` waits)."""

@@ -81,9 +81,6 @@ class ConnectionTable:
         #: The nesting depth of each thread's ``sending()`` block (:class:`~.tcp.TcpTransport`).
         self._local = threading.local()
         self._thread: threading.Thread | None = None
-        #: The I/O thread's ``threading.get_ident()``, set on it as it starts (a comparison of ints: a handler
-        #: becomes ready once per burst of buffers).
-        self._thread_ident: int | None = None
         self._rejections = RejectionLog(self.name)
         #: TLS connections holding decrypted input the selector cannot see (I/O thread only).
         self._tls_readable: set[Connection] = set()
@@ -118,7 +115,7 @@ class ConnectionTable:
     def _ready(self, conn: Connection) -> None:
         """A handler went from nothing to send to something to send (called with ``lock`` held)."""
         self._dirty.add(conn)
-        if threading.get_ident() == self._thread_ident:
+        if threading.current_thread() is self._thread:
             return  # the I/O thread pumps the dirty connections after handling its events
         if getattr(self._local, "depth", 0):
             return  # the calling thread writes at the end of its sending() block

@@ -195,7 +195,7 @@ class TcpTransport(ConnectionSetup):
 
     def on_own_thread(self) -> bool:
         """Whether the calling thread is the I/O thread."""
-        return threading.get_ident() == self._thread_ident
+        return threading.current_thread() is self._thread
 
     def sending(self) -> _SendingBlock:
         """Within this block the calling thread writes what its protocol calls made sendable, at its end.
@@ -275,7 +275,6 @@ class TcpTransport(ConnectionSetup):
     # -- I/O thread ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        self._thread_ident = threading.get_ident()
         started = time.thread_time()
         try:
             while not self._stopping or self._lingering():

@@ -163,7 +163,8 @@ class TaskLoop:
                 return time.monotonic() + 1.0
             unwoken = self._unwoken_at  # a busy round (due now) looks again in the next one
             if unwoken is not None and (due > now or now - unwoken >= WAKE_DELAY_S):
-                self._wake_output()
+                self._unwoken_at = None
+                self.outputs.wake()
             return due
 
     # -- the producer half --
@@ -295,13 +296,9 @@ class TaskLoop:
         assert consumer is not None
         outputs = self.outputs
         if self._unhanded is not None:
-            if not outputs.offer(self._unhanded):
-                self._wake_output()
-                self._consumer_to(HalfState.BACK_PRESSURED, now)
+            if not self._hand_on(self._unhanded, now):
                 return _INF  # the Spark task thread wakes the loop when it took a batch
             self._unhanded = None
-            if self._unwoken_at is None:
-                self._unwoken_at = now
             if self._gate_ended:
                 self._consumer_to(HalfState.FINISHED, now)
                 outputs.end()
@@ -323,8 +320,7 @@ class TaskLoop:
             except Exception as exc:
                 raise self.wiring.channel_error(exc) from exc
             if type(step) is BufferOrEvent:
-                if self.consumer_state is not HalfState.RUNNING:
-                    self._consumer_to(HalfState.RUNNING, now)
+                self._consumer_to(HalfState.RUNNING, now)
                 recycler = step.buffer.detach_recycler()
                 try:
                     batches, resume = take(step, wall_ns)
@@ -367,7 +363,6 @@ class TaskLoop:
     def _output_full(self, now: float) -> float:
         """The hand-over has no room: back-pressured until the Spark task thread takes a batch and wakes the
         loop, which then looks at the gate again."""
-        self._wake_output()
         self._consumer_to(HalfState.BACK_PRESSURED, now)
         self._gate_signalled = True
         return _INF
@@ -379,14 +374,8 @@ class TaskLoop:
                 self._unwoken_at = now
             return True
         self._unhanded = batch
-        self._wake_output()
         self._consumer_to(HalfState.BACK_PRESSURED, now)
         return False
-
-    def _wake_output(self) -> None:
-        """The Spark task thread takes what was handed on (see :data:`WAKE_AFTER`)."""
-        self._unwoken_at = None
-        self.outputs.wake()
 
     def _resume(self, channels: tuple[int, ...], now: float) -> None:
         """ResumeConsumption on ``channels`` (their subpartitions blocked themselves after an aligned barrier)."""

@@ -92,9 +92,6 @@ class TaskWiring:
         #: for their few moments with them (set-up, the end, the metrics); ``cond`` wakes the end's wait.
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
-        #: Threads in a wait on ``cond`` (the end's, an injected pause): a notification with none is skipped
-        #: (the loop makes one per round of reads).
-        self._cond_waiters = 0
         #: What the task's loop is told: the gate went from empty to holding data; the task failed (with what).
         self.on_gate: Callable[[], None] | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
@@ -153,9 +150,8 @@ class TaskWiring:
 
     def _notify(self) -> None:
         """Something happened (input processed, a connection closed): the end's wait looks again."""
-        if self._cond_waiters:  # counted under the lock, which the callers hold
-            with self.cond:  # re-entrant
-                self.cond.notify_all()
+        with self.cond:  # re-entrant: usually called with the lock already held
+            self.cond.notify_all()
 
     def _on_transport_event(self) -> None:
         """Input was processed or a connection closed (lock held); a failed I/O thread fails the task."""
@@ -198,15 +194,11 @@ class TaskWiring:
         the task fails meanwhile: a failed stage's tasks are killed, their user code included."""
         deadline = time.monotonic() + seconds
         with self.cond:
-            self._cond_waiters += 1
-            try:
-                while self._failure is None and not self.stopping.is_set():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return
-                    self.cond.wait(left)
-            finally:
-                self._cond_waiters -= 1
+            while self._failure is None and not self.stopping.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.cond.wait(left)
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -467,29 +459,25 @@ class TaskWiring:
         and floating buffers, behind a slow user function): that wait counts as progress, and it ends when
         the consumer releases the subpartition or its connection closes (which releases it too)."""
         with self.cond:
-            self._cond_waiters += 1
-            try:
-                self.last_progress = time.monotonic()
-                while True:
-                    self.raise_if_failed()
-                    partition = self.partition
-                    pending = self._pending_end()
-                    if (
-                        pending
-                        and self.producer_done
-                        and partition is not None
-                        and all(sub.is_released or sub.is_sent_to_reader for sub in partition.subpartitions)
-                    ):
-                        self.last_progress = time.monotonic()
-                    now = time.monotonic()
-                    step = check_end(now, self.last_progress, self.settings, self.index, pending)
-                    if step is None:
-                        return
-                    if isinstance(step, Fail):
-                        raise step.error
-                    self.cond.wait(step.until - now)
-            finally:
-                self._cond_waiters -= 1
+            self.last_progress = time.monotonic()
+            while True:
+                self.raise_if_failed()
+                partition = self.partition
+                pending = self._pending_end()
+                if (
+                    pending
+                    and self.producer_done
+                    and partition is not None
+                    and all(sub.is_released or sub.is_sent_to_reader for sub in partition.subpartitions)
+                ):
+                    self.last_progress = time.monotonic()
+                now = time.monotonic()
+                step = check_end(now, self.last_progress, self.settings, self.index, pending)
+                if step is None:
+                    return
+                if isinstance(step, Fail):
+                    raise step.error
+                self.cond.wait(step.until - now)
 
     def _pending_end(self) -> str:
         if not self.producer_done:
