@@ -165,6 +165,22 @@ def test_a_taker_is_woken_after_wake_after_batches_or_by_wake(monkeypatch):
         assert not taker.is_alive() and got[0].column(0)[0].as_py() == 1, way
 
 
+def test_a_full_hand_over_wakes_its_taker_before_wake_after_batches(monkeypatch):
+    # one batch that fills the bytes: nothing more comes until it is taken, so the look at the room wakes the taker
+    monkeypatch.setattr(handoff_module, "_POLL_S", 60.0)
+    handoff = OutputHandoff(capacity=4, max_bytes=64, wake_after=2)
+    got: list[pa.RecordBatch] = []
+    taker = threading.Thread(target=lambda: got.append(handoff.take(lambda: True)), daemon=True)
+    taker.start()
+    wait_until(lambda: handoff._takers_waiting == 1)
+    assert handoff.offer(batch_of(100))
+    time_passes()
+    assert taker.is_alive() and not got, "one batch must not wake the taker by itself"
+    assert not handoff.has_room()
+    taker.join(10)
+    assert not taker.is_alive() and got[0].num_rows == 1
+
+
 def test_wake_after_must_be_within_the_capacity():
     with pytest.raises(ValueError, match="wake_after"):
         OutputHandoff(capacity=2, wake_after=3)
