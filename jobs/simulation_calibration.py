@@ -43,6 +43,19 @@ def error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured
 
 
+#: The figures held against each other: the throughput, and the producers' back-pressure.
+KEYS = ("throughput_mb_per_s", "producers_back_pressured_ms_per_s")
+
+
+def describe(case: str, source: str, transport: str, real: dict[str, float], sim: dict[str, float]) -> str:
+    """One printed line: the measured and the predicted figures, and the throughput's error."""
+    mb, bp = KEYS
+    return (
+        f"{case:<40} {source:<34} {transport:<9} MB/s {real[mb]:>7.2f} -> {sim[mb]:>7.2f} "
+        f"({error(sim[mb], real[mb]):+.0%})   bp ms/s {real[bp]:>6.0f} -> {sim[bp]:>6.0f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=positive_int, default=400_000, help="rows per exchange (400,000)")
@@ -99,7 +112,6 @@ def main(argv: list[str] | None = None) -> int:
         ("healthy", {"segment_size": 8192}, None, "healthy"),
         ("healthy", {}, 8, "many-channels"),  # the same rows, 8 -> 8: what many-channels runs
     ]
-    keys = ("throughput_mb_per_s", "producers_back_pressured_ms_per_s")
     #: Per case and transport: the (measured, predicted) figures of each repeat.
     pairs: dict[tuple[str, str, str], list[tuple[dict[str, float], dict[str, float]]]] = {}
 
@@ -116,12 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             calibrated = from_exchange(ex, transport=transport) if points is None else points[transport]
             sim = predicted(calibrated.run())
             pairs.setdefault((case, source, transport), []).append((real, sim))
-            print(
-                f"{case:<40} {source:<34} {transport:<9} MB/s {real[keys[0]]:>7.2f} -> {sim[keys[0]]:>7.2f} "
-                f"({error(sim[keys[0]], real[keys[0]]):+.0%})   bp ms/s {real[keys[1]]:>4.0f} -> {sim[keys[1]]:>4.0f}",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(describe(case, source, transport, real, sim), file=sys.stderr, flush=True)
         return ex
 
     try:
@@ -145,20 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for (case, source, transport), runs_of_case in pairs.items():
         row: dict[str, Any] = {"case": case, "from": source, "transport": transport, "repeats": len(runs_of_case)}
-        for key in keys:
-            real_value = statistics.median(real[key] for real, _ in runs_of_case)
-            sim_value = statistics.median(sim[key] for _, sim in runs_of_case)
-            row[f"measured_{key}"] = round(real_value, 2)
-            row[f"predicted_{key}"] = round(sim_value, 2)
-            row[f"error_{key}"] = round(error(sim_value, real_value), 3)
+        real_median = {key: statistics.median(real[key] for real, _ in runs_of_case) for key in KEYS}
+        sim_median = {key: statistics.median(sim[key] for _, sim in runs_of_case) for key in KEYS}
+        for key in KEYS:
+            row[f"measured_{key}"] = round(real_median[key], 2)
+            row[f"predicted_{key}"] = round(sim_median[key], 2)
+            row[f"error_{key}"] = round(error(sim_median[key], real_median[key]), 3)
             row[f"errors_{key}"] = [round(error(sim[key], real[key]), 3) for real, sim in runs_of_case]
         rows.append(row)
-        print(
-            f"{case:<40} {source:<34} {transport:<9} MB/s {row['measured_' + keys[0]]:>7} -> "
-            f"{row['predicted_' + keys[0]]:>7} ({row['error_' + keys[0]]:+.0%})   bp ms/s "
-            f"{row['measured_' + keys[1]]:>6} -> {row['predicted_' + keys[1]]:>6}",
-            flush=True,
-        )
+        print(describe(case, source, transport, real_median, sim_median), flush=True)
     within = {
         transport: [
             r["case"]
