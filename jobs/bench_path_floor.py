@@ -37,6 +37,11 @@ the exchange's nested rows and identity shuffle): wall time, CPU of the JVM and 
 targets' ratios (of the medians, and paired: the median of each round's own), and the pipelined tasks' CPU per
 buffer by thread from their own metrics.
 
+With ``--calls``, one more run of each path and core per task count counts its Python function calls per data
+buffer (``sys.setprofile`` on every thread that works for it; calls into C not counted): how much Python a buffer
+costs, in a figure that does not drift with the machine's speed as CPU time does, so two versions of a path can be
+compared on a noisy machine, and the budget beyond the core split into what sockets cost and what the protocol does.
+
 The last line printed is one JSON object with the headline figures. Run ``python jobs/bench_path_floor.py``
 (about two minutes; ``--spark`` adds about two more). The figures and what they say: docs/benchmarks.md,
 "The floor under the pipelined path" and its "In Spark".
@@ -52,6 +57,7 @@ from typing import Any
 from spark_credit_shuffle.jobs.common import TARGET_STREAMING_VS_MAP as TARGET_STREAMING
 from spark_credit_shuffle.jobs.common import bench_session, rotated
 from spark_credit_shuffle.jobs.lean_path import (
+    CALL_CASES,
     CREDITS,
     PORTS_PER_RUN,
     SPARK_CASES,
@@ -61,6 +67,7 @@ from spark_credit_shuffle.jobs.lean_path import (
     lean_path,
     pipelined_core,
     pipelined_path,
+    python_calls,
     spark_floor,
 )
 
@@ -82,6 +89,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--only-spark", action="store_true", help="the Spark part only")
     parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="also count the Python function calls per data buffer of each path and core (one more run each, "
+        "not timed): the figure that does not drift with the machine's speed",
+    )
+    parser.add_argument(
         "--master",
         default=None,
         help="the Spark part's master: local[P] (default) or local-cluster[...] (the lean tasks listen on "
@@ -92,6 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--parallelism: task counts from 2 to {PORTS_PER_RUN}, got {args.parallelism}")
     if args.master is not None and not args.master.startswith(("local[", "local-cluster[")):
         parser.error(f"--master: local[P] or local-cluster[N,C,M] (one machine), got {args.master!r}")
+    if args.calls and args.only_spark:
+        parser.error("--calls counts the paths between processes, which --only-spark leaves out")
     if args.rows < 1 or args.repeat < 1:
         parser.error(f"--rows and --repeat: at least 1, got {args.rows} and {args.repeat}")
     return args
@@ -137,6 +152,22 @@ def print_spark_floor(figures: dict[str, Any], headline: dict[str, Any]) -> None
         headline[f"spark_pipelined_streaming_{thread.replace(' ', '_').replace('/', '')}_us_per_buffer"] = round(
             per_buffer[thread], 1
         )
+
+
+def print_calls(calls: dict[int, dict[str, float]], headline: dict[str, Any]) -> None:
+    """The table of Python function calls per data buffer, by task count; its figures go into ``headline``."""
+    print("\nPython function calls per data buffer (one counted run each, every thread of a path counted)")
+    print("  P   lean core   lean path   beyond   pipelined core   pipelined path   beyond   path / lean path")
+    for parallelism, counted in calls.items():
+        lean_beyond = counted["lean path"] - counted["lean core"]
+        beyond = counted["pipelined path"] - counted["pipelined core"]
+        print(
+            f"{parallelism:3d} {counted['lean core']:11.1f} {counted['lean path']:11.1f} {lean_beyond:8.1f} "
+            f"{counted['pipelined core']:16.1f} {counted['pipelined path']:16.1f} {beyond:8.1f} "
+            f"{counted['pipelined path'] / counted['lean path']:17.1f}x"
+        )
+        for case in CALL_CASES:
+            headline[f"p{parallelism}_{case.replace(' ', '_')}_calls_per_buffer"] = round(counted[case], 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         headline[f"p{parallelism}_pipelined_beyond_core_us"] = round(beyond, 1)
         headline[f"p{parallelism}_pipelined_vs_lean_path_ratio"] = round(ratio, 2)
         headline[f"p{parallelism}_pipelined_vs_lean_path_ratio_paired"] = round(paired, 2)
+    if args.calls and not args.only_spark:
+        print_calls({p: python_calls(p, args.rows // p, next(ports)) for p in args.parallelism}, headline)
     if args.spark or args.only_spark:
         tasks = max(args.parallelism)
         spark, created = bench_session(

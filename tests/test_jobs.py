@@ -294,12 +294,18 @@ def test_timeline_pictures_job_draws_the_live_and_the_after_run_timelines(spark,
 
 def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(capsys):
     job = load_job("bench_path_floor")
-    for bad in (["--parallelism", "1"], ["--parallelism", "21"], ["--master", "yarn"], ["--repeat", "0"]):
+    for bad in (
+        ["--parallelism", "1"],
+        ["--parallelism", "21"],
+        ["--master", "yarn"],
+        ["--repeat", "0"],
+        ["--calls", "--only-spark"],
+    ):
         with pytest.raises(SystemExit) as refused:  # named before anything runs
             job.parse_args(bad)
         assert refused.value.code == 2 and bad[0] in capsys.readouterr().err
-    # both paths fail the job if a row is lost or duplicated
-    assert job.main(["--rows", "60000", "--repeat", "1", "--parallelism", "2", "3"]) == 0
+    # both paths fail the job if a row is lost or duplicated, counted runs too
+    assert job.main(["--rows", "60000", "--repeat", "1", "--parallelism", "2", "3", "--calls"]) == 0
     headline = last_json(capsys.readouterr().out)
     for p in (2, 3):
         assert headline[f"p{p}_lean_core_us"] > 0 and headline[f"p{p}_lean_path_us"] > 0
@@ -314,6 +320,11 @@ def test_path_floor_job_measures_the_lean_and_the_pipelined_path_side_by_side(ca
         assert headline[f"p{p}_pipelined_vs_lean_path_ratio_per_row"] == pytest.approx(
             headline[f"p{p}_pipelined_path_us"] * pipelined / (headline[f"p{p}_lean_path_us"] * lean), rel=0.02
         )
+        # Python calls per buffer: a path makes every call its core makes and more (sockets, the protocol)
+        cases = ("lean_core", "lean_path", "pipelined_core", "pipelined_path")
+        calls = {case: headline[f"p{p}_{case}_calls_per_buffer"] for case in cases}
+        assert 0 < calls["lean_core"] < calls["lean_path"]
+        assert 0 < calls["pipelined_core"] < calls["pipelined_path"]
 
 
 @pytest.mark.spark

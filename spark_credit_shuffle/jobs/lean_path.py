@@ -19,6 +19,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import pipelined_path as path
-from .common import cached_rows, noop, process_tree_cpu, rotated
+from .common import CallCounter, cached_rows, noop, process_tree_cpu, rotated
 
 #: Segment size and buffers in flight per channel: Flink's defaults (32 KiB; 2 exclusive + 8 floating).
 SEGMENT = 32 * 1024
@@ -297,45 +298,50 @@ def _selector(task: int, tasks: int, plan: Any) -> Any:
     return plan.partitioner.selector(task, tasks, tasks, plan.max_parallelism)
 
 
-def _lean_cores(tasks: int, rows: int, results: Any) -> None:
-    """Every task's rows through the lean core, one task after the other, in this process."""
+def _lean_cores(tasks: int, rows: int, count_calls: bool, results: Any) -> None:
+    """Every task's rows through the lean core, one task after the other, in this process; reports the CPU (or,
+    with ``count_calls``, the Python function calls) of the cutting and decoding, buffers, rows and sum."""
     plan = path.make_plan(tasks)
     cpu = 0.0
-    buffers = rows_in = sum_in = 0
+    buffers = rows_in = sum_in = calls = 0
     for task in range(tasks):
         data = path.make_input(task, rows)
         core = LeanCore(_selector(task, tasks, plan), tasks, data[0])
         outputs = []
         started = _cpu_s()
-        for batch in data:
-            for _, message in core.cut(batch):
-                outputs.append(core.decode(message))
-                buffers += 1
-        outputs.append(core.flush_output())
+        with CallCounter() if count_calls else nullcontext() as counter:
+            for batch in data:
+                for _, message in core.cut(batch):
+                    outputs.append(core.decode(message))
+                    buffers += 1
+            outputs.append(core.flush_output())
         cpu += _cpu_s() - started
+        calls += counter.calls if counter is not None else 0
         for out in outputs:
             if out is not None:
                 n, s = _tally(out)
                 rows_in, sum_in = rows_in + n, sum_in + s
-    results.put((cpu, buffers, rows_in, sum_in))
+    results.put((cpu, buffers, rows_in, sum_in, calls))
 
 
-def _lean_task(task: int, tasks: int, rows: int, port_base: int, results: Any) -> None:
-    """One task of the lean path in this process; reports its CPU, buffers, rows and sum."""
+def _lean_task(task: int, tasks: int, rows: int, port_base: int, count_calls: bool, results: Any) -> None:
+    """One task of the lean path in this process; reports its CPU (or, with ``count_calls``, its Python function
+    calls), buffers, rows and sum."""
     data = path.make_input(task, rows)
     lean = LeanTask(task, tasks, _selector(task, tasks, path.make_plan(tasks)), port_base)
     rows_in = sum_in = 0
     started = _cpu_s()
-    for out in lean.run(iter(data)):
-        n, s = _tally(out)
-        rows_in, sum_in = rows_in + n, sum_in + s
+    with CallCounter() if count_calls else nullcontext() as counter:
+        for out in lean.run(iter(data)):
+            n, s = _tally(out)
+            rows_in, sum_in = rows_in + n, sum_in + s
     cpu = _cpu_s() - started
-    results.put((cpu, lean.buffers, rows_in, sum_in))
+    results.put((cpu, lean.buffers, rows_in, sum_in, counter.calls if counter is not None else 0))
 
 
-def _run_processes(target: Any, arguments: list[tuple[Any, ...]]) -> tuple[float, int, int, int]:
+def _run_processes(target: Any, arguments: list[tuple[Any, ...]]) -> tuple[float, int, int, int, int]:
     """Run ``target(*args, results)`` in a process per tuple of ``arguments``: (CPU seconds of all, data
-    buffers, rows and sum of ``a`` that arrived)."""
+    buffers, rows and sum of ``a`` that arrived, Python function calls counted)."""
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     procs = [ctx.Process(target=target, args=(*args, results)) for args in arguments]
@@ -351,12 +357,13 @@ def _run_processes(target: Any, arguments: list[tuple[Any, ...]]) -> tuple[float
             p.join(30)
             if p.is_alive():
                 p.terminate()
-    return sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got), sum(g[3] for g in got)
+    cpu, buffers, rows, total, calls = (sum(g[k] for g in got) for k in range(5))
+    return cpu, buffers, rows, total, calls
 
 
 def lean_core(tasks: int, rows: int) -> tuple[float, int]:
     """(CPU us per buffer, data buffers) of the lean core over every task's rows."""
-    cpu, buffers, got_rows, got_sum = _run_processes(_lean_cores, [(tasks, rows)])
+    cpu, buffers, got_rows, got_sum, _ = _run_processes(_lean_cores, [(tasks, rows, False)])
     _check(tasks, rows, got_rows, got_sum, "lean core")
     return cpu / buffers * 1e6, buffers
 
@@ -365,8 +372,8 @@ def lean_path(tasks: int, rows: int, port_base: int) -> tuple[float, int]:
     """(CPU us per buffer, data buffers) of the lean path between ``tasks`` processes. It cuts each input
     batch's rows of a channel on their own, so the last buffer of each is partly filled: more buffers than the
     pipelined path's for the same rows (whose buffers take the next batch's rows)."""
-    cpu, buffers, got_rows, got_sum = _run_processes(
-        _lean_task, [(task, tasks, rows, port_base) for task in range(tasks)]
+    cpu, buffers, got_rows, got_sum, _ = _run_processes(
+        _lean_task, [(task, tasks, rows, port_base, False) for task in range(tasks)]
     )
     _check(tasks, rows, got_rows, got_sum, "lean path")
     return cpu / buffers * 1e6, buffers
@@ -389,6 +396,30 @@ def pipelined_core(tasks: int, rows: int) -> tuple[float, int]:
     """(CPU us per buffer, data buffers) of the pipelined runtime's core in place."""
     cpu, _, buffers = path.core_in_place(tasks, rows)
     return cpu / buffers * 1e6, buffers
+
+
+#: The cases of :func:`python_calls`, in the order printed.
+CALL_CASES = ("lean core", "lean path", "pipelined core", "pipelined path")
+
+
+def python_calls(tasks: int, rows: int, port_base: int) -> dict[str, float]:
+    """Python function calls per data buffer of each of :data:`CALL_CASES` (one counted run each, every thread
+    that works for a path counted, each checking that every row arrived once): how much Python a buffer costs,
+    in a figure that does not drift with the machine's speed as CPU time does."""
+    _, buffers, got_rows, got_sum, calls = _run_processes(_lean_cores, [(tasks, rows, True)])
+    _check(tasks, rows, got_rows, got_sum, "lean core")
+    out = {"lean core": calls / buffers}
+    _, buffers, got_rows, got_sum, calls = _run_processes(
+        _lean_task, [(task, tasks, rows, port_base, True) for task in range(tasks)]
+    )
+    _check(tasks, rows, got_rows, got_sum, "lean path")
+    out["lean path"] = calls / buffers
+    calls, buffers = path.core_calls(tasks, rows)
+    out["pipelined core"] = calls / buffers
+    run = path.run_exchange(tasks, rows, local=True, profile="calls")
+    sent, _, _ = path.buffers_of(run)
+    out["pipelined path"] = sum(sum(task["python_calls"].values()) for task in run["tasks"]) / sent
+    return out
 
 
 # -- the same paths inside Spark -----------------------------------------------------------------------------------

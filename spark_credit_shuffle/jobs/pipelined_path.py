@@ -5,7 +5,8 @@ Pipelined tasks (:class:`~spark_credit_shuffle.runtime.pipelined.task.PipelinedT
 each in a forked process of its own, on 127.0.0.1, exchange their rows (``a`` long, ``b`` int, ``c`` a
 20-character string) by ``key_by("a")``: :func:`run_exchange` returns every task's CPU per thread, its metrics
 and, in a profiled run, each stage's own CPU (:class:`StageTimers`); :func:`core_in_place` puts one task's rows
-through the same Python core in one thread, with no network (the floor the path's cost is counted from).
+through the same Python core in one thread, with no network (the floor the path's cost is counted from), and
+:func:`core_calls` counts its Python function calls.
 Every run checks that every row arrived once.
 """
 
@@ -24,6 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from .common import CallCounter
 
 SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.int32()), ("c", pa.string())])
 #: Rows per input batch: what Spark hands a Python task (``spark.sql.execution.arrow.maxRecordsPerBatch``).
@@ -366,6 +369,19 @@ def core_in_place(tasks: int, rows: int) -> tuple[float, float, int]:
         writing += writer_seconds
         buffers += count
     return cpu, writing, buffers
+
+
+def core_calls(tasks: int, rows: int) -> tuple[int, int]:
+    """(Python function calls, data buffers) of every task's rows through the core in place (one thread)."""
+    plan = make_plan(tasks)
+    calls = buffers = 0
+    for task in range(tasks):
+        data = make_input(task, rows)
+        with CallCounter() as counter:
+            _, _, count = _core_of_task(plan, task, data)
+        calls += counter.calls
+        buffers += count
+    return calls, buffers
 
 
 def _core_of_task(plan: Any, task: int, data: list[pa.RecordBatch]) -> tuple[float, float, int]:
