@@ -212,6 +212,10 @@ DOWNSTREAM_MIN_TOTAL_S = 1.0
 #: serialising) costs more than the consumer half, and its consumers idle a good part of their time.
 _SOURCE_BUSY_MS = 850.0
 _SOURCE_IDLE_MS = 900.0
+#: ... and busy at least this many ms in all (the median producer): a producer's rate over a life of a few ms
+#: (one input batch of a small query, written as soon as it came) says nothing of its source, and small healthy
+#: runs were called source-bound from such rates.
+SOURCE_MIN_BUSY_MS = 500.0
 
 
 @dataclass(frozen=True)
@@ -313,8 +317,9 @@ class Diagnosis:
       to hand its output on: the slow part is the step after the exchange, outside its tasks;
     - ``"spread"``: producers back-pressured and no single consumer explains it (every consumer busy, the load
       spread: the consumers as a whole, often tasks sharing too few cores);
-    - ``"source-bound"``: no backpressure; the producers busy (an operator chained before the exchange) or
-      waiting for their input while the consumers wait for data: the exchange is as fast as its input;
+    - ``"source-bound"``: no backpressure; the producers busy (an operator chained before the exchange) while
+      the consumers wait for data, for long enough to tell (:data:`SOURCE_MIN_BUSY_MS`): the exchange is as
+      fast as its input;
     - ``"skew"`` (``origin`` receives ``skew`` times the mean of the consumers' records, no producer
       back-pressured), ``"straggler"`` (no producer back-pressured, the records even, ``origin`` busy at least
       twice the other consumers' median time: a slow consumer in blocking mode, whose producers never wait),
@@ -549,6 +554,9 @@ def _source_bound(
     c_idle = [s.idle_ms_per_second for s in consumers if s.idle_ms_per_second is not None]
     if not p_busy or not c_idle or _median(c_idle) < _SOURCE_IDLE_MS:
         return None
+    p_busy_total = [s.busy_ms for s in producers if s.busy_ms is not None]
+    if p_busy_total and _median(p_busy_total) < SOURCE_MIN_BUSY_MS:
+        return None  # too short a run to tell
     figures = {
         "producers_busy_ms_per_second": _median(p_busy),
         "producers_idle_ms_per_second": _median(p_idle),
