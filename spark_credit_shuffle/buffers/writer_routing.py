@@ -46,13 +46,13 @@ def group_by_channel(
             f"{selector_name}.select_channels returned channels outside [0, {n}): "
             f"min {int(channels.min())}, max {int(channels.max())}"
         )
-    used = np.flatnonzero(counts)
+    used = counts.nonzero()[0]  # the array methods: numpy's functions add Python wrappers per call, per batch
     if len(used) == 1 or (len(channels) > 1 and bool((channels[1:] >= channels[:-1]).all())):
         # already grouped (one channel, or round robin without a wrap-around): no copy, and the open
         # buffers keep slices of the batch given, not of a copy made per batch
         return batch, counts
     if len(used) <= 8:  # a few channels: one comparison pass each beats a sort
-        order = np.concatenate([np.flatnonzero(channels == c) for c in used.tolist()])
+        order = np.concatenate([(channels == c).nonzero()[0] for c in used.tolist()])
     else:
         key_type = np.uint8 if n <= 1 << 8 else np.uint16 if n <= 1 << 16 else np.int32
         order = np.argsort(channels.astype(key_type, copy=False), kind="stable")
@@ -64,8 +64,8 @@ def group_by_channel(
 def channel_runs(counts: np.ndarray) -> list[tuple[int, int, int]]:
     """The runs of a batch grouped by channel with ``counts`` rows per channel: one per channel that has rows,
     in channel order (O(rows), not O(subpartitions), in Python)."""
-    used = np.flatnonzero(counts)
-    ends = np.cumsum(counts[used]).tolist()
+    used = counts.nonzero()[0]
+    ends = counts[used].cumsum().tolist()
     return list(zip(used.tolist(), [0, *ends[:-1]], ends))
 
 
