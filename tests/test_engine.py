@@ -201,6 +201,34 @@ def test_a_silent_channel_fails_at_the_timeout_and_not_before():
     assert "partition_request_timeout_ms=10000" in str(step.error)
 
 
+def test_a_channel_that_ended_is_never_silent_and_the_live_one_still_times_out():
+    """Given a consumer of two producers, where producer 0 ends at once and producer 1 stays silent, then the
+    consumer waits until producer 1's deadline and fails there naming producer 1, and not, a little later,
+    the channel that ended."""
+    plan = make_plan()
+    config = plan.config
+    network = NetworkBufferPool.from_config(config)
+    partitions = [PipelinedResultPartition.create(network, 1, config, partition_id=p, bounded=True) for p in range(2)]
+    gate = SingleInputGate(network, 2, config, num_remote_channels=0)
+    for p, partition in enumerate(partitions):
+        gate.local_channel(p, partition, partition_id=p, subpartition=0)
+    gate.setup()
+    gate.request_partitions()
+    readers = [RecordReader(SCHEMA, channel=c) for c in range(2)]
+    consumer = ConsumerEngine(0, gate, readers, [0, 1], Settings.of(config), 0.0)
+    consumer.start(100.0, 0)
+    partitions[0].finish()  # its end of partition is all channel 0 delivers, at 100.5
+    step = consumer.next(100.5)
+    while not isinstance(step, Wait):
+        consumer.take(step, 0)
+        step = consumer.next(100.5)
+    assert step == Wait(110.0)
+    assert consumer.next(109.9) == Wait(110.0)
+    for now in (110.0, 111.0):  # past channel 0's last delivery too: it ended, producer 1 is the silent one
+        step = consumer.next(now)
+        assert isinstance(step, Fail) and "data from producer subtask 1" in str(step.error)
+
+
 def test_settings_interpret_the_buffer_timeout_once():
     """Given buffer timeouts 0, 50 ms and -1, then the engine's flush rule and default output linger are
     Flink's flush-always, a 50 ms flusher (linger 2 ms at most) and full-buffers-only (linger 2 ms); a

@@ -30,6 +30,9 @@ def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
+#: A channel's last delivery once it ended: it is never silent again, and sets no deadline.
+_ENDED = float("inf")
+
 #: Latency samples a consumer keeps.
 MAX_LATENCY_SAMPLES = 100_000
 
@@ -154,6 +157,7 @@ class ConsumerEngine:
         self.time = TimeAccount(now)
         self.timeline = TimelineSampler(CONSUMER, subtask, settings.timeline_interval_ms)
         self.output = OutputBatcher(settings.output_batch_rows, settings.output_linger)
+        #: When each channel last delivered a buffer or event; ``inf`` once it ended (never silent again).
         self.last_delivery: list[float] = [now] * len(producers)
         self.latencies_ms: list[float] = []
         self.started_ns = 0
@@ -210,24 +214,30 @@ class ConsumerEngine:
         if linger_until is not None and now >= linger_until:
             return LINGER_OVER
         timeout = self.settings.silence_timeout
-        blocked = self.checkpoints.handler.blocked_channels if self.checkpoints is not None else ()
-        channels = gate.channels
-        live = [
-            (ch, last)
-            for ch, last in enumerate(self.last_delivery)
-            if (input_channel := channels[ch]) is not None and not input_channel.is_released
-        ]
-        silent = [(now - last, ch) for ch, last in live if now - last >= timeout and ch not in blocked]
-        if silent:  # a channel blocked by an aligned barrier is silent on purpose
-            seconds, channel = max(silent)
-            producer = self.producers[channel]
-            return Fail(
-                ExchangeTimeoutError(
-                    self.describe_silence(channel, seconds, self.where(producer), self.detail(producer, now))
+        last_delivery = self.last_delivery
+        oldest = min(last_delivery, default=now)
+        if now - oldest < timeout:
+            # no channel is silent that long, so none needs a look of its own (this runs whenever the gate
+            # empties): the deadline is at the latest the oldest delivery's (a channel that has just ended
+            # only brings it forward; the look then goes channel by channel)
+            until = oldest + timeout
+        else:
+            blocked = self.checkpoints.handler.blocked_channels if self.checkpoints is not None else ()
+            channels = gate.channels
+            for ch, input_channel in enumerate(channels):
+                if input_channel is not None and input_channel.is_released:
+                    last_delivery[ch] = _ENDED
+            live = [(ch, last) for ch, last in enumerate(last_delivery) if channels[ch] is not None and last != _ENDED]
+            silent = [(now - last, ch) for ch, last in live if now - last >= timeout and ch not in blocked]
+            if silent:  # a channel blocked by an aligned barrier is silent on purpose
+                seconds, channel = max(silent)
+                producer = self.producers[channel]
+                return Fail(
+                    ExchangeTimeoutError(
+                        self.describe_silence(channel, seconds, self.where(producer), self.detail(producer, now))
+                    )
                 )
-            )
-        oldest = min((last for _, last in live), default=now)
-        until = oldest + timeout
+            until = min((last for _, last in live), default=now) + timeout
         if linger_until is not None:
             until = min(until, linger_until)
         return Wait(until)
