@@ -33,6 +33,12 @@ def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 #: A channel's last delivery once it ended: it is never silent again, and sets no deadline.
 _ENDED = float("inf")
 
+#: The input pool's gauges (inPoolUsage and its exclusive and floating shares) are sampled when a data buffer
+#: is taken from the gate, at most once in this many seconds: once per round of a pipelined task's loop, which
+#: takes a burst of buffers at one ``now``, at the moment the gate holds the most of them (as the producer
+#: samples outPoolUsage after each slice of input written, when its queues are longest).
+GAUGE_SAMPLE_S = 0.001
+
 #: Latency samples a consumer keeps.
 MAX_LATENCY_SAMPLES = 100_000
 
@@ -162,6 +168,7 @@ class ConsumerEngine:
         self.latencies_ms: list[float] = []
         self.started_ns = 0
         self.gate_gauges: GateGauges | None = None
+        self._gauges_due = 0.0
         self._records_in = RateMeter()
         #: The address of producer ``p`` and what its connection saw by ``now``, for the silence message.
         #: Buffer debloating (``buffer_debloat_enabled``, pipelined), else None.
@@ -204,7 +211,8 @@ class ConsumerEngine:
             self.last_delivery[polled.channel_index] = now
             if self.debloat is not None:
                 self.debloat.on_data(polled.buffer.size, now)
-            if polled.buffer.is_buffer and self.gate_gauges is not None:
+            if now >= self._gauges_due and self.gate_gauges is not None and polled.buffer.is_buffer:
+                self._gauges_due = now + GAUGE_SAMPLE_S
                 self.gate_gauges()
             return polled
         if gate.is_finished:
@@ -450,9 +458,6 @@ class GateGauges:
         )
 
     def __call__(self) -> None:
-        """Sample the three gauges (``GaugeStats.sample`` inlined: this runs for every data buffer)."""
+        """Sample the three gauges (see :data:`GAUGE_SAMPLE_S` for when)."""
         for stats, value in zip((self._in_pool, self._exclusive, self._floating), self.values()):
-            stats.samples += 1
-            stats.total += value
-            if value > stats.peak:
-                stats.peak = value
+            stats.sample(value)
