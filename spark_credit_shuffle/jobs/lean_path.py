@@ -224,6 +224,10 @@ class LeanTask:
                         chunk = sock.recv(1 << 20)
                     except BlockingIOError:
                         continue
+                    except ConnectionResetError:
+                        # a peer that ended closed its socket with credit we sent it unread, after everything
+                        # it sent us (read first; were any lost, the row check says so): as its end
+                        chunk = b""
                     if not chunk:  # the peer ended (after its end of data and what it owed): nothing more to read
                         open_socks.discard(sock)
                         continue
