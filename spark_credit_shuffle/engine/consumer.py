@@ -33,12 +33,6 @@ def combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 #: A channel's last delivery once it ended: it is never silent again, and sets no deadline.
 _ENDED = float("inf")
 
-#: The input pool's gauges (inPoolUsage and its exclusive and floating shares) are sampled when a data buffer
-#: is taken from the gate, at most once in this many seconds: once per round of a pipelined task's loop, which
-#: takes a burst of buffers at one ``now``, at the moment the gate holds the most of them (as the producer
-#: samples outPoolUsage after each slice of input written, when its queues are longest).
-GAUGE_SAMPLE_S = 0.001
-
 #: Latency samples a consumer keeps.
 MAX_LATENCY_SAMPLES = 100_000
 
@@ -168,7 +162,6 @@ class ConsumerEngine:
         self.latencies_ms: list[float] = []
         self.started_ns = 0
         self.gate_gauges: GateGauges | None = None
-        self._gauges_due = 0.0
         self._records_in = RateMeter()
         #: The address of producer ``p`` and what its connection saw by ``now``, for the silence message.
         #: Buffer debloating (``buffer_debloat_enabled``, pipelined), else None.
@@ -211,9 +204,6 @@ class ConsumerEngine:
             self.last_delivery[polled.channel_index] = now
             if self.debloat is not None:
                 self.debloat.on_data(polled.buffer.size, now)
-            if now >= self._gauges_due and self.gate_gauges is not None and polled.buffer.is_buffer:
-                self._gauges_due = now + GAUGE_SAMPLE_S
-                self.gate_gauges()
             return polled
         if gate.is_finished:
             return None
@@ -259,6 +249,14 @@ class ConsumerEngine:
             f"{producer} ({where}): nothing arrived on that channel within partition_request_timeout_ms="
             f"{self.settings.partition_request_timeout_ms}{detail}"
         )
+
+    def sample_gauges(self) -> None:
+        """Sample the gate's pool gauges (``inPoolUsage`` and its exclusive and floating shares), once each time
+        the consumer looks at its gate and it holds data, right after the look's first data buffer: the moment
+        the gate holds the most (a pipelined task's loop takes a burst of buffers in one look, a simulated
+        consumer one), as a producer samples ``outPoolUsage`` after each slice of input written."""
+        if self.gate_gauges is not None:
+            self.gate_gauges()
 
     def resumed(self, channels: tuple[int, ...], now: float) -> None:
         """``channels`` resumed consumption after an aligned barrier: their silence while blocked was the
@@ -458,6 +456,6 @@ class GateGauges:
         )
 
     def __call__(self) -> None:
-        """Sample the three gauges (see :data:`GAUGE_SAMPLE_S` for when)."""
+        """Sample the three gauges (see :meth:`ConsumerEngine.sample_gauges` for when)."""
         for stats, value in zip((self._in_pool, self._exclusive, self._floating), self.values()):
             stats.sample(value)

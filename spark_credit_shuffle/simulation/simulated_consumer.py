@@ -142,6 +142,8 @@ class SimulatedConsumer:
                     raise step.error
                 assert isinstance(step, BufferOrEvent)  # no linger is asked for
                 polled = step
+                if polled.buffer.is_buffer:  # each look at the gate takes one buffer here
+                    engine.sample_gauges()
                 if self._idle_since is not None:
                     engine.time.idle += now - self._idle_since
                     self._idle_since = engine.time.idle_since = None

@@ -314,6 +314,7 @@ class TaskLoop:
         # offers use room up, so it is looked at before the burst and after each batch handed on.
         if not outputs.has_room():
             return self._output_full(now)
+        sampled = False  # the gate's gauges, once a look (ConsumerEngine.sample_gauges)
         for _ in range(self.burst):
             try:
                 step = consumer.next(now, output.linger_until)
@@ -321,6 +322,9 @@ class TaskLoop:
                 raise self.wiring.channel_error(exc) from exc
             if type(step) is BufferOrEvent:
                 self._consumer_to(HalfState.RUNNING, now)
+                if not sampled and step.buffer.is_buffer:
+                    consumer.sample_gauges()
+                    sampled = True
                 recycler = step.buffer.detach_recycler()
                 try:
                     batches, resume = take(step, wall_ns)
