@@ -103,12 +103,6 @@ class Buffer:
         if recycler is not None:
             recycler()
 
-    def detach_recycler(self) -> Recycler | None:
-        """Take the buffer's recycler out (its ``recycle()`` then does nothing) and return it: for a consumer
-        that returns a burst of buffers together, later, instead of one at a time as each is decoded."""
-        recycler, self._recycler = self._recycler, None
-        return recycler
-
     # A complete buffer (an event, a full buffer, a stored one) is its own BufferConsumer, finished from
     # the start: queues add it as it is, and drop it as soon as they have built it.
 

@@ -325,12 +325,7 @@ class TaskLoop:
                 if not sampled and step.buffer.is_buffer:
                     consumer.sample_gauges()
                     sampled = True
-                recycler = step.buffer.detach_recycler()
-                try:
-                    batches, resume = take(step, wall_ns)
-                finally:
-                    if recycler is not None:  # decoded: the buffer (its credit) goes back at once
-                        recycler()
+                batches, resume = take(step, wall_ns)  # its reader returns the buffer (its credit) once decoded
                 if resume:
                     self._resume(resume, now)
                 for batch in batches:
