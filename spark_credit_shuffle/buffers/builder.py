@@ -253,14 +253,13 @@ class _RecordConsumer:
 
     __slots__ = ("_builder", "_done", "_next")
 
+    #: What it holds: always data (events are buffers of their own).
+    data_type = DataType.DATA_BUFFER
+
     def __init__(self, builder: BufferBuilder) -> None:
         self._builder = builder
         self._next = 0
         self._done = False
-
-    @property
-    def data_type(self) -> DataType:
-        return DataType.DATA_BUFFER
 
     def is_finished(self) -> bool:
         return self._done

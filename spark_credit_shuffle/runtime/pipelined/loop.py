@@ -314,17 +314,18 @@ class TaskLoop:
         # offers use room up, so it is looked at before the burst and after each batch handed on.
         if not outputs.has_room():
             return self._output_full(now)
-        sampled = False  # the gate's gauges, once a look (ConsumerEngine.sample_gauges)
+        sampled = False  # the gate's gauges once a look (ConsumerEngine.sample_gauges), at its first data buffer
         for _ in range(self.burst):
             try:
                 step = consumer.next(now, output.linger_until)
             except Exception as exc:
                 raise self.wiring.channel_error(exc) from exc
             if type(step) is BufferOrEvent:
-                self._consumer_to(HalfState.RUNNING, now)
-                if not sampled and step.buffer.is_buffer:
-                    consumer.sample_gauges()
-                    sampled = True
+                if not sampled:  # the look took something: the consumer runs (until it returns)
+                    self._consumer_to(HalfState.RUNNING, now)
+                    if step.buffer.is_buffer:
+                        consumer.sample_gauges()
+                        sampled = True
                 batches, resume = take(step, wall_ns)  # its reader returns the buffer (its credit) once decoded
                 if resume:
                     self._resume(resume, now)
