@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         headline[f"p{parallelism}_pipelined_beyond_core_us"] = round(beyond, 1)
         headline[f"p{parallelism}_pipelined_vs_lean_path_ratio"] = round(ratio, 2)
         headline[f"p{parallelism}_pipelined_vs_lean_path_ratio_paired"] = round(paired, 2)
-    if args.calls and not args.only_spark:
+    if args.calls:  # parse_args refused it with --only-spark
         print_calls({p: python_calls(p, args.rows // p, next(ports)) for p in args.parallelism}, headline)
     if args.spark or args.only_spark:
         tasks = max(args.parallelism)
